@@ -1,0 +1,3 @@
+from kvtool.cli import _entry
+
+_entry()

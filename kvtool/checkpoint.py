@@ -1,0 +1,258 @@
+"""The checkpoint reader shared by every command: config, safetensors headers, index, side files.
+
+Accepts a model folder, a path to a config.json, or a Hugging Face hub id (config and header
+metadata only). Never reads tensor data and never unpickles anything.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kvtool.errors import InputError
+from kvtool.jsonfile import JsonDocument, load_json_object
+from kvtool.safetensors_header import SafetensorsHeader, TensorInfo, read_header
+
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".ckpt", ".pickle")
+INDEX_NAME = "model.safetensors.index.json"
+HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+@dataclass(frozen=True)
+class ReaderProblem:
+    """Something wrong found while reading; lint turns each kind into a coded finding."""
+
+    kind: str  # header | index-escape | index-missing-file | index-missing-tensor | index-extra | pickle | empty-weights
+    message: str
+    file: str | None = None
+    tensor: str | None = None
+
+
+@dataclass
+class Checkpoint:
+    source: str
+    root: Path | None
+    config_doc: JsonDocument
+    headers: list[SafetensorsHeader] = field(default_factory=list)
+    index_doc: JsonDocument | None = None
+    pickle_files: list[str] = field(default_factory=list)
+    problems: list[ReaderProblem] = field(default_factory=list)
+    generation_config: dict | None = None
+    tokenizer_config: dict | None = None
+    tokenizer_vocab_size: int | None = None
+    hub: bool = False
+
+    @property
+    def config(self) -> dict:
+        return self.config_doc.data
+
+    @property
+    def config_path(self) -> Path:
+        return self.config_doc.path
+
+    @property
+    def has_weights(self) -> bool:
+        return bool(self.headers)
+
+    @property
+    def tensors(self) -> dict[str, TensorInfo]:
+        out: dict[str, TensorInfo] = {}
+        for h in self.headers:
+            out.update(h.tensors)
+        return out
+
+    @property
+    def weight_bytes(self) -> int:
+        return sum(t.nbytes for h in self.headers for t in h.tensors.values())
+
+    def display(self, path: Path | None) -> str:
+        """A path as users gave it (relative to the model folder when inside it)."""
+        if path is None:
+            return self.source
+        return str(path)
+
+
+def open_checkpoint(source: str | os.PathLike, *, read_weights: bool = True) -> Checkpoint:
+    """Open a model folder, a config.json, or a hub id. Raises InputError (exit 2) when unusable."""
+    text = os.fspath(source)
+    path = Path(text)
+    try:
+        exists = path.exists()
+    except OSError as exc:
+        raise InputError(_os_message(exc), file=text) from None
+    if not exists:
+        if _is_symlink_loop(path):
+            raise InputError("symlink loop", file=text)
+        if HUB_ID.match(text) and not text.startswith((".", "/")):
+            return _open_hub(text)
+        raise InputError("no such file or folder", file=text)
+    try:
+        if path.is_dir():
+            return _open_folder(text, path, read_weights)
+        return _open_config_file(text, path)
+    except OSError as exc:
+        raise InputError(_os_message(exc), file=text) from None
+
+
+def _open_config_file(text: str, path: Path) -> Checkpoint:
+    doc = load_json_object(path, what="config")
+    return Checkpoint(source=text, root=None, config_doc=doc)
+
+
+def _open_folder(text: str, root: Path, read_weights: bool) -> Checkpoint:
+    cfg = root / "config.json"
+    if _is_symlink_loop(cfg):
+        raise InputError("symlink loop", file=str(cfg))
+    if not cfg.is_file():
+        raise InputError("no config.json in the model folder", file=str(cfg))
+    ckpt = Checkpoint(source=text, root=root, config_doc=load_json_object(cfg, what="config"))
+    ckpt.generation_config = _optional_json(root / "generation_config.json")
+    ckpt.tokenizer_config = _optional_json(root / "tokenizer_config.json")
+    ckpt.tokenizer_vocab_size = _tokenizer_size(root / "tokenizer.json")
+    ckpt.pickle_files = sorted(p.name for p in root.iterdir() if p.suffix in PICKLE_SUFFIXES and p.is_file())
+    if read_weights:
+        _read_weights(ckpt, root)
+    return ckpt
+
+
+def _read_weights(ckpt: Checkpoint, root: Path) -> None:
+    index_path = root / INDEX_NAME
+    files: list[str]
+    if index_path.is_file():
+        ckpt.index_doc = load_json_object(index_path, what="safetensors index")
+        files = _index_files(ckpt, root)
+    else:
+        files = sorted(p.name for p in root.glob("*.safetensors") if p.is_file())
+    for name in files:
+        h = read_header(root / name, name)
+        ckpt.headers.append(h)
+        for prob in h.problems:
+            ckpt.problems.append(ReaderProblem("header", prob.message, name, prob.tensor))
+    if ckpt.index_doc is not None:
+        _check_index_entries(ckpt)
+
+
+def _index_files(ckpt: Checkpoint, root: Path) -> list[str]:
+    """Shard names from the index, refusing any that escape the model folder."""
+    wm = ckpt.index_doc.data.get("weight_map")
+    index_name = INDEX_NAME
+    if not isinstance(wm, dict):
+        ckpt.problems.append(ReaderProblem("index-invalid", "weight_map is missing or not an object", index_name))
+        return []
+    files: list[str] = []
+    root_resolved = root.resolve()
+    for tensor, fname in wm.items():
+        if not isinstance(fname, str) or not fname:
+            ckpt.problems.append(ReaderProblem("index-invalid", f"weight_map entry is not a file name: {fname!r}", index_name, tensor))
+            continue
+        if fname in files:
+            continue
+        p = Path(fname)
+        escapes = p.is_absolute() or ".." in p.parts or "\\" in fname
+        if not escapes:
+            try:
+                escapes = root_resolved not in (root / p).resolve().parents
+            except (OSError, RuntimeError):
+                escapes = True
+        if escapes:
+            ckpt.problems.append(ReaderProblem(
+                "index-escape", f"weight_map names {fname!r}, outside the model folder; it was not opened", index_name, tensor))
+            files.append(None)  # type: ignore[arg-type]  # placeholder keeps dedupe simple
+            continue
+        if not (root / p).is_file():
+            ckpt.problems.append(ReaderProblem("index-missing-file", f"shard {fname!r} named by the index does not exist", index_name, tensor))
+            files.append(None)  # type: ignore[arg-type]
+            continue
+        files.append(fname)
+    return [f for f in dict.fromkeys(files) if f]
+
+
+def _check_index_entries(ckpt: Checkpoint) -> None:
+    wm = ckpt.index_doc.data.get("weight_map")
+    if not isinstance(wm, dict):
+        return
+    present = {name: h.file for h in ckpt.headers for name in h.tensors}
+    opened = {h.file for h in ckpt.headers}
+    for tensor, fname in wm.items():
+        if fname in opened and present.get(tensor) != fname:
+            ckpt.problems.append(ReaderProblem(
+                "index-missing-tensor", f"index maps {tensor!r} to {fname!r} but that shard has no such tensor", INDEX_NAME, tensor))
+    for tensor, fname in present.items():
+        if tensor not in wm:
+            ckpt.problems.append(ReaderProblem(
+                "index-extra", f"tensor {tensor!r} in {fname!r} is not listed in the index", fname, tensor))
+
+
+def _optional_json(path: Path) -> dict | None:
+    if not path.is_file():
+        return None
+    try:
+        return load_json_object(path).data
+    except InputError:
+        return None
+
+
+def _tokenizer_size(path: Path) -> int | None:
+    """Vocabulary size of a fast tokenizer (model vocab plus added tokens), or None."""
+    if not path.is_file():
+        return None
+    try:
+        data = load_json_object(path, what="tokenizer").data
+    except InputError:
+        return None
+    model = data.get("model") or {}
+    vocab = model.get("vocab")
+    ids: set[int] = set()
+    if isinstance(vocab, dict):
+        ids.update(v for v in vocab.values() if isinstance(v, int))
+    elif isinstance(vocab, list):  # unigram: list of [piece, score]
+        ids.update(range(len(vocab)))
+    for tok in data.get("added_tokens") or []:
+        if isinstance(tok, dict) and isinstance(tok.get("id"), int):
+            ids.add(tok["id"])
+    return (max(ids) + 1) if ids else None
+
+
+def _is_symlink_loop(path: Path) -> bool:
+    try:
+        path.resolve(strict=True)
+    except RuntimeError:
+        return True
+    except OSError as exc:
+        return exc.errno == errno.ELOOP
+    return False
+
+
+def _os_message(exc: OSError) -> str:
+    if exc.errno == errno.ELOOP:
+        return "symlink loop"
+    return exc.strerror or str(exc)
+
+
+def _open_hub(repo_id: str) -> Checkpoint:
+    """Config and safetensors header metadata from the hub; never the weights."""
+    try:
+        import huggingface_hub as hf
+    except ImportError:
+        raise InputError("is not a local path, and reading from the hub needs `pip install huggingface_hub`", file=repo_id) from None
+    try:
+        cfg_file = hf.hf_hub_download(repo_id, "config.json")
+    except Exception as exc:  # offline, missing repo, gated: all one line for the user
+        raise InputError(f"cannot fetch config.json from the Hugging Face hub ({type(exc).__name__}); "
+                         "check the id, your network, or HF_HUB_OFFLINE", file=repo_id) from None
+    ckpt = Checkpoint(source=repo_id, root=None, config_doc=load_json_object(Path(cfg_file), what="config"), hub=True)
+    try:
+        meta = hf.get_safetensors_metadata(repo_id)
+    except Exception:
+        return ckpt  # no safetensors on the hub: config-only checks still run
+    for fname, fmeta in meta.files_metadata.items():
+        h = SafetensorsHeader(fname, Path(fname), 0)
+        for tname, ti in fmeta.tensors.items():
+            begin, end = ti.data_offsets
+            h.tensors[tname] = TensorInfo(tname, ti.dtype, tuple(ti.shape), fname, (begin, end))
+        h.metadata = dict(fmeta.metadata or {})
+        ckpt.headers.append(h)
+    return ckpt

@@ -1,0 +1,88 @@
+"""The `kvtool` command line. Each command lives in kvtool/commands/<name>.py and registers itself.
+
+Heavy libraries (torch, transformers) are imported inside the commands that need them, so
+`kvtool lint`, `kvtool kv-budget` and `kvtool rope` start fast.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+import typer
+
+from kvtool.errors import EXIT_INPUT, KvtoolError
+
+# Order here is the order in `kvtool --help`.
+COMMAND_MODULES = ("lint", "rules", "kv_budget", "convert", "eval", "rope", "quantize_kv", "apply")
+
+app = typer.Typer(
+    name="kvtool",
+    help="Make LLM checkpoints safe and cheap to serve: lint, KV budget, GQA/MQA conversion, RoPE, FP8 KV, eval.",
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", help="Print the kvtool version and exit."),
+) -> None:
+    if version:
+        from kvtool import __version__
+
+        typer.echo(f"kvtool {__version__}")
+        raise typer.Exit(0)
+
+
+for _name in COMMAND_MODULES:
+    try:
+        _mod = importlib.import_module(f"kvtool.commands.{_name}")
+    except ModuleNotFoundError as _exc:  # a command still being written; tests check all are present
+        if _exc.name != f"kvtool.commands.{_name}":
+            raise
+        continue
+    _mod.register(app)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: one-line errors and ruff-style exit codes, never a traceback."""
+    import click
+
+    cmd = typer.main.get_command(app)
+    try:
+        rv = cmd.main(args=argv, prog_name="kvtool", standalone_mode=False)
+    except click.exceptions.Exit as exc:
+        return exc.exit_code
+    except click.exceptions.Abort:
+        typer.echo("kvtool: aborted", err=True)
+        return 130
+    except click.ClickException as exc:
+        exc.show()
+        return EXIT_INPUT
+    except KvtoolError as exc:
+        typer.echo(f"kvtool: error: {exc.line()}", err=True)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        typer.echo("kvtool: interrupted", err=True)
+        return 130
+    except BrokenPipeError:
+        return 0
+    except Exception as exc:  # noqa: BLE001 - the contract is one line, not a traceback
+        if os.environ.get("KVTOOL_DEBUG"):
+            raise
+        typer.echo(f"kvtool: internal error: {type(exc).__name__}: {exc} (set KVTOOL_DEBUG=1 for a traceback)", err=True)
+        return EXIT_INPUT
+    return rv if isinstance(rv, int) else 0
+
+
+def _entry() -> None:
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    _entry()

@@ -1,0 +1,45 @@
+"""Errors that end a command with a documented exit code (ruff's contract).
+
+Exit codes: 0 success / nothing at failing severity, 1 findings or a failed quality gate,
+2 usage error, unreadable or invalid input, or internal error.
+"""
+
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_FINDINGS = 1
+EXIT_INPUT = 2
+
+
+class KvtoolError(Exception):
+    """An error reported as one line, never a traceback."""
+
+    exit_code = EXIT_INPUT
+
+    def __init__(self, message: str, *, file: str | None = None, field: str | None = None):
+        self.message = message
+        self.file = file
+        self.field = field
+        super().__init__(self.line())
+
+    def line(self) -> str:
+        where = ""
+        if self.file:
+            where = f"{self.file}: "
+        if self.field:
+            where += f"{self.field}: "
+        return f"{where}{self.message}"
+
+
+class InputError(KvtoolError):
+    """Bad or unreadable input: exit 2."""
+
+
+class UsageError(KvtoolError):
+    """Options that contradict each other or the model: exit 2."""
+
+
+class GateFailed(KvtoolError):
+    """A quality gate or lint at failing severity: exit 1."""
+
+    exit_code = EXIT_FINDINGS

@@ -1,0 +1,68 @@
+"""The lint engine: open a checkpoint, build its spec, run every checker, filter by selection."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kvtool.checkpoint import open_checkpoint
+from kvtool.errors import InputError
+from kvtool.rules import load_all
+from kvtool.rules.context import LintContext
+from kvtool.rules.registry import CHECKERS, SEVERITY_ORDER, Finding, LintOptions
+from kvtool.spec import build_spec
+
+
+@dataclass
+class ModelReport:
+    model: str
+    findings: list[Finding] = field(default_factory=list)
+    model_type: str | None = None
+    kv: dict | None = None  # KV-cache cost summary
+    error: str | None = None  # input unusable: the one-line reason (exit 2)
+
+    def failing(self, strict: bool) -> list[Finding]:
+        floor = SEVERITY_ORDER["warning" if strict else "error"]
+        return [f for f in self.findings if SEVERITY_ORDER[f.severity] >= floor]
+
+    def as_dict(self) -> dict:
+        d = {"model": self.model, "model_type": self.model_type,
+             "findings": [f.as_dict() for f in self.findings], "kv_cache": self.kv}
+        if self.error is not None:
+            d["error"] = self.error
+        return d
+
+
+def lint_one(source: str, options: LintOptions) -> ModelReport:
+    load_all()
+    try:
+        ckpt = open_checkpoint(source)
+    except InputError as exc:
+        return ModelReport(model=source, error=exc.line())
+    spec = build_spec(ckpt.config)
+    ctx = LintContext(ckpt, spec, options)
+    for topic, fn in CHECKERS:
+        try:
+            fn(ctx)
+        except Exception as exc:  # a checker bug must not hide the other findings
+            ctx.report("KV000", f"internal error in the {topic} checks: {type(exc).__name__}: {exc}")
+    findings = [f for f in ctx.findings if options.selection.allows(f.code)]
+    findings.sort(key=lambda f: (f.file or "", f.line or 0, f.code, f.path or ""))
+    return ModelReport(model=source, findings=findings, model_type=spec.model_type, kv=kv_summary(spec))
+
+
+def kv_summary(spec) -> dict | None:
+    from kvtool import kvcache
+
+    if not spec.layer_types:
+        return None
+    eb = kvcache.model_dtype_bytes(spec)
+    per_token = kvcache.bytes_per_token(spec, eb)
+    if not per_token:
+        return None
+    max_len = spec.max_position
+    return {
+        "dtype": spec.dtype or "float16 (assumed)",
+        "bytes_per_token": per_token,
+        "max_len": max_len,
+        "bytes_per_max_len_sequence": kvcache.bytes_per_sequence(spec, max_len, eb) if max_len else None,
+    }

@@ -1,0 +1,29 @@
+"""Human output: `file:line: CODE [severity] message` lines, a hint, then a KV-cost line per model."""
+
+from __future__ import annotations
+
+from kvtool.units import fmt_bytes
+
+
+def render_text(reports) -> str:
+    lines: list[str] = []
+    for r in reports:
+        if r.error:
+            lines.append(f"{r.model}: error: {r.error}")
+            continue
+        for f in r.findings:
+            loc = f.file or r.model
+            if f.line:
+                loc += f":{f.line}"
+            at = f" ({f.path})" if f.path else ""
+            lines.append(f"{loc}: {f.code} [{f.severity}] {f.message}{at}")
+            if f.hint:
+                lines.append(f"    hint: {f.hint}")
+        if r.kv:
+            kv = r.kv
+            seq = kv.get("bytes_per_max_len_sequence")
+            tail = f", {fmt_bytes(seq)} per {kv['max_len']}-token sequence" if seq else ""
+            lines.append(f"{r.model}: KV cache {fmt_bytes(kv['bytes_per_token'])}/token ({kv['dtype']}){tail}")
+        counts = {s: sum(1 for f in r.findings if f.severity == s) for s in ("error", "warning", "info")}
+        lines.append(f"{r.model}: {counts['error']} error(s), {counts['warning']} warning(s), {counts['info']} info")
+    return "\n".join(lines) + "\n"

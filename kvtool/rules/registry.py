@@ -1,0 +1,106 @@
+"""Rule codes and checkers: one registry, like ruff's codes table.
+
+Topic modules declare their rules with `define(...)` (stable code, kebab-case name, severity, doc
+with What it does / Why it matters / Example / Fix) and their checkers with `@checker`. A checker
+receives a LintContext and reports findings by code; reporting an undefined code is a bug.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Callable
+
+SEVERITY_ORDER = {"info": 0, "warning": 1, "error": 2}
+
+
+class Severity(str, Enum):
+    ERROR = "error"
+    WARNING = "warning"
+    INFO = "info"
+
+
+@dataclass(frozen=True)
+class Rule:
+    code: str
+    name: str
+    severity: Severity
+    summary: str  # one line, shown by `kvtool rules`
+    doc: str  # full text for `kvtool rule CODE`
+    hint: str = ""  # default fix hint
+    topic: str = ""
+
+
+@dataclass
+class Finding:
+    code: str
+    name: str
+    severity: str
+    message: str
+    path: str | None  # dotted config key or tensor name
+    file: str | None
+    hint: str
+    line: int | None = None
+
+    def as_dict(self) -> dict:
+        return {
+            "code": self.code, "name": self.name, "severity": self.severity, "message": self.message,
+            "path": self.path, "file": self.file, "hint": self.hint, "line": self.line,
+        }
+
+
+RULES: dict[str, Rule] = {}
+CHECKERS: list[tuple[str, Callable]] = []  # (topic, function)
+# Renamed or merged codes keep working: old -> new (ruff's redirect table).
+REDIRECTS: dict[str, str] = {}
+
+
+def define(code: str, name: str, severity: Severity | str, summary: str, doc: str, *, hint: str = "",
+           topic: str = "") -> Rule:
+    if code in RULES:
+        raise ValueError(f"rule code {code} defined twice")
+    if any(r.name == name for r in RULES.values()):
+        raise ValueError(f"rule name {name} defined twice")
+    rule = Rule(code, name, Severity(severity), summary, _dedent(doc), hint, topic)
+    RULES[code] = rule
+    return rule
+
+
+def checker(topic: str) -> Callable[[Callable], Callable]:
+    def deco(fn: Callable) -> Callable:
+        CHECKERS.append((topic, fn))
+        return fn
+    return deco
+
+
+def resolve_code(code: str) -> str:
+    return REDIRECTS.get(code, code)
+
+
+def _dedent(text: str) -> str:
+    import textwrap
+
+    return textwrap.dedent(text).strip("\n")
+
+
+@dataclass
+class Selection:
+    """--select / --ignore by code or prefix (KV1 selects KV100..KV199)."""
+
+    select: tuple[str, ...] = ("KV",)
+    ignore: tuple[str, ...] = ()
+
+    def allows(self, code: str) -> bool:
+        def best(prefixes):
+            hits = [p for p in prefixes if code.startswith(resolve_code(p) if p in REDIRECTS else p)]
+            return max((len(p) for p in hits), default=-1)
+
+        s, i = best(self.select), best(self.ignore)
+        return s >= 0 and s > i
+
+
+@dataclass
+class LintOptions:
+    tensor_parallel_size: int | None = None
+    selection: Selection = field(default_factory=Selection)
+    strict: bool = False
