@@ -1,0 +1,81 @@
+"""One hook on transformers' attention interface: K and V exactly where they enter the KV cache.
+
+transformers hands every attention implementation the key/value states after RoPE (and after any
+per-head k_norm), before GQA repetition, shaped [batch, kv_heads, seq, head_dim]. kvtool registers
+a wrapping implementation `kvtool_<base>` that calls a per-layer function on them and then runs
+the base implementation (sdpa or eager) unchanged. FP8 KV emulation (eval) and scale calibration
+(quantize-kv) both use this one hook.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from typing import Callable, Iterator
+
+import torch
+
+KVFn = Callable[[int, torch.Tensor, torch.Tensor], "tuple[torch.Tensor, torch.Tensor]"]
+_PREFIX = "kvtool_"
+_registered: set[str] = set()
+
+
+def _base_function(module, base: str):
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    if base == "eager":
+        # each modeling file has its own eager path (softcapping, sinks): use the module's
+        return sys.modules[type(module).__module__].eager_attention_forward
+    return ALL_ATTENTION_FUNCTIONS[base]
+
+
+def _make_impl(base: str):
+    def attention(module, query, key, value, attention_mask, **kwargs):
+        fn = getattr(module, "_kvtool_kv_fn", None)
+        if fn is not None:
+            key, value = fn(module.layer_idx, key, value)
+        return _base_function(module, base)(module, query, key, value, attention_mask, **kwargs)
+
+    return attention
+
+
+def _register(base: str) -> str:
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+    from transformers.modeling_utils import AttentionInterface
+
+    name = _PREFIX + base
+    if name not in _registered:
+        AttentionInterface.register(name, _make_impl(base))
+        AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS[base])
+        _registered.add(name)
+    return name
+
+
+def attention_modules(model) -> list:
+    """The modules that call the attention interface (they carry layer_idx)."""
+    return [m for m in model.modules()
+            if type(m).__name__.endswith("Attention") and isinstance(getattr(m, "layer_idx", None), int)]
+
+
+@contextlib.contextmanager
+def kv_hook(model, fn: KVFn) -> Iterator[None]:
+    """Within the block, fn(layer_idx, key, value) -> (key, value) runs in every attention layer."""
+    config = model.config
+    base = config._attn_implementation or "sdpa"
+    if base.startswith(_PREFIX):
+        raise RuntimeError("kv_hook is already active on this model")
+    if base not in ("sdpa", "eager"):
+        base = "sdpa"  # flash/flex kernels: emulate on sdpa, which takes the same inputs
+    mods = attention_modules(model)
+    if not mods:
+        raise RuntimeError(f"{type(model).__name__}: no attention modules with layer_idx found")
+    previous = config._attn_implementation
+    config._attn_implementation = _register(base)
+    for m in mods:
+        m._kvtool_kv_fn = fn
+    try:
+        yield
+    finally:
+        config._attn_implementation = previous
+        for m in mods:
+            m._kvtool_kv_fn = None

@@ -1,0 +1,65 @@
+"""Device and dtype choice, and model loading, for the commands that need torch.
+
+CUDA when present (bf16 by default there), CPU otherwise (fp32 by default). Imported only by
+commands that run models; never by lint, kv-budget or rope.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from kvtool.errors import InputError, UsageError
+
+DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
+          "fp32": torch.float32, "float32": torch.float32}
+
+
+def pick_device(name: str = "auto") -> torch.device:
+    name = (name or "auto").lower()
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise UsageError("--device cuda was asked for but no CUDA GPU is available", field="--device")
+    if name not in ("cpu",) and not name.startswith("cuda"):
+        raise UsageError(f"unknown device {name!r}; use auto, cuda, cuda:N or cpu", field="--device")
+    return torch.device(name)
+
+
+def pick_dtype(name: str, device: torch.device) -> torch.dtype:
+    name = (name or "auto").lower()
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if name not in DTYPES:
+        raise UsageError(f"unknown dtype {name!r}; use auto, bf16, fp16 or fp32", field="--dtype")
+    return DTYPES[name]
+
+
+def load_model(path: str | Path, *, device: torch.device, dtype: torch.dtype, attn: str = "sdpa",
+               device_map: str | None = None):
+    """Load a causal LM for inference; one-line InputError on failure."""
+    from transformers import AutoModelForCausalLM
+
+    kwargs = {"dtype": dtype, "attn_implementation": attn}
+    if device_map:
+        kwargs["device_map"] = device_map
+    try:
+        model = AutoModelForCausalLM.from_pretrained(str(path), **kwargs)
+    except (OSError, ValueError, KeyError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise InputError(f"cannot load the model with transformers: {first}", file=str(path)) from None
+    if not device_map:
+        model.to(device)
+    model.eval()
+    return model
+
+
+def load_tokenizer(path: str | Path):
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(path))
+    except (OSError, ValueError, KeyError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise InputError(f"cannot load the tokenizer: {first}", file=str(path)) from None
