@@ -34,6 +34,12 @@ class ModelReport:
 
 def lint_one(source: str, options: LintOptions) -> ModelReport:
     load_all()
+    if source.endswith((".yaml", ".yml")):
+        from kvtool.rules.recipe import lint_recipe_file
+
+        report = lint_recipe_file(source)
+        report.findings = [f for f in report.findings if options.selection.allows(f.code)]
+        return report
     try:
         ckpt = open_checkpoint(source)
     except InputError as exc:

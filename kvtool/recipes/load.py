@@ -1,0 +1,141 @@
+"""Load a recipe: YAML -> validated, typed steps, with errors that name the line and key.
+
+Strict by design: unknown keys, duplicate keys and wrong types are errors (the schema is
+schemas/recipe.schema.json). Paths in a recipe are relative to the recipe file.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+import yaml
+
+from kvtool.architectures import schemas_dir
+from kvtool.errors import InputError
+from kvtool.jsonfile import read_text
+
+RECIPE_SUFFIXES = (".yaml", ".yml")
+
+
+@dataclass(frozen=True)
+class Step:
+    kind: str  # convert | rope | quantize-kv | lint | eval
+    options: dict
+    index: int  # 1-based position in the recipe
+    line: int
+
+
+@dataclass
+class Recipe:
+    path: Path
+    version: int
+    name: str
+    description: str
+    steps: list[Step] = field(default_factory=list)
+
+    def resolve(self, rel: str) -> Path:
+        p = Path(rel).expanduser()
+        return p if p.is_absolute() else (self.path.parent / p)
+
+
+class _LineMap:
+    """Line number (1-based) of every mapping key / sequence item, by path."""
+
+    def __init__(self, root: yaml.Node):
+        self.lines: dict[tuple, int] = {}
+        self.duplicates: list[tuple[tuple, int]] = []
+        self._walk(root, ())
+
+    def _walk(self, node: yaml.Node, path: tuple) -> None:
+        self.lines.setdefault(path, node.start_mark.line + 1)
+        if isinstance(node, yaml.MappingNode):
+            seen = set()
+            for k, v in node.value:
+                key = k.value
+                if key in seen:
+                    self.duplicates.append((path + (key,), k.start_mark.line + 1))
+                seen.add(key)
+                self.lines[path + (key,)] = k.start_mark.line + 1
+                self._walk(v, path + (key,))
+        elif isinstance(node, yaml.SequenceNode):
+            for i, item in enumerate(node.value):
+                self._walk(item, path + (i,))
+
+    def line(self, path: tuple) -> int:
+        while path and path not in self.lines:
+            path = path[:-1]
+        return self.lines.get(path, 1)
+
+
+@lru_cache(maxsize=1)
+def _validator():
+    import jsonschema
+
+    schema = json.loads((schemas_dir() / "recipe.schema.json").read_text(encoding="utf-8"))
+    return jsonschema.Draft202012Validator(schema)
+
+
+def _dotted(path: tuple) -> str:
+    out = ""
+    for p in path:
+        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
+    return out or "(top level)"
+
+
+def _schema_error(err, lines: _LineMap, file: str) -> InputError:
+    path = tuple(err.absolute_path)
+    msg = err.message
+    if err.validator == "additionalProperties":
+        extra = sorted(set(err.instance) - set(err.schema.get("properties", {})))
+        if extra:
+            key_path = path + (extra[0],)
+            allowed = ", ".join(sorted(err.schema.get("properties", {})))
+            return InputError(f"line {lines.line(key_path)}: unknown key {extra[0]!r} (allowed: {allowed})",
+                              file=file, field=_dotted(key_path))
+    if err.validator in ("oneOf", "anyOf") and err.context:
+        msg = min(err.context, key=lambda e: len(e.message)).message
+    if err.validator == "not" and path and isinstance(err.instance, dict):
+        msg = "give either factor or target_context, not both"
+    if err.validator in ("minProperties", "maxProperties") and len(path) == 2 and path[0] == "steps":
+        msg = "each step is a mapping with exactly one key: convert, rope, quantize-kv, lint or eval"
+    return InputError(f"line {lines.line(path)}: {msg}", file=file, field=_dotted(path))
+
+
+def load_recipe(path: str | Path) -> Recipe:
+    """Parse and validate a recipe; InputError (exit 2) with file, key and line on any problem."""
+    p = Path(path)
+    if not p.is_file():
+        raise InputError("no such recipe file", file=str(p))
+    text = read_text(p, what="recipe", limit=4 * 1024 * 1024)
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1} column {mark.column + 1}: " if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise InputError(f"{where}invalid YAML: {problem}", file=str(p)) from None
+    if node is None or not isinstance(data, dict):
+        raise InputError("a recipe must be a YAML mapping with `version` and `steps`", file=str(p))
+    lines = _LineMap(node)
+    if lines.duplicates:
+        dpath, line = lines.duplicates[0]
+        raise InputError(f"line {line}: duplicate key {dpath[-1]!r}", file=str(p), field=_dotted(dpath))
+    errors = sorted(_validator().iter_errors(data), key=lambda e: (lines.line(tuple(e.absolute_path)), list(e.absolute_path)))
+    if errors:
+        raise _schema_error(_most_specific(errors), lines, str(p))
+    recipe = Recipe(path=p, version=data["version"], name=data.get("name", p.stem), description=data.get("description", ""))
+    for i, item in enumerate(data["steps"]):
+        (kind, options), = item.items()
+        recipe.steps.append(Step(kind=kind, options=dict(options or {}), index=i + 1, line=lines.line(("steps", i, kind))))
+    return recipe
+
+
+def _most_specific(errors):
+    """The first error by line, preferring the deepest path at that line."""
+    first_line = errors[0]
+    return max((e for e in errors if list(e.absolute_path)[:2] == list(first_line.absolute_path)[:2]),
+               key=lambda e: len(e.absolute_path))

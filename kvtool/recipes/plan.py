@@ -1,0 +1,137 @@
+"""Check a whole recipe against the source model before any work is done.
+
+Each step kind has a planner that checks its options against the model *as the previous steps
+leave it* (simulated on the config alone, no torch) and returns a one-line description of what
+it will do. An impossible step (groups not dividing the heads, RoPE on an ALiBi model, missing
+calibration text) is refused here, before the first tensor is read.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Callable
+
+from kvtool.errors import UsageError
+from kvtool.recipes.load import Recipe, Step
+from kvtool.spec import build_spec
+
+
+@dataclass
+class PlanState:
+    config: dict  # the config as the steps so far leave it
+    has_weights: bool
+    notes: list[str] = field(default_factory=list)
+
+
+def _fail(recipe: Recipe, step: Step, message: str) -> UsageError:
+    return UsageError(f"line {step.line}: step {step.index} ({step.kind}): {message}", file=str(recipe.path),
+                      field=f"steps[{step.index - 1}].{step.kind}")
+
+
+def _text_paths(recipe: Recipe, step: Step, section: dict | None, *, required: bool) -> None:
+    section = section or {}
+    texts = section.get("text")
+    if texts is None:
+        if required and not section.get("dataset"):
+            raise _fail(recipe, step, "needs calibration text: set calibration.text (a file relative to the recipe)")
+        return
+    for t in [texts] if isinstance(texts, str) else texts:
+        if not recipe.resolve(t).is_file():
+            raise _fail(recipe, step, f"text file {t!r} not found (resolved to {recipe.resolve(t)})")
+
+
+def target_groups(spec, options: dict) -> int:
+    to = options["to"]
+    if to == "mqa":
+        return 1
+    if to == "mha":
+        return spec.num_heads
+    if "groups" not in options:
+        raise ValueError("`to: gqa` needs `groups` (the number of KV heads after conversion)")
+    return int(options["groups"])
+
+
+def plan_convert(recipe: Recipe, step: Step, state: PlanState) -> str:
+    spec = build_spec(state.config)
+    arch = spec.arch
+    if not arch.convert.get("supported"):
+        alt = arch.convert.get("alternative")
+        raise _fail(recipe, step, f"{spec.model_type or 'this model'} cannot be converted: {arch.convert.get('reason', 'unsupported')}"
+                    + (f" (alternative: {alt})" if alt else ""))
+    if not state.has_weights:
+        raise _fail(recipe, step, "the source has no safetensors weights to convert")
+    h, kv = spec.num_heads, spec.num_kv_heads
+    try:
+        g = target_groups(spec, step.options)
+    except ValueError as exc:
+        raise _fail(recipe, step, str(exc)) from None
+    if step.options["to"] == "mha":
+        valid_ok = True
+    else:
+        valid_ok = bool(h and kv and g >= 1 and h % g == 0 and kv % g == 0)
+    if not valid_ok:
+        valid = [d for d in range(1, (kv or 0) + 1) if kv and h and kv % d == 0 and h % d == 0]
+        raise _fail(recipe, step, f"groups={g} must divide the {h} query heads and the current {kv} KV heads (valid: {valid})")
+    if step.options.get("method") == "aware":
+        _text_paths(recipe, step, step.options.get("calibration"), required=True)
+    for key in arch.kv_head_fields or (spec.key("num_kv_heads"),):
+        if key:
+            state.config[key] = g
+    return f"{step.options['to']}: {kv} -> {g} KV heads ({step.options.get('method', 'mean')})"
+
+
+def plan_rope(recipe: Recipe, step: Step, state: PlanState) -> str:
+    spec = build_spec(state.config)
+    if spec.position != "rope":
+        raise _fail(recipe, step, f"the model uses {spec.position} positions, not RoPE")
+    try:
+        from kvtool.rope.apply import plan_rope_config  # the rope command's own checks
+    except ImportError:
+        plan_rope_config = None
+    if plan_rope_config is not None:
+        try:
+            state.config = plan_rope_config(state.config, dict(step.options))
+        except UsageError as exc:
+            raise _fail(recipe, step, exc.message) from None
+    o = step.options
+    size = f"factor {o['factor']}" if "factor" in o else (f"target context {o['target_context']}" if "target_context" in o else "")
+    return f"{o['type']} {size}".strip()
+
+
+def plan_quantize_kv(recipe: Recipe, step: Step, state: PlanState) -> str:
+    spec = build_spec(state.config)
+    if not state.has_weights:
+        raise _fail(recipe, step, "the source has no safetensors weights to calibrate")
+    if spec.is_mla:
+        raise _fail(recipe, step, "MLA models cache a latent, not per-head K/V; FP8 KV scales for MLA are not supported")
+    _text_paths(recipe, step, step.options.get("calibration"), required=True)
+    return f"FP8 KV scales ({step.options.get('strategy', 'tensor')}, observer {step.options.get('observer', 'default')})"
+
+
+def plan_lint(recipe: Recipe, step: Step, state: PlanState) -> str:
+    return "lint" + (" --strict" if step.options.get("strict") else "")
+
+
+def plan_eval(recipe: Recipe, step: Step, state: PlanState) -> str:
+    o = step.options
+    if not o.get("text") and not o.get("dataset"):
+        raise _fail(recipe, step, "needs `text` (file(s) relative to the recipe) or `dataset`")
+    _text_paths(recipe, step, o, required=False)
+    thresholds = o.get("thresholds") or {}
+    return "eval against the source" + (f" (gates: {', '.join(f'{k}={v}' for k, v in thresholds.items())})" if thresholds else "")
+
+
+PLANNERS: dict[str, Callable[[Recipe, Step, PlanState], str]] = {
+    "convert": plan_convert,
+    "rope": plan_rope,
+    "quantize-kv": plan_quantize_kv,
+    "lint": plan_lint,
+    "eval": plan_eval,
+}
+
+
+def plan_recipe(recipe: Recipe, config: dict, has_weights: bool) -> list[str]:
+    """Descriptions of each step; raises UsageError naming the line of the first impossible step."""
+    state = PlanState(config=copy.deepcopy(config), has_weights=has_weights)
+    return [PLANNERS[step.kind](recipe, step, state) for step in recipe.steps]

@@ -1,0 +1,64 @@
+"""Recipe files (KV96x): `kvtool lint recipe.yaml` validates a recipe without running it."""
+
+from __future__ import annotations
+
+from kvtool.rules.registry import define
+
+define("KV961", "recipe-invalid", "error", "Recipe file does not match the recipe schema",
+       """
+       What it does: validates a recipe YAML against schemas/recipe.schema.json: a `version`, an
+       ordered list of `steps`, each a mapping with exactly one of convert, rope, quantize-kv, lint,
+       eval, and no unknown or duplicate keys anywhere.
+       Why it matters: a typo such as `metod: aware` would otherwise silently fall back to a default
+       and ship a different model than the one reviewed in the pull request.
+       Example: steps: [{convert: {to: gqa, groups: 8, metod: aware}}]
+       Fix: correct the key named in the message; `kvtool rule KV961` and the README list the format.
+       """, hint="fix the key named in the message (see the recipe format in the README)", topic="recipe")
+
+define("KV962", "recipe-missing-file", "error", "A text file named by a recipe does not exist",
+       """
+       What it does: checks that every calibration or evaluation `text` path in a recipe exists,
+       resolved relative to the recipe file.
+       Why it matters: the pipeline would fail after hours of conversion work, at the step that
+       needs the file.
+       Example: calibration: {text: data/calib.txt} with no recipes/data/calib.txt
+       Fix: commit the file next to the recipe or correct the relative path.
+       """, hint="paths are relative to the recipe file", topic="recipe")
+
+
+def lint_recipe_file(path: str):
+    """Findings for a recipe file (a ModelReport with the recipe as the model)."""
+    from kvtool.errors import InputError
+    from kvtool.lint import ModelReport
+    from kvtool.recipes.load import load_recipe
+    from kvtool.rules.registry import RULES, Finding
+
+    def finding(code, message, field, line):
+        r = RULES[code]
+        return Finding(code, r.name, r.severity.value, message, field, path, r.hint, line)
+
+    report = ModelReport(model=path, model_type="recipe")
+    try:
+        recipe = load_recipe(path)
+    except InputError as exc:
+        if "no such recipe file" in exc.message or "not UTF-8" in exc.message or "cannot read" in exc.message:
+            report.error = exc.line()
+            return report
+        line = None
+        msg = exc.message
+        if msg.startswith("line ") and ":" in msg:
+            head, msg = msg.split(":", 1)
+            line = int(head.split()[1])
+            msg = msg.strip()
+        report.findings.append(finding("KV961", msg, exc.field, line))
+        return report
+    for step in recipe.steps:
+        sections = [step.options, step.options.get("calibration") or {}]
+        for sec in sections:
+            texts = sec.get("text")
+            for t in [texts] if isinstance(texts, str) else (texts or []):
+                if not recipe.resolve(t).is_file():
+                    report.findings.append(finding(
+                        "KV962", f"step {step.index} ({step.kind}): text file {t!r} not found (resolved to {recipe.resolve(t)})",
+                        f"steps[{step.index - 1}].{step.kind}", step.line))
+    return report

@@ -1,0 +1,67 @@
+"""Recipe loading: strict schema, errors naming the line and key, paths relative to the recipe."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvtool.errors import InputError
+from kvtool.recipes.load import load_recipe
+
+
+def _write(tmp_path, text, name="r.yaml"):
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+def test_valid_recipe_steps_in_order(tmp_path):
+    p = _write(tmp_path, """\
+version: 1
+name: demo
+steps:
+  - convert: {to: gqa, groups: 2}
+  - rope: {type: yarn, factor: 4}
+  - lint: {strict: true}
+""")
+    r = load_recipe(p)
+    assert [s.kind for s in r.steps] == ["convert", "rope", "lint"]
+    assert r.steps[1].options == {"type": "yarn", "factor": 4}
+    assert r.steps[2].line == 6
+    assert r.name == "demo"
+
+
+@pytest.mark.parametrize("body, line, key, words", [
+    ("version: 1\nsteps:\n  - convert:\n      to: mqa\n      metod: aware\n", 5, "steps[0].convert.metod", "unknown key 'metod'"),
+    ("version: 1\nsteps:\n  - convert: {to: gqa, groups: 0}\n", 3, "steps[0].convert.groups", "minimum"),
+    ("version: 1\nsteps:\n  - rope: {type: yarn, factor: 4}\n    lint: {}\n", 3, "steps[0]", "exactly one key"),
+    ("version: 1\nsteps:\n  - eval:\n      thresholds:\n        max_ppl: 2%\n", 5, "steps[0].eval.thresholds.max_ppl", "unknown key"),
+    ("version: 2\nsteps:\n  - lint: {}\n", 1, "version", "1 was expected"),
+    ("version: 1\nextra: 3\nsteps:\n  - lint: {}\n", 2, "extra", "unknown key"),
+    ("version: 1\nsteps:\n  - rope: {type: yarn, factor: 2, target_context: 8192}\n", 3, "steps[0].rope", "not both"),
+])
+def test_schema_errors_name_line_and_key(tmp_path, body, line, key, words):
+    with pytest.raises(InputError) as exc:
+        load_recipe(_write(tmp_path, body))
+    text = exc.value.line()
+    assert f"line {line}:" in text
+    assert exc.value.field == key
+    assert words in text
+
+
+def test_duplicate_keys_are_errors(tmp_path):
+    body = "version: 1\nsteps:\n  - convert:\n      to: mqa\n      to: gqa\n"
+    with pytest.raises(InputError, match="line 5: duplicate key 'to'"):
+        load_recipe(_write(tmp_path, body))
+
+
+def test_invalid_yaml_names_line(tmp_path):
+    with pytest.raises(InputError, match=r"line 4 column 1: invalid YAML"):
+        load_recipe(_write(tmp_path, "version: 1\nsteps:\n  - convert: {to: [\n"))
+
+
+def test_paths_resolve_relative_to_recipe(tmp_path):
+    sub = tmp_path / "recipes"
+    sub.mkdir()
+    r = load_recipe(_write(sub, "version: 1\nsteps:\n  - lint: {}\n"))
+    assert r.resolve("data/calib.txt") == sub / "data" / "calib.txt"
+    assert r.resolve("/abs/x.txt").as_posix() == "/abs/x.txt"
