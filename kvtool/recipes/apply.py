@@ -1,0 +1,226 @@
+"""`kvtool apply`: run a recipe's steps in order, gate on lint and eval, report, stage the output.
+
+Each transforming step (convert, rope, quantize-kv) writes a new model folder into a work folder
+next to DST; checking steps (lint, eval) read the current folder. Only when every step and gate
+has passed is the last folder renamed to DST, with kvtool-report.json and kvtool-report.md
+inside. A failed gate exits 1 and leaves no DST (the report goes to DST.kvtool-failed.json).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from kvtool import __version__
+from kvtool.checkpoint import open_checkpoint
+from kvtool.errors import GateFailed, InputError, KvtoolError
+from kvtool.recipes.load import Recipe, Step, load_recipe
+from kvtool.recipes.plan import plan_recipe, target_groups
+from kvtool.spec import build_spec
+
+
+@dataclass
+class StepResult:
+    index: int
+    kind: str
+    settings: dict
+    output: str | None  # model folder after the step
+    seconds: float = 0.0
+    passed: bool = True
+    details: dict = field(default_factory=dict)
+
+
+@dataclass
+class RunContext:
+    recipe: Recipe
+    src: Path  # the original model (eval baseline)
+    current: Path  # the model as the steps so far leave it
+    work: Path  # scratch folder next to DST
+    device: str = "auto"
+    progress: bool | None = None
+
+    def new_folder(self, step: Step) -> Path:
+        return self.work / f"step{step.index}-{step.kind}"
+
+
+def _texts(ctx: RunContext, section: dict, purpose: str) -> list[str]:
+    """Text files for a step: explicit files (relative to the recipe) or a built-in dataset."""
+    from kvtool.testing.text import write_text_files
+
+    texts = section.get("text")
+    if texts:
+        return [str(ctx.recipe.resolve(t)) for t in ([texts] if isinstance(texts, str) else texts)]
+    dataset = section.get("dataset")
+    if dataset == "pydoc":
+        calib, ev = write_text_files(ctx.work / "text")
+        return [str(calib if purpose == "calibration" else ev)]
+    raise InputError(f"dataset {dataset!r} is not available offline in recipes; use `pydoc` or `text:` files",
+                     file=str(ctx.recipe.path))
+
+
+# --- step runners ---------------------------------------------------------------------------------
+def run_convert_step(ctx: RunContext, step: Step) -> StepResult:
+    from kvtool.convert.driver import make_plan, run_convert
+    from kvtool.units import parse_size
+
+    o = step.options
+    spec = build_spec(open_checkpoint(ctx.current, read_weights=False).config)
+    groups = target_groups(spec, o)
+    method = o.get("method", "mean")
+    plan = make_plan(ctx.current, to=o["to"], groups=groups if o["to"] == "gqa" else None, method=method,
+                     dtype=o.get("dtype", "keep"), max_shard_size=parse_size(o.get("max_shard_size", "5GB")))
+    options: dict = {}
+    if method == "aware":
+        calib = o.get("calibration") or {}
+        options["calib_text"] = _texts(ctx, calib, "calibration")
+        if "tokens" in calib:
+            options["calib_tokens"] = calib["tokens"]
+        for key in ("refine_steps", "grouping"):
+            if key in o:
+                options[key] = o[key]
+    out = ctx.new_folder(step)
+    res = run_convert(plan, out, progress=ctx.progress, device=_device(ctx), method_options=options)
+    return StepResult(step.index, step.kind, dict(o), str(out),
+                      details={"kv_heads": f"{plan.from_kv}->{plan.to_kv}", "method": method, "files": res.files})
+
+
+def run_lint_step(ctx: RunContext, step: Step) -> StepResult:
+    from kvtool.lint import lint_one
+    from kvtool.rules.registry import LintOptions, Selection
+
+    o = step.options
+    opts = LintOptions(selection=Selection(select=tuple(o.get("select") or ("KV",)), ignore=tuple(o.get("ignore") or ())),
+                       strict=bool(o.get("strict")))
+    rep = lint_one(str(ctx.current), opts)
+    failing = rep.failing(opts.strict) if not rep.error else []
+    details = {"error": rep.error, "findings": [f.as_dict() for f in rep.findings],
+               "counts": {s: sum(1 for f in rep.findings if f.severity == s) for s in ("error", "warning", "info")}}
+    return StepResult(step.index, step.kind, dict(o), str(ctx.current), passed=not failing and not rep.error,
+                      details=details)
+
+
+RUNNERS: dict[str, Callable[[RunContext, Step], StepResult]] = {
+    "convert": run_convert_step,
+    "lint": run_lint_step,
+}
+
+
+def _device(ctx: RunContext) -> str:
+    if ctx.device != "auto":
+        return ctx.device
+    try:
+        import torch
+    except ImportError:
+        return "cpu"
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+# --- the run --------------------------------------------------------------------------------------
+def _versions() -> dict:
+    out = {"kvtool": __version__, "python": platform.python_version()}
+    for mod in ("torch", "transformers", "safetensors"):
+        try:
+            out[mod] = __import__(mod).__version__
+        except Exception:  # noqa: BLE001 - versions are informative only
+            out[mod] = None
+    return out
+
+
+def apply_recipe(recipe_path: str | Path, src: str | Path, dst: str | Path, *, dry_run: bool = False,
+                 keep_intermediate: bool = False, force: bool = False, device: str = "auto",
+                 progress: bool | None = None, echo: Callable[[str], None] = print) -> dict:
+    """Validate the whole recipe, then run it. Returns the report; raises GateFailed on a failed gate."""
+    recipe = load_recipe(recipe_path)
+    src = Path(src)
+    if not src.is_dir():
+        raise InputError("SRC must be a model folder", file=str(src))
+    ckpt = open_checkpoint(src)
+    plan = plan_recipe(recipe, ckpt.config, ckpt.has_weights)
+    echo(f"recipe {recipe.name} ({recipe.path}): {len(recipe.steps)} step(s)")
+    for step, desc in zip(recipe.steps, plan):
+        echo(f"  {step.index}. {step.kind}: {desc}")
+    if dry_run:
+        return {"recipe": str(recipe.path), "plan": plan, "dry_run": True}
+    from kvtool.io.staging import check_destination
+
+    dst = Path(dst)
+    check_destination(dst, force=force, protect=[src])
+    work = dst.parent / f".{dst.name}.kvtool-work-{uuid.uuid4().hex[:8]}"
+    work.mkdir(parents=True)
+    ctx = RunContext(recipe=recipe, src=src, current=src, work=work, device=device, progress=progress)
+    report = {"kvtool_report_version": 1, "recipe": {"path": str(recipe.path), "name": recipe.name,
+              "description": recipe.description}, "source": str(src), "destination": str(dst),
+              "versions": _versions(), "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+              "plan": plan, "steps": [], "passed": False}
+    failed: StepResult | None = None
+    try:
+        for step in recipe.steps:
+            echo(f"[{step.index}/{len(recipe.steps)}] {step.kind} ...")
+            t0 = time.perf_counter()
+            res = RUNNERS[step.kind](ctx, step)
+            res.seconds = round(time.perf_counter() - t0, 3)
+            report["steps"].append(res.__dict__)
+            echo(f"[{step.index}/{len(recipe.steps)}] {step.kind}: {'ok' if res.passed else 'FAILED'} ({res.seconds:.1f} s)")
+            if res.output:
+                ctx.current = Path(res.output)
+            if not res.passed:
+                failed = res
+                break
+        report["passed"] = failed is None
+        report["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        if failed is not None:
+            failed_report = dst.parent / f"{dst.name}.kvtool-failed.json"
+            failed_report.write_text(json.dumps(report, indent=2, default=str) + "\n", encoding="utf-8")
+            raise GateFailed(f"step {failed.index} ({failed.kind}) failed: {_why(failed)}; no output was written "
+                             f"(report: {failed_report})", file=str(recipe.path))
+        _finish(ctx, dst, report, force=force)
+    finally:
+        if keep_intermediate and work.exists():
+            kept = dst.parent / f"{dst.name}.intermediate"
+            shutil.rmtree(kept, ignore_errors=True)
+            os.replace(work, kept)
+            echo(f"intermediate folders kept in {kept}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+    return report
+
+
+def _why(res: StepResult) -> str:
+    d = res.details
+    if res.kind == "lint":
+        return d.get("error") or f"{d['counts']['error']} error(s), {d['counts']['warning']} warning(s)"
+    if d.get("failed"):
+        return ", ".join(d["failed"])
+    return "gate failed"
+
+
+def _finish(ctx: RunContext, dst: Path, report: dict, *, force: bool) -> None:
+    """Move the final model into DST (hard-linking the source when no step transformed it)."""
+    from kvtool.io.staging import staged_output
+    from kvtool.recipes.report import render_markdown
+
+    with staged_output(dst, force=force, protect=[ctx.src]) as tmp:
+        final = ctx.current
+        if final == ctx.src:
+            _link_tree(final, tmp)
+        else:
+            for item in final.iterdir():
+                os.replace(item, tmp / item.name)
+        (tmp / "kvtool-report.json").write_text(json.dumps(report, indent=2, default=str) + "\n", encoding="utf-8")
+        (tmp / "kvtool-report.md").write_text(render_markdown(report), encoding="utf-8")
+
+
+def _link_tree(src: Path, dst: Path) -> None:
+    for item in src.iterdir():
+        if item.is_file():
+            try:
+                os.link(item, dst / item.name)
+            except OSError:
+                shutil.copy2(item, dst / item.name)
