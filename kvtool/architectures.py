@@ -9,7 +9,7 @@ validated strictly: an unknown key is an error, so dead fields cannot creep in.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 
@@ -36,26 +36,35 @@ FIELDS = (
     "rope_theta", "rope_scaling", "rope_parameters", "partial_rotary_factor", "rotary_dim",
     "sliding_rope_theta",
     "kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim",
-    "num_experts", "experts_per_token", "num_shared_experts", "moe_layer_freq", "first_k_dense",
+    "num_experts", "experts_per_token", "num_shared_experts", "moe_layer_freq", "first_k_dense", "moe_intermediate_size",
     "bos_token_id", "eos_token_id", "pad_token_id",
-    "alibi", "attention_chunk_size", "max_window_layers", "use_sliding_window",
+    "alibi", "attention_chunk_size", "max_window_layers", "use_sliding_window", "layer_types",
 )
 
 ATTENTION_KINDS = ("gqa", "mla")
 POSITIONS = ("rope", "alibi", "learned", "none")
 # Layer-type resolvers, tried in the order a table lists them (see kvtool/layer_types.py).
 LAYER_RESOLVERS = (
-    "layer_types", "sliding_window_pattern", "alternating", "max_window_layers",
-    "sliding_if_window", "hybrid_override_pattern", "chunked_no_rope", "all_full",
+    "layer_types", "sliding_window_pattern", "alternating", "max_window_layers", "max_window_layers_alternating",
+    "sliding_if_window", "hybrid_override_pattern", "chunked_no_rope", "no_rope_sliding", "full_attention_interval",
+    "all_full",
 )
+# Fused QKV row layouts (kvtool/convert/fused.py splits them): concat = [q | k | v] (phi3, mpt, dbrx);
+# falcon = per KV group [q x H/KV, k, v] (falcon, InternLM2 wqkv); bloom / neox = per head [q, k, v];
+# bigcode = concat with one KV head, per head otherwise.
 QKV_LAYOUTS = ("concat", "falcon", "bloom", "neox", "bigcode")
+WEIGHT_ROLES = ("q", "k", "v", "o", "qkv")
+MLA_ROLES = ("q_a", "q_b", "q", "kv_a", "kv_b", "indexer")
 NORM_SCOPES = ("head", "all")
 
 _TOP_KEYS = {"model_type", "aliases", "architectures", "description", "defaults", "fields", "kv_head_fields",
-             "attention", "weights", "convert", "wrapper_keys"}
+             "attention", "weights", "convert", "wrapper_keys", "legacy_keys"}
 _ATTN_KEYS = {"kind", "position", "layer_types", "kv_cache"}
+# bias: roles whose projection always carries a bias; transposed: GPT-2 Conv1D weights stored [in, out];
+# base_prefix: leading prefix that checkpoints saved from the base model class (not *ForCausalLM) lack.
+# q_gated: q_proj also emits a per-head output gate, so it has 2 x heads x head_dim rows (Qwen3-Next / 3.5).
 _WEIGHT_KEYS = {"layer", "attention", "q", "k", "v", "o", "qkv", "qkv_layout", "q_norm", "k_norm",
-                "k_norm_scope", "embed", "lm_head", "mla", "bias"}
+                "k_norm_scope", "embed", "lm_head", "mla", "bias", "transposed", "base_prefix", "q_gated"}
 _CONVERT_KEYS = {"supported", "reason", "alternative", "approximate", "only"}
 
 
@@ -73,6 +82,8 @@ class Architecture:
     convert: dict
     generic: bool = False
     source_file: str = ""
+    # config keys the table reads that transformers' config class does not define (remote-code or pre-v5 names)
+    legacy_keys: tuple[str, ...] = ()
 
     # --- weight-name templates -------------------------------------------------------------
     def attn_prefix(self, layer: int) -> str:
@@ -117,6 +128,16 @@ def _validate(data: dict, file: str) -> Architecture:
                 _fail(file, f"fields.{name}: bad source {src!r}")
             if "ref" in src and src["ref"] not in FIELDS:
                 _fail(file, f"fields.{name}: unknown ref {src['ref']!r}")
+            if "when" in src and not (isinstance(src["when"], dict) and src["when"]):
+                _fail(file, f"fields.{name}: 'when' must be a non-empty object")
+            if "key" in src and not (isinstance(src["key"], str) and src["key"]):
+                _fail(file, f"fields.{name}: 'key' must be a non-empty string")
+    for list_key in ("aliases", "architectures", "kv_head_fields", "legacy_keys"):
+        vals = data.get(list_key, [])
+        if not isinstance(vals, list) or not all(isinstance(v, str) and v for v in vals):
+            _fail(file, f"{list_key} must be a list of non-empty strings")
+    if not isinstance(data.get("defaults", {}), dict):
+        _fail(file, "defaults must be an object")
     attn = data["attention"]
     if set(attn) - _ATTN_KEYS:
         _fail(file, f"attention: unknown keys {sorted(set(attn) - _ATTN_KEYS)}")
@@ -136,9 +157,31 @@ def _validate(data: dict, file: str) -> Architecture:
         _fail(file, f"weights.k_norm_scope must be one of {NORM_SCOPES}")
     if "attention" not in w:
         _fail(file, "weights.attention (module path template) is required")
+    for tmpl in ("layer", "attention"):
+        if tmpl in w and "{layer}" not in str(w[tmpl]):
+            _fail(file, f"weights.{tmpl} must contain {{layer}}")
+    bias = w.get("bias", [])
+    if not isinstance(bias, list) or set(bias) - set(WEIGHT_ROLES):
+        _fail(file, f"weights.bias must be a list of roles from {WEIGHT_ROLES}")
+    if w.get("qkv") and any(w.get(r) for r in ("q", "k", "v")):
+        _fail(file, "weights: a fused qkv excludes separate q / k / v")
+    if w.get("qkv") and not w.get("qkv_layout"):
+        _fail(file, "weights.qkv needs a qkv_layout")
+    for flag in ("transposed", "q_gated"):
+        if flag in w and not isinstance(w[flag], bool):
+            _fail(file, f"weights.{flag} must be true or false")
+    mla = w.get("mla", {})
+    if not isinstance(mla, dict) or set(mla) - set(MLA_ROLES):
+        _fail(file, f"weights.mla keys must be from {MLA_ROLES}")
+    if (attn.get("kind") == "mla") != bool(mla):
+        _fail(file, "weights.mla is required for, and only for, attention.kind mla")
     conv = data["convert"]
     if set(conv) - _CONVERT_KEYS:
         _fail(file, f"convert: unknown keys {sorted(set(conv) - _CONVERT_KEYS)}")
+    if not isinstance(conv.get("supported"), bool):
+        _fail(file, "convert.supported must be true or false")
+    if conv["supported"] is False and not conv.get("reason"):
+        _fail(file, "convert.reason is required when convert.supported is false")
     return Architecture(
         model_type=data["model_type"],
         aliases=tuple(data.get("aliases", ())),
@@ -152,6 +195,7 @@ def _validate(data: dict, file: str) -> Architecture:
         convert=conv,
         generic=data["model_type"] == "generic",
         source_file=file,
+        legacy_keys=tuple(data.get("legacy_keys", ())),
     )
 
 
@@ -173,6 +217,10 @@ def all_architectures() -> dict[str, Architecture]:
             out[key] = arch
     if "generic" not in out:
         raise InputError("schemas/architectures/generic.json is missing")
+    for arch in {id(a): a for a in out.values()}.values():
+        alt = arch.convert.get("alternative")
+        if alt is not None and alt not in out:
+            _fail(arch.source_file, f"convert.alternative {alt!r} is not a known model_type")
     return out
 
 
@@ -186,3 +234,91 @@ def lookup(model_type: str | None) -> Architecture:
 
 def is_known(model_type: str | None) -> bool:
     return bool(model_type) and model_type in all_architectures() and model_type != "generic"
+
+
+# --- multimodal wrappers and stored weight names ----------------------------------------------
+
+@dataclass(frozen=True)
+class Wrapper:
+    model_type: str
+    config_key: str
+    text_model_type: str
+    weight_layouts: tuple[dict, ...]  # each: {old prefix: new prefix} applied to the text table's names
+
+
+_WRAPPER_KEYS = {"config_key", "text_model_type", "weight_layouts"}
+
+
+@lru_cache(maxsize=None)
+def all_wrappers() -> dict[str, Wrapper]:
+    """schemas/wrappers.json, validated strictly."""
+    path = schemas_dir() / "wrappers.json"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise InputError(f"cannot read the wrapper table: {exc}", file=str(path)) from None
+    if not isinstance(data, dict) or set(data) - {"description", "wrappers"} or not isinstance(data.get("wrappers"), dict):
+        _fail(path.name, "expected {description, wrappers: {model_type: {...}}}")
+    out: dict[str, Wrapper] = {}
+    for mt, w in data["wrappers"].items():
+        if not isinstance(w, dict) or set(w) != _WRAPPER_KEYS:
+            _fail(path.name, f"wrappers.{mt}: keys must be exactly {sorted(_WRAPPER_KEYS)}")
+        layouts = w["weight_layouts"]
+        if not isinstance(layouts, list) or not all(
+                isinstance(r, dict) and r and all(isinstance(k, str) and isinstance(v, str) for k, v in r.items())
+                for r in layouts):
+            _fail(path.name, f"wrappers.{mt}.weight_layouts: must be a list of {{prefix: prefix}} objects")
+        out[mt] = Wrapper(mt, w["config_key"], w["text_model_type"], tuple(layouts))
+    return out
+
+
+def wrapper(model_type: str | None) -> Wrapper | None:
+    return all_wrappers().get(model_type) if model_type else None
+
+
+_NAME_KEYS = ("layer", "attention", "embed", "lm_head")
+
+
+def renamed(arch: Architecture, renames: dict[str, str]) -> Architecture:
+    """The table with every weight-name template's leading prefix renamed (first match wins)."""
+    def ren(name: str) -> str:
+        for old, new in renames.items():
+            if name.startswith(old):
+                return new + name[len(old):]
+        return name
+
+    w = dict(arch.weights)
+    for key in _NAME_KEYS:
+        if isinstance(w.get(key), str):
+            w[key] = ren(w[key])
+    return replace(arch, weights=w)
+
+
+def fit_weight_names(arch: Architecture, tensor_names, wrapper_type: str | None = None) -> Architecture:
+    """The table's weight names as this checkpoint stores them.
+
+    Tries the table as written, then each layout of the multimodal wrapper, then the names without
+    `weights.base_prefix` (checkpoints saved from the base model class, e.g. BLOOM's `h.0...`), and
+    keeps the first under which layer 0's attention or the embedding exists. Unchanged if none fits.
+    """
+    names = set(tensor_names)
+    if not names:
+        return arch
+    candidates: list[dict[str, str]] = [{}]
+    wr = wrapper(wrapper_type)
+    if wr is not None:
+        candidates += list(wr.weight_layouts)
+    if arch.weights.get("base_prefix"):
+        candidates.append({arch.weights["base_prefix"]: ""})
+    for ren in candidates:
+        cand = renamed(arch, ren) if ren else arch
+        if _fits(cand, names):
+            return cand
+    return arch
+
+
+def _fits(arch: Architecture, names: set[str]) -> bool:
+    prefix = arch.attn_prefix(0) + "."
+    if any(n.startswith(prefix) for n in names):
+        return True
+    return bool(arch.weights.get("embed")) and arch.weights["embed"] in names

@@ -75,8 +75,11 @@ class Checkpoint:
         return str(path)
 
 
-def open_checkpoint(source: str | os.PathLike, *, read_weights: bool = True) -> Checkpoint:
-    """Open a model folder, a config.json, or a hub id. Raises InputError (exit 2) when unusable."""
+def open_checkpoint(source: str | os.PathLike, *, read_weights: bool = True, read_side_files: bool = True) -> Checkpoint:
+    """Open a model folder, a config.json, or a hub id. Raises InputError (exit 2) when unusable.
+
+    read_side_files=False skips generation / tokenizer files (a tokenizer.json can take seconds to parse).
+    """
     text = os.fspath(source)
     path = Path(text)
     try:
@@ -91,7 +94,7 @@ def open_checkpoint(source: str | os.PathLike, *, read_weights: bool = True) -> 
         raise InputError("no such file or folder", file=text)
     try:
         if path.is_dir():
-            return _open_folder(text, path, read_weights)
+            return _open_folder(text, path, read_weights, read_side_files)
         return _open_config_file(text, path)
     except OSError as exc:
         raise InputError(_os_message(exc), file=text) from None
@@ -102,16 +105,17 @@ def _open_config_file(text: str, path: Path) -> Checkpoint:
     return Checkpoint(source=text, root=None, config_doc=doc)
 
 
-def _open_folder(text: str, root: Path, read_weights: bool) -> Checkpoint:
+def _open_folder(text: str, root: Path, read_weights: bool, read_side_files: bool = True) -> Checkpoint:
     cfg = root / "config.json"
     if _is_symlink_loop(cfg):
         raise InputError("symlink loop", file=str(cfg))
     if not cfg.is_file():
         raise InputError("no config.json in the model folder", file=str(cfg))
     ckpt = Checkpoint(source=text, root=root, config_doc=load_json_object(cfg, what="config"))
-    ckpt.generation_config = _optional_json(root / "generation_config.json")
-    ckpt.tokenizer_config = _optional_json(root / "tokenizer_config.json")
-    ckpt.tokenizer_vocab_size = _tokenizer_size(root / "tokenizer.json")
+    if read_side_files:
+        ckpt.generation_config = _optional_json(root / "generation_config.json")
+        ckpt.tokenizer_config = _optional_json(root / "tokenizer_config.json")
+        ckpt.tokenizer_vocab_size = _tokenizer_size(root / "tokenizer.json")
     ckpt.pickle_files = sorted(p.name for p in root.iterdir() if p.suffix in PICKLE_SUFFIXES and p.is_file())
     if read_weights:
         _read_weights(ckpt, root)

@@ -1,13 +1,17 @@
 """KV-cache arithmetic per layer, from a ModelSpec (no torch).
 
 GQA-family layers cache 2 (K and V) x kv_heads x head_dim elements per token; MLA layers cache one
-latent of kv_lora_rank + qk_rope_head_dim elements per token; sliding-window and chunked layers
-hold at most the window; linear-attention / Mamba layers keep no per-token cache.
+latent of kv_lora_rank + qk_rope_head_dim elements per token (not per head, no factor 2);
+sliding-window and chunked layers hold at most the window; linear-attention / Mamba layers keep no
+per-token cache. `paged_tokens` reproduces how vLLM's paged allocator sizes each layer
+(vllm/v1/kv_cache_interface.py: FullAttentionSpec / SlidingWindowSpec / ChunkedLocalAttentionSpec
+.max_memory_usage_bytes), and `kv_heads_per_gpu` / `tp_refusal` its tensor-parallel head split
+(QKVParallelLinear, ModelConfig.verify_with_parallel_config).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kvtool.layer_types import KV_CACHE_TYPES
 
@@ -19,12 +23,18 @@ KV_DTYPE_BYTES: dict[str, float] = {
     "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "float8_e4m3fn": 1, "float8_e5m2": 1, "fp8_inc": 1,
     "int8": 1,
 }
+# The values `--kv-cache-dtype` accepts ("auto" = the model's dtype, as in vLLM).
+KV_CACHE_DTYPES = ("auto", "fp16", "bf16", "fp32", "fp8", "fp8_e4m3", "fp8_e5m2", "int8")
 
 
 def dtype_bytes(name: str | None, default: float = 2) -> float:
     if not name:
         return default
     return KV_DTYPE_BYTES.get(str(name).lower(), default)
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
 
 
 @dataclass(frozen=True)
@@ -36,12 +46,44 @@ class LayerKV:
     head_dim: int
     window: int | None  # tokens kept at most (sliding / chunked layers)
     elements_per_token: int  # cached elements per token in this layer (K and V together)
+    num_heads: int = 0  # query heads, for the group size
+
+    @property
+    def group_size(self) -> int | None:
+        """Query heads per KV head (GQA-family layers only)."""
+        if self.kind in ("MLA", "none") or not self.kv_heads or not self.num_heads:
+            return None
+        return self.num_heads // self.kv_heads if self.num_heads % self.kv_heads == 0 else None
 
     def bytes_per_token(self, elem_bytes: float) -> float:
         return self.elements_per_token * elem_bytes
 
     def tokens_cached(self, seq_len: int) -> int:
         return seq_len if self.window is None else min(seq_len, self.window)
+
+    def paged_tokens(self, seq_len: int, block_size: int, batched_tokens: int) -> int:
+        """Token slots vLLM reserves for this layer for one sequence of seq_len tokens.
+
+        Full layers: whole blocks for every token. Sliding layers: the last window-1 tokens plus one
+        scheduler step (batched_tokens, chunked prefill), plus one block because the window need not
+        start on a block boundary. Chunked-local layers: the chunk plus one scheduler step.
+        """
+        if self.kind == "none" or seq_len <= 0:
+            return 0
+        bs = max(1, block_size)
+        if self.window is None:
+            return cdiv(seq_len, bs) * bs
+        if self.layer_type == "chunked_attention":
+            return cdiv(min(self.window + batched_tokens, seq_len), bs) * bs
+        return (cdiv(min(self.window - 1 + batched_tokens, seq_len), bs) + 1) * bs
+
+    def on_gpu(self, tensor_parallel_size: int) -> "LayerKV":
+        """This layer's share on one of T tensor-parallel GPUs."""
+        if tensor_parallel_size <= 1 or self.kind in ("MLA", "none"):
+            return self  # vLLM keeps the whole MLA latent on every GPU
+        kvh = kv_heads_per_gpu(self.kv_heads, tensor_parallel_size)
+        per_head = self.elements_per_token // self.kv_heads if self.kv_heads else 0
+        return replace(self, kv_heads=kvh, elements_per_token=per_head * kvh)
 
 
 def attention_kind(num_heads: int | None, kv_heads: int | None) -> str:
@@ -57,12 +99,12 @@ def attention_kind(num_heads: int | None, kv_heads: int | None) -> str:
 def layers(spec, *, kv_heads: int | None = None) -> list[LayerKV]:
     """Per-layer KV layout; `kv_heads` overrides the config (what-if / convert plans)."""
     out: list[LayerKV] = []
-    h = spec.num_heads
+    h = spec.num_heads or 0
     kvh = kv_heads if kv_heads is not None else spec.num_kv_heads
     hd = spec.head_dim
     for i, lt in enumerate(spec.layer_types):
         if lt not in KV_CACHE_TYPES:
-            out.append(LayerKV(i, lt, "none", 0, 0, None, 0))
+            out.append(LayerKV(i, lt, "none", 0, 0, None, 0, h))
             continue
         window = None
         if lt == "sliding_attention":
@@ -71,12 +113,12 @@ def layers(spec, *, kv_heads: int | None = None) -> list[LayerKV]:
             window = spec.get("attention_chunk_size")
         if spec.is_mla:
             latent = int(spec.get("kv_lora_rank", 0)) + int(spec.get("qk_rope_head_dim", 0) or 0)
-            out.append(LayerKV(i, lt, "MLA", 1, latent, window, latent))
+            out.append(LayerKV(i, lt, "MLA", 1, latent, window, latent, h))
             continue
         if not kvh or not hd:
-            out.append(LayerKV(i, lt, attention_kind(h, kvh), kvh or 0, hd or 0, window, 0))
+            out.append(LayerKV(i, lt, attention_kind(h, kvh), kvh or 0, hd or 0, window, 0, h))
             continue
-        out.append(LayerKV(i, lt, attention_kind(h, kvh), kvh, hd, window, 2 * kvh * hd))
+        out.append(LayerKV(i, lt, attention_kind(h, kvh), kvh, hd, window, 2 * kvh * hd, h))
     return out
 
 
@@ -87,14 +129,52 @@ def bytes_per_token(spec, elem_bytes: float, *, kv_heads: int | None = None) -> 
 
 def bytes_per_sequence(spec, seq_len: int, elem_bytes: float, *, block_size: int = 1,
                        kv_heads: int | None = None) -> float:
-    """KV bytes for one sequence of seq_len tokens, each layer rounded up to whole blocks."""
+    """KV bytes one sequence of seq_len tokens holds (windows applied), each layer rounded up to whole blocks."""
     total = 0.0
     for layer in layers(spec, kv_heads=kv_heads):
         tokens = layer.tokens_cached(seq_len)
         if block_size > 1:
-            tokens = -(-tokens // block_size) * block_size
+            tokens = cdiv(tokens, block_size) * block_size
         total += tokens * layer.bytes_per_token(elem_bytes)
     return total
+
+
+def kv_heads_per_gpu(kv_heads: int, tensor_parallel_size: int) -> int:
+    """KV heads each GPU stores: an even share, or one replicated head when there are fewer heads than GPUs."""
+    if tensor_parallel_size <= 1 or kv_heads <= 0:
+        return kv_heads
+    if tensor_parallel_size >= kv_heads:
+        return 1
+    return cdiv(kv_heads, tensor_parallel_size)
+
+
+def kv_replication(kv_heads: int, tensor_parallel_size: int) -> int:
+    """How many GPUs hold a copy of each KV head (1 = no replication)."""
+    if tensor_parallel_size <= kv_heads or kv_heads <= 0:
+        return 1
+    return tensor_parallel_size // kv_heads
+
+
+def tp_refusal(num_heads: int | None, kv_heads: int | None, tensor_parallel_size: int, *, mla: bool = False) -> str | None:
+    """Why vLLM would refuse this tensor-parallel size, or None.
+
+    vLLM requires num_attention_heads % T == 0; its QKV projection then splits KV heads evenly
+    when T < kv_heads (kv_heads % T == 0) or replicates them when T >= kv_heads (T % kv_heads == 0).
+    MLA has a single latent per token, replicated on every GPU, so only the query-head rule applies.
+    """
+    t = tensor_parallel_size
+    if t <= 1:
+        return None
+    if num_heads and num_heads % t:
+        return f"num_attention_heads ({num_heads}) is not divisible by the tensor-parallel size ({t})"
+    if mla or not kv_heads:
+        return None
+    if t < kv_heads and kv_heads % t:
+        return f"num_key_value_heads ({kv_heads}) is not divisible by the tensor-parallel size ({t})"
+    if t > kv_heads and t % kv_heads:
+        return (f"the tensor-parallel size ({t}) is not a multiple of num_key_value_heads ({kv_heads}), "
+                "so KV heads cannot be replicated evenly")
+    return None
 
 
 def model_dtype_bytes(spec) -> float:

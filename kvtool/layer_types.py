@@ -1,7 +1,8 @@
 """Per-layer attention types, resolved by the resolvers an architecture table lists.
 
 Types: full_attention, sliding_attention, chunked_attention, linear_attention, mamba, none
-(a layer that keeps no KV cache). The first resolver that applies wins.
+(a layer that keeps no KV cache). The first resolver that applies wins; each resolver mirrors how
+transformers' config class builds `layer_types` for that family when the config does not carry it.
 """
 
 from __future__ import annotations
@@ -10,19 +11,44 @@ from typing import Callable
 
 KV_CACHE_TYPES = ("full_attention", "sliding_attention", "chunked_attention")
 KNOWN_TYPES = KV_CACHE_TYPES + ("linear_attention", "mamba", "none", "mlp", "moe")
+# Names real configs carry (older transformers, remote code, DSA indexers) -> the type kvtool reasons with.
+# An indexed (DeepSeek sparse attention) layer still caches every token's MLA latent: full attention for KV.
+ALIASES = {
+    "attention": "full_attention",
+    "indexed_attention": "full_attention",
+    "deepseek_sparse_attention": "full_attention",
+    "hybrid": "full_attention",
+    "hybrid_sliding": "sliding_attention",
+}
+ACCEPTED_TYPES = KNOWN_TYPES + tuple(ALIASES)
+
+
+def _cfg(spec, key):
+    """A config key, else the table's default for it (transformers' class default)."""
+    if key in spec.config:
+        return spec.config[key]
+    return spec.arch.defaults.get(key)
+
+
+def _int(v):
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
 
 
 def _layer_types(spec, n):
-    lt = spec.config.get("layer_types")
+    lt = spec.get("layer_types") if "layer_types" in spec.arch.fields else spec.config.get("layer_types")
     if isinstance(lt, list) and lt and all(isinstance(x, str) for x in lt):
-        return list(lt)
+        return [ALIASES.get(x, x) for x in lt]
     return None
 
 
 def _sliding_window_pattern(spec, n):
+    if spec.sliding_window is None:
+        return None
     pat = spec.config.get("sliding_window_pattern", spec.config.get("sliding_window_pattern_size"))
-    if isinstance(pat, int) and not isinstance(pat, bool) and pat > 0:
-        # gemma3: every pat-th layer is global
+    if pat is None:
+        pat = spec.arch.defaults.get("sliding_window_pattern")
+    if _int(pat) is not None and pat > 0:
+        # gemma3 / cohere2 / exaone4 / olmo3: every pat-th layer is global
         return ["sliding_attention" if (i + 1) % pat else "full_attention" for i in range(n)]
     if isinstance(pat, str) and pat and set(pat) <= {"L", "G"}:
         # exaone4: "LLLG" repeated; L = local (sliding), G = global
@@ -33,18 +59,28 @@ def _sliding_window_pattern(spec, n):
 def _alternating(spec, n):
     if spec.sliding_window is None:
         return None
-    # gemma2: even layers slide, odd layers are global
+    # gemma2 / gpt-oss: even layers slide, odd layers are global
     return ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(n)]
 
 
 def _max_window_layers(spec, n):
     if not spec.get("use_sliding_window", False) or spec.sliding_window is None:
         return None
-    mwl = spec.get("max_window_layers")
-    if not isinstance(mwl, int):
+    mwl = _int(spec.get("max_window_layers"))
+    if mwl is None:
         return None
-    # qwen2 family: layers from max_window_layers on use the window
+    # qwen2 / qwen3: layers from max_window_layers on use the window
     return ["sliding_attention" if i >= mwl else "full_attention" for i in range(n)]
+
+
+def _max_window_layers_alternating(spec, n):
+    if not spec.get("use_sliding_window", False) or not spec.sliding_window:
+        return None
+    mwl = _int(spec.get("max_window_layers"))
+    if mwl is None:
+        return None
+    # qwen2_moe: even layers below max_window_layers use the window
+    return ["sliding_attention" if (i + 1) % 2 and i < mwl else "full_attention" for i in range(n)]
 
 
 def _sliding_if_window(spec, n):
@@ -62,16 +98,35 @@ def _hybrid_override_pattern(spec, n):
     return [table.get(c, "none") for c in pat]
 
 
+def _no_rope_flags(spec, n):
+    nrl = spec.config.get("no_rope_layers")
+    if isinstance(nrl, list) and len(nrl) == n:
+        return [bool(flag) for flag in nrl]
+    step = _int(_cfg(spec, "no_rope_layer_interval")) or 4
+    return [(i + 1) % step != 0 for i in range(n)]
+
+
 def _chunked_no_rope(spec, n):
     chunk = spec.get("attention_chunk_size")
     if not isinstance(chunk, int):
         return None
-    nrl = spec.config.get("no_rope_layers")
-    if isinstance(nrl, list) and len(nrl) == n:
-        # llama4: layers with RoPE (flag 1) use chunked local attention; NoPE layers are global
-        return ["chunked_attention" if flag else "full_attention" for flag in nrl]
-    step = spec.config.get("no_rope_layer_interval", 4)
-    return ["full_attention" if (i + 1) % step == 0 else "chunked_attention" for i in range(n)]
+    # llama4: layers with RoPE (flag 1) use chunked local attention; NoPE layers are global
+    return ["chunked_attention" if rope else "full_attention" for rope in _no_rope_flags(spec, n)]
+
+
+def _no_rope_sliding(spec, n):
+    if not spec.get("use_sliding_window", False) or spec.sliding_window is None:
+        return None
+    # smollm3: only NoPE layers (flag 0) use the sliding window
+    return ["full_attention" if rope else "sliding_attention" for rope in _no_rope_flags(spec, n)]
+
+
+def _full_attention_interval(spec, n):
+    step = _int(_cfg(spec, "full_attention_interval"))
+    if not step or step <= 0:
+        return None
+    # qwen3_next / qwen3_5: every step-th layer is full attention, the rest Gated DeltaNet
+    return ["full_attention" if (i + 1) % step == 0 else "linear_attention" for i in range(n)]
 
 
 def _all_full(spec, n):
@@ -83,9 +138,12 @@ RESOLVERS: dict[str, Callable] = {
     "sliding_window_pattern": _sliding_window_pattern,
     "alternating": _alternating,
     "max_window_layers": _max_window_layers,
+    "max_window_layers_alternating": _max_window_layers_alternating,
     "sliding_if_window": _sliding_if_window,
     "hybrid_override_pattern": _hybrid_override_pattern,
     "chunked_no_rope": _chunked_no_rope,
+    "no_rope_sliding": _no_rope_sliding,
+    "full_attention_interval": _full_attention_interval,
     "all_full": _all_full,
 }
 

@@ -45,15 +45,28 @@ def lint_one(source: str, options: LintOptions) -> ModelReport:
     except InputError as exc:
         return ModelReport(model=source, error=exc.line())
     spec = build_spec(ckpt.config)
+    if ckpt.headers:
+        from kvtool.architectures import fit_weight_names
+
+        outer = ckpt.config.get("model_type") if spec.wrapper_key else None
+        spec.arch = fit_weight_names(spec.arch, ckpt.tensors, outer if isinstance(outer, str) else None)
     ctx = LintContext(ckpt, spec, options)
     for topic, fn in CHECKERS:
         try:
             fn(ctx)
         except Exception as exc:  # a checker bug must not hide the other findings
             ctx.report("KV000", f"internal error in the {topic} checks: {type(exc).__name__}: {exc}")
-    findings = [f for f in ctx.findings if options.selection.allows(f.code)]
+    findings = _drop_schema_duplicates([f for f in ctx.findings if options.selection.allows(f.code)])
     findings.sort(key=lambda f: (f.file or "", f.line or 0, f.code, f.path or ""))
     return ModelReport(model=source, findings=findings, model_type=spec.model_type, kv=kv_summary(spec))
+
+
+def _drop_schema_duplicates(findings: list[Finding]) -> list[Finding]:
+    """A schema violation (KV90x) on a key another rule already reports adds nothing: keep the specific one."""
+    from kvtool.rules.schema import SCHEMA_CODES
+
+    covered = {f.path for f in findings if f.path and f.code not in SCHEMA_CODES}
+    return [f for f in findings if not (f.code in SCHEMA_CODES and f.path in covered)]
 
 
 def kv_summary(spec) -> dict | None:

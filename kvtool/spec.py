@@ -171,7 +171,11 @@ def build_spec(full_config: dict) -> ModelSpec:
     config, wrapper = unwrap(full_config)
     model_type = config.get("model_type") if isinstance(config.get("model_type"), str) else None
     if wrapper and model_type is None:
-        model_type = full_config.get("model_type")
+        from kvtool.architectures import wrapper as wrapper_table
+
+        outer = full_config.get("model_type") if isinstance(full_config.get("model_type"), str) else None
+        wt = wrapper_table(outer)
+        model_type = wt.text_model_type if wt is not None else outer
     arch = lookup(model_type)
     spec = ModelSpec(arch=arch, config=config, full_config=full_config, wrapper_key=wrapper, model_type=model_type)
     for name in arch.fields:
@@ -193,9 +197,13 @@ def _cond_holds(spec: ModelSpec, when: dict) -> bool:
 
 
 def _resolve(spec: ModelSpec, name: str, seen: set) -> Resolved:
+    """First source with a value wins. A missing key's class default applies only once every alias key
+    after it is also missing (gpt_neox: partial_rotary_factor, else rotary_pct, else 0.25), and before
+    any const / ref fallback; an explicit null overrides the default (mistral v0.3 "sliding_window": null)."""
     if name in seen:
         return Resolved(None, None)
     seen = seen | {name}
+    pending: Resolved | None = None
     for src in spec.arch.fields.get(name, []):
         if isinstance(src, str):
             src = {"key": src}
@@ -205,12 +213,15 @@ def _resolve(spec: ModelSpec, name: str, seen: set) -> Resolved:
             v = get_path(spec.config, src["key"])
             if v is not _MISSING and v is not None:
                 return Resolved(v, src["key"])
-            if src["key"] in spec.arch.defaults and spec.arch.defaults[src["key"]] is not None:
-                return Resolved(spec.arch.defaults[src["key"]], None)
-        elif "const" in src:
+            if pending is None and v is _MISSING and spec.arch.defaults.get(src["key"]) is not None:
+                pending = Resolved(spec.arch.defaults[src["key"]], None)
+            continue
+        if pending is not None:
+            return pending
+        if "const" in src:
             return Resolved(src["const"], None)
-        elif "ref" in src:
+        if "ref" in src:
             r = _resolve(spec, src["ref"], seen)
             if r.value is not None:
                 return r
-    return Resolved(None, None)
+    return pending if pending is not None else Resolved(None, None)

@@ -39,12 +39,18 @@ def pick_dtype(name: str, device: torch.device) -> torch.dtype:
 def load_model(path: str | Path, *, device: torch.device, dtype: torch.dtype, attn: str = "sdpa",
                device_map: str | None = None):
     """Load a causal LM for inference; one-line InputError on failure."""
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     kwargs = {"dtype": dtype, "attn_implementation": attn}
     if device_map:
         kwargs["device_map"] = device_map
     try:
+        config = AutoConfig.from_pretrained(str(path))
+        if kv_cache_only_quantization(getattr(config, "quantization_config", None)):
+            # weights are plain: don't make transformers load a quantizer (compressed-tensors) for
+            # a scheme that only describes the KV cache; kvtool.eval.fp8 reads the scales itself
+            del config.quantization_config
+            kwargs["config"] = config
         model = AutoModelForCausalLM.from_pretrained(str(path), **kwargs)
     except (OSError, ValueError, KeyError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
@@ -53,6 +59,19 @@ def load_model(path: str | Path, *, device: torch.device, dtype: torch.dtype, at
         model.to(device)
     model.eval()
     return model
+
+
+def kv_cache_only_quantization(qc) -> bool:
+    """A quantization_config that quantizes only the KV cache (no weight or activation groups)."""
+    if qc is None:
+        return False
+    if not isinstance(qc, dict):
+        qc = qc.to_dict() if hasattr(qc, "to_dict") else {}
+    if qc.get("quant_method") == "compressed-tensors":
+        return bool(qc.get("kv_cache_scheme")) and not qc.get("config_groups")
+    if qc.get("kv_cache_quant_algo"):  # modelopt
+        return not qc.get("quant_algo")
+    return False
 
 
 def load_tokenizer(path: str | Path):

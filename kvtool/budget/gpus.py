@@ -1,0 +1,61 @@
+"""Built-in GPU memory table (gpus.json) and `--gpu-memory` parsing."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from kvtool.errors import UsageError
+from kvtool.units import parse_size
+
+GIB = 2**30
+
+
+@dataclass(frozen=True)
+class Gpu:
+    name: str
+    memory_bytes: int
+    basis: str  # nvidia-smi | nominal | user
+
+    @property
+    def large_scheduler_defaults(self) -> bool:
+        """vLLM's rule for its bigger default scheduler step: >= 70 GiB and not an A100 (arg_utils.get_batch_defaults)."""
+        return self.memory_bytes >= 70 * GIB and "a100" not in self.name.lower()
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[^a-z0-9]", "", name.lower())
+
+
+@lru_cache(maxsize=1)
+def table() -> dict[str, Gpu]:
+    """Normalised name or alias -> Gpu."""
+    data = json.loads((Path(__file__).with_name("gpus.json")).read_text(encoding="utf-8"))
+    out: dict[str, Gpu] = {}
+    for row in data["gpus"]:
+        gpu = Gpu(row["name"], int(row["memory_mib"]) * 2**20, row["basis"])
+        for key in (row["name"], *row.get("aliases", ())):
+            out[_norm(key)] = gpu
+    return out
+
+
+def names() -> list[str]:
+    return sorted({g.name for g in table().values()})
+
+
+def resolve(text: str) -> Gpu:
+    """'80GiB' / '85899345920' / 'H100-80GB' / 'nvidia h200' -> Gpu. UsageError names the option."""
+    key = _norm(text).removeprefix("nvidia")
+    if key in table():
+        return table()[key]
+    try:
+        size = parse_size(text)
+    except ValueError:
+        raise UsageError(f"{text!r} is neither a size (80GiB, 24GB) nor a known GPU ({', '.join(names())})",
+                         field="--gpu-memory") from None
+    if size <= 0:
+        raise UsageError(f"{text!r}: GPU memory must be positive", field="--gpu-memory")
+    return Gpu(text.strip(), size, "user")

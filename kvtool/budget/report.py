@@ -1,0 +1,223 @@
+"""kv-budget output: a readable text report and a stable JSON object (sorted keys)."""
+
+from __future__ import annotations
+
+import json
+
+from kvtool.budget.budget import Budget, Figures, LayerRow
+from kvtool.units import fmt_bytes
+
+GIB = 2**30
+
+
+# --- JSON ------------------------------------------------------------------------------------
+def _layer_dict(r: LayerRow) -> dict:
+    lay = r.layer
+    return {
+        "index": lay.index, "layer_type": lay.layer_type, "kind": lay.kind, "group_size": lay.group_size,
+        "kv_heads": lay.kv_heads, "kv_heads_per_gpu": r.per_gpu.kv_heads, "head_dim": lay.head_dim,
+        "window": lay.window, "bytes_per_token": r.bytes_per_token,
+        "bytes_per_token_per_gpu": r.bytes_per_token_per_gpu, "tokens_allocated": r.tokens_allocated,
+        "bytes_per_sequence": r.bytes_per_sequence, "bytes_per_sequence_per_gpu": r.bytes_per_sequence_per_gpu,
+    }
+
+
+def _figures_dict(f: Figures, current: Figures | None) -> dict:
+    d = {
+        "name": f.name, "kv_heads": _kv_heads(f), "kv_cache_dtype": f.kv_dtype, "kv_bytes_per_element": f.elem_bytes,
+        "kv_bytes_per_token": f.kv_bytes_per_token, "kv_bytes_per_token_per_gpu": f.kv_bytes_per_token_per_gpu,
+        "kv_bytes_per_sequence": f.kv_bytes_per_sequence,
+        "kv_bytes_per_sequence_per_gpu": f.kv_bytes_per_sequence_per_gpu,
+        "kv_bytes_total": f.kv_bytes_total, "kv_bytes_total_per_gpu": f.kv_bytes_total_per_gpu,
+        "max_concurrency": f.max_concurrency, "max_concurrent_sequences": f.max_concurrent_sequences,
+        "kv_pool_tokens": f.kv_pool_tokens, "tensor_parallel_refusal": f.tp_refusal,
+    }
+    if current is not None:
+        d["saving_vs_current"] = _saving(f, current)
+    return d
+
+
+def _kv_heads(f: Figures) -> int | None:
+    """KV heads of the (first) KV-caching layer; None for MLA or a model without KV layers."""
+    kv = [r.layer for r in f.layers if r.layer.kind not in ("none", "MLA")]
+    return kv[0].kv_heads if kv else None
+
+
+def _saving(f: Figures, current: Figures) -> float | None:
+    """Fraction of the current per-GPU KV bytes a variant saves (negative: it costs more).
+
+    Per GPU, because that is what decides the fit: under tensor parallelism a replicated KV head
+    saves less than the head count suggests."""
+    if not current.kv_bytes_per_sequence_per_gpu:
+        return None
+    return 1 - f.kv_bytes_per_sequence_per_gpu / current.kv_bytes_per_sequence_per_gpu
+
+
+def as_dict(b: Budget) -> dict:
+    o = b.options
+    cur = b.current
+    d = _figures_dict(cur, None)
+    d.pop("name")
+    d.update({
+        "model": b.model, "model_type": b.model_type,
+        "max_model_len": b.max_model_len, "max_model_len_source": b.max_model_len_source,
+        "batch": o.batch, "block_size": o.block_size, "max_num_batched_tokens": b.batched_tokens,
+        "tensor_parallel_size": o.tensor_parallel_size,
+        "weight_bytes": b.weight_bytes, "weight_bytes_per_gpu": b.weight_bytes_per_gpu,
+        "weight_source": b.weight_source, "weight_params_estimate": b.weight_params,
+        "gpu": None if o.gpu is None else {
+            "name": o.gpu.name, "memory_bytes": o.gpu.memory_bytes, "memory_basis": o.gpu.basis,
+            "gpu_memory_utilization": o.gpu_memory_utilization, "reserve_bytes": o.reserve_bytes,
+            "kv_budget_bytes": b.kv_budget_per_gpu,
+        },
+        "kv_pool_bytes_per_gpu": b.kv_pool_per_gpu, "weights_fit": b.weights_fit,
+        "fits": not b.problems if o.gpu is not None else None,
+        "problems": b.problems,
+        "layers": [_layer_dict(r) for r in cur.layers],
+        "what_if": [_figures_dict(v, cur) for v in b.variants],
+        "notes": b.notes,
+    })
+    return d
+
+
+def render_json(b: Budget) -> str:
+    return json.dumps(as_dict(b), indent=2, sort_keys=True) + "\n"
+
+
+# --- text ------------------------------------------------------------------------------------
+def _ranges(idx: list[int]) -> str:
+    out, start, prev = [], None, None
+    for i in idx + [None]:
+        if start is None:
+            start = prev = i
+        elif i is not None and i == prev + 1:
+            prev = i
+        else:
+            out.append(f"{start}" if start == prev else f"{start}-{prev}")
+            start = prev = i
+    text = ",".join(out)
+    return text if len(text) <= 24 else text[:21] + "..."
+
+
+def _kind(r: LayerRow) -> str:
+    lay = r.layer
+    if lay.kind == "GQA" and lay.group_size:
+        return f"GQA group {lay.group_size}"
+    if lay.kind == "none":
+        return "no KV cache"
+    return lay.kind
+
+
+def _layer_groups(f: Figures, tp: int) -> list[list[str]]:
+    groups: dict[tuple, list[int]] = {}
+    rows: dict[tuple, LayerRow] = {}
+    for r in f.layers:
+        key = (r.layer.layer_type, r.layer.kind, r.layer.kv_heads, r.per_gpu.kv_heads, r.layer.head_dim,
+               r.layer.window, r.tokens_allocated)
+        groups.setdefault(key, []).append(r.layer.index)
+        rows.setdefault(key, r)
+    table = []
+    for key, idx in groups.items():
+        r = rows[key]
+        heads = "-" if r.layer.kind == "none" else (
+            f"{r.layer.kv_heads}" if tp == 1 or r.layer.kind == "MLA" else f"{r.layer.kv_heads} ({r.per_gpu.kv_heads}/GPU)")
+        table.append([
+            _ranges(idx), str(len(idx)), r.layer.layer_type, _kind(r), heads,
+            "-" if not r.layer.head_dim else str(r.layer.head_dim),
+            "-" if r.layer.window is None else f"{r.layer.window:,}",
+            f"{r.bytes_per_token_per_gpu:,.0f}", f"{r.tokens_allocated:,}",
+            fmt_bytes(r.bytes_per_sequence_per_gpu * len(idx)),
+        ])
+    return table
+
+
+def _table(header: list[str], rows: list[list[str]], right: set[int]) -> list[str]:
+    widths = [max(len(header[i]), *(len(r[i]) for r in rows)) for i in range(len(header))]
+
+    def line(cells):
+        return "  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
+
+    return [line(header)] + [line(r) for r in rows]
+
+
+def _heads_label(f: Figures) -> str:
+    kv = [r.layer for r in f.layers if r.layer.kind != "none"]
+    if not kv:
+        return "-"
+    return "MLA" if kv[0].kind == "MLA" else str(kv[0].kv_heads)
+
+
+def _pct(x: float | None) -> str:
+    if x is None:
+        return "-"
+    return f"{-x * 100:+.1f}%"
+
+
+def render_text(b: Budget) -> str:
+    o, cur = b.options, b.current
+    tp = o.tensor_parallel_size
+    per = f" per GPU (TP {tp})" if tp > 1 else ""
+    lines = [f"{b.model}  ({b.model_type or 'unknown model_type'})"]
+    lines.append(f"  KV cache dtype   {cur.kv_dtype} ({cur.elem_bytes:g} B/element), block size {o.block_size}, "
+                 f"max_model_len {b.max_model_len:,} ({b.max_model_len_source})")
+    lines.append("")
+    lines.extend("  " + s for s in _table(
+        ["layers", "n", "type", "attention", "KV heads", "head_dim", "window", f"B/token{'/GPU' if tp > 1 else ''}",
+         "tokens held", "per sequence"],
+        _layer_groups(cur, tp), right={1, 7, 8, 9}))
+    lines.append("")
+    kv = [("KV per token", f"{fmt_bytes(cur.kv_bytes_per_token)} ({cur.kv_bytes_per_token:,.0f} B)")]
+    if tp > 1:
+        kv.append((f"KV per token{per}", f"{fmt_bytes(cur.kv_bytes_per_token_per_gpu)} "
+                                         f"({cur.kv_bytes_per_token_per_gpu:,.0f} B)"))
+    kv.append((f"KV per sequence", f"{fmt_bytes(cur.kv_bytes_per_sequence)} at {b.max_model_len:,} tokens"))
+    if tp > 1:
+        kv.append((f"KV per sequence{per}", fmt_bytes(cur.kv_bytes_per_sequence_per_gpu)))
+    kv.append((f"KV for {o.batch} sequence{'s' if o.batch != 1 else ''}",
+               fmt_bytes(cur.kv_bytes_total) + (f", {fmt_bytes(cur.kv_bytes_total_per_gpu)}{per}" if tp > 1 else "")))
+    if b.weight_bytes is not None:
+        src = "safetensors headers" if b.weight_source == "safetensors" else "ESTIMATE from config.json"
+        w = f"{fmt_bytes(b.weight_bytes)} ({src})"
+        if tp > 1:
+            w += f", {fmt_bytes(b.weight_bytes_per_gpu)}{per}"
+        kv.append(("weights", w))
+    if o.gpu is not None:
+        g = o.gpu
+        budget = (f"{g.name}: {fmt_bytes(g.memory_bytes)} x {o.gpu_memory_utilization:g}"
+                  + (f" - reserve {fmt_bytes(o.reserve_bytes)}" if o.reserve_bytes else "")
+                  + f" = {fmt_bytes(b.kv_budget_per_gpu)} per GPU")
+        kv.append(("GPU budget", budget))
+        kv.append(("KV pool" + per, fmt_bytes(b.kv_pool_per_gpu) if b.weights_fit else
+                   f"none: weights need {fmt_bytes(b.weight_bytes_per_gpu)}, budget is {fmt_bytes(b.kv_budget_per_gpu)}"))
+        if b.weights_fit:
+            kv.append(("max sequences", f"{cur.max_concurrent_sequences:,} of {b.max_model_len:,} tokens "
+                                        f"(concurrency {cur.max_concurrency:,.2f})"))
+            kv.append(("KV pool tokens", f"{cur.kv_pool_tokens:,} (every KV layer holding every token)"))
+    width = max(len(k) for k, _ in kv)
+    lines.extend(f"  {k.ljust(width)}  {v}" for k, v in kv)
+    if b.variants:
+        lines.append("")
+        rows = []
+        for f in [cur, *b.variants]:
+            rows.append([
+                f.name, _heads_label(f),
+                f.kv_dtype, f"{f.kv_bytes_per_token:,.0f}", fmt_bytes(f.kv_bytes_per_sequence_per_gpu),
+                fmt_bytes(f.kv_bytes_total_per_gpu), "-" if f is cur else _pct(_saving(f, cur)),
+                "-" if f.max_concurrent_sequences is None else f"{f.max_concurrent_sequences:,}",
+                "refused" if f.tp_refusal else "ok",
+            ])
+        lines.extend("  " + s for s in _table(
+            ["what-if", "KV heads", "KV dtype", "B/token", "per sequence" + ("/GPU" if tp > 1 else ""),
+             f"{o.batch} seq{'s' if o.batch != 1 else ''}" + ("/GPU" if tp > 1 else ""), "vs current", "max seqs", f"TP {tp}"], rows,
+            right={3, 4, 5, 6, 7}))
+    if b.notes:
+        lines.append("")
+        lines.extend(f"  note: {n}" for n in b.notes)
+    problems = b.problems
+    lines.append("")
+    if problems:
+        lines.extend(f"  {p}" for p in problems)
+    elif o.gpu is not None:
+        lines.append(f"  fits: {o.batch} sequence{'s' if o.batch != 1 else ''} of {b.max_model_len:,} tokens "
+                     f"on {tp} x {o.gpu.name}")
+    return "\n".join(lines).rstrip() + "\n"

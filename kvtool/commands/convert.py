@@ -1,0 +1,127 @@
+"""`kvtool convert`: MHA -> GQA / MQA (and back) by a merge method, streaming shard by shard."""
+
+from __future__ import annotations
+
+import json
+from typing import List, Optional
+
+import typer
+
+from kvtool.errors import EXIT_OK, UsageError
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("convert", help="Convert attention heads: --to gqa --groups G | --to mqa | --to mha (exact expansion).")
+    def convert(
+        src: str = typer.Argument(..., help="Source model folder (config.json + safetensors)."),
+        dst: Optional[str] = typer.Argument(None, help="Output folder (not needed with --dry-run)."),
+        to: str = typer.Option(..., "--to", help="gqa | mqa | mha"),
+        groups: Optional[int] = typer.Option(None, "--groups", "-g", help="KV heads after conversion (with --to gqa)."),
+        dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan and write nothing."),
+        force: bool = typer.Option(False, "--force", help="Replace a non-empty DST."),
+        dtype: str = typer.Option("keep", "--dtype", help="keep | bf16 | fp16 | fp32 (floating tensors only)."),
+        max_shard_size: str = typer.Option("5GB", "--max-shard-size", help="Largest output shard, e.g. 5GB, 500MB."),
+        method: str = typer.Option("mean", "--method", help="Merge method (registry: kvtool/convert/methods.py)."),
+        method_opt: List[str] = typer.Option([], "--method-opt", help="KEY=VALUE option for the merge method (repeatable)."),
+        eval_: Optional[bool] = typer.Option(None, "--eval/--no-eval",
+                                             help="Run the perplexity check on the result (default: on with a CUDA GPU)."),
+        eval_tokens: int = typer.Option(4096, "--eval-tokens", help="Tokens of the built-in evaluation text for --eval."),
+        max_ppl_increase: Optional[str] = typer.Option(None, "--max-ppl-increase",
+                                                       help="--eval gate: fail (exit 1) above this perplexity rise, e.g. 5%."),
+        max_kld: Optional[float] = typer.Option(None, "--max-kld", help="--eval gate: fail above this mean KL divergence."),
+        progress: Optional[bool] = typer.Option(None, "--progress/--no-progress",
+                                                help="Progress bar on stderr (default: when stderr is a terminal)."),
+    ) -> int:
+        from kvtool.convert.methods import get_method
+        from kvtool.convert.report import render_plan, render_result
+        from kvtool.units import parse_size
+
+        try:
+            shard_bytes = parse_size(max_shard_size)
+        except ValueError as exc:
+            raise UsageError(str(exc), field="--max-shard-size") from None
+        if shard_bytes <= 0:
+            raise UsageError("must be positive", field="--max-shard-size")
+        options = _parse_options(method_opt)
+        method_obj = get_method(method, **options)  # unknown method / option: exit 2 before any work
+        if not dry_run and not dst:
+            raise UsageError("DST is required (or use --dry-run)", field="DST")
+
+        from kvtool.convert.driver import make_plan, run_convert
+
+        plan = make_plan(src, to=to, groups=groups, method=method, dtype=dtype, max_shard_size=shard_bytes)
+        for w in plan.warnings:
+            typer.echo(f"kvtool: warning: {w}", err=True)
+        if dry_run:
+            typer.echo(render_plan(plan, dst), nl=False)
+            return EXIT_OK
+        device, want_eval = _device_and_eval(eval_)
+        gates = _gates(max_ppl_increase, max_kld)
+        if gates and not want_eval:
+            raise UsageError("quality gates need --eval", field="--max-ppl-increase" if max_ppl_increase else "--max-kld")
+        if want_eval:
+            _eval_api()  # fail before converting when the eval API is missing
+        result = run_convert(plan, dst, method_obj=method_obj, force=force, progress=progress, device=device)
+        typer.echo(render_result(result), nl=False)
+        if want_eval:
+            return _run_eval(src, dst, device, eval_tokens, gates)
+        return EXIT_OK
+
+
+def _parse_options(items: list[str]) -> dict:
+    out: dict = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise UsageError(f"expected KEY=VALUE, got {item!r}", field="--method-opt")
+        try:
+            out[key.strip()] = json.loads(value)
+        except ValueError:
+            out[key.strip()] = value
+    return out
+
+
+def _device_and_eval(eval_flag: bool | None) -> tuple[str, bool]:
+    import torch
+
+    cuda = torch.cuda.is_available()
+    return ("cuda" if cuda else "cpu"), (cuda if eval_flag is None else eval_flag)
+
+
+def _eval_api():
+    try:
+        from kvtool.eval.api import evaluate
+    except ImportError:
+        raise UsageError("--eval needs kvtool's eval module (kvtool/eval/api.py: evaluate), which this installation "
+                         "lacks; rerun with --no-eval", field="--eval") from None
+    return evaluate
+
+
+def _gates(max_ppl_increase: str | None, max_kld: float | None) -> dict:
+    from kvtool.units import parse_percent
+
+    gates: dict = {}
+    if max_ppl_increase is not None:
+        try:
+            gates["--max-ppl-increase"] = parse_percent(max_ppl_increase)
+        except ValueError as exc:
+            raise UsageError(str(exc), field="--max-ppl-increase") from None
+    if max_kld is not None:
+        gates["--max-kld"] = float(max_kld)
+    return gates
+
+
+def _run_eval(src: str, dst: str, device: str, max_tokens: int, gates: dict) -> int:
+    """Perplexity / KLD of the converted model against the source, on the same token stream."""
+    from kvtool.errors import GateFailed
+
+    evaluate = _eval_api()
+    r = evaluate(dst, baseline=src, device=device, max_tokens=max_tokens, gates=gates or None)
+    typer.echo(f"eval ({r.tokens} tokens of {r.text}, {r.device}): perplexity {r.baseline_ppl:.3f} -> {r.ppl:.3f} "
+               f"({(r.ppl_ratio - 1) * 100:+.1f}%), mean KLD {r.kld_mean:.4f}, top-1 agreement {r.top1_agreement:.3f}")
+    for g in r.gates:
+        typer.echo(f"  gate {g.line()}")
+    if not r.passed:
+        raise GateFailed(f"quality gate failed ({', '.join(g.option for g in r.failed_gates)}); the converted "
+                         f"checkpoint was kept for inspection", file=str(dst))
+    return EXIT_OK

@@ -1,0 +1,75 @@
+"""One layer's calibrated merge: grouping, keys, values, o refit, optional refinement."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from kvtool.convert.aware.attention import LayerInputs, Proj, head_contexts
+from kvtool.convert.aware.grouping import head_similarity, kv_order, permute_heads, similarity_groups
+from kvtool.convert.aware.keys import merge_keys
+from kvtool.convert.aware.linalg import augment, augmented_covariance
+from kvtool.convert.aware.refine import refine
+from kvtool.convert.aware.values import merge_values, refit_o
+
+
+@dataclass
+class MergeSettings:
+    num_heads: int
+    num_kv_heads: int
+    groups: int
+    head_dim: int
+    grouping: str = "contiguous"  # contiguous | similarity
+    o_ridge: float | None = 1e-2  # None: keep the folded o_proj (no least-squares refit)
+    refine_steps: int = 0
+
+
+@dataclass
+class LayerReport:
+    order: list[int]  # KV head order used (identity for contiguous)
+    err_merged: float  # relative squared error of the attention output after the closed-form merge
+    err_final: float  # ... after the o refit / refinement
+
+
+def _split(w: torch.Tensor, keep_bias: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    return w[:, :-1].contiguous(), (w[:, -1].contiguous() if keep_bias else None)
+
+
+def _rel_err(out: torch.Tensor, target: torch.Tensor) -> float:
+    return float((out - target).pow(2).mean() / target.pow(2).mean().clamp_min(1e-300))
+
+
+def merge_layer(inp: LayerInputs, src: Proj, s: MergeSettings) -> tuple[Proj, LayerReport]:
+    """Merge src (num_kv_heads KV heads) into s.groups KV heads; returns float32 projections."""
+    H, KV, G, hd = s.num_heads, s.num_kv_heads, s.groups, s.head_dim
+    src = src.to(torch.float64)
+    # Attention passes run in float32 (they dominate the time); the solves run in float64.
+    x32 = LayerInputs(inp.x.to(torch.float32), inp.cos.to(torch.float32), inp.sin.to(torch.float32), inp.scaling,
+                      inp.sliding_window, inp.softcap)
+    cov = augmented_covariance(inp.x)
+    rotary = inp.cos.shape[-1]
+    ctx_src = head_contexts(x32, src.to(torch.float32), H, hd).to(torch.float64)
+    o_target = ctx_src @ src.o.T  # original layer output without the o bias
+    order = list(range(KV))
+    if s.grouping == "similarity" and 1 < G < KV:
+        sim = head_similarity(augment(src.q, src.q_bias), augment(src.k, src.k_bias), augment(src.v, src.v_bias),
+                              src.o, cov, num_heads=H, num_kv_heads=KV, head_dim=hd, rotary_dim=rotary)
+        order = kv_order(similarity_groups(sim, G))
+        src = permute_heads(src, order, num_heads=H, head_dim=hd)
+    wq, wk = merge_keys(augment(src.q, src.q_bias), augment(src.k, src.k_bias), cov, num_heads=H, num_kv_heads=KV,
+                        groups=G, head_dim=hd, rotary_dim=rotary)
+    wv, o = merge_values(augment(src.v, src.v_bias), src.o, cov, num_heads=H, num_kv_heads=KV, groups=G, head_dim=hd)
+    q, q_bias = _split(wq, src.q_bias is not None)
+    k, k_bias = _split(wk, src.k_bias is not None)
+    v, v_bias = _split(wv, src.v_bias is not None)
+    new = Proj(q=q, k=k, v=v, o=o, q_bias=q_bias, k_bias=k_bias, v_bias=v_bias, o_bias=src.o_bias)
+    ctx = head_contexts(x32, new.to(torch.float32), H, hd).to(torch.float64)
+    err_merged = _rel_err(ctx @ new.o.T, o_target)
+    if s.o_ridge is not None:
+        new.o = refit_o(ctx, o_target, new.o, s.o_ridge)
+    err_final = _rel_err(ctx @ new.o.T, o_target)
+    if s.refine_steps:
+        target = o_target if src.o_bias is None else o_target + src.o_bias
+        new, _, err_final = refine(x32, new, target.to(torch.float32), num_heads=H, head_dim=hd, steps=s.refine_steps)
+    return new.to(torch.float32), LayerReport(order, err_merged, err_final)

@@ -1,0 +1,465 @@
+"""The convert driver: `make_plan` (what will change, from headers only) and `run_convert`.
+
+run_convert streams the source tensor by tensor (kvtool.io.reader), hands each layer's attention
+projections to the merge method as unfused `AttentionWeights` (splitting and re-fusing fused QKV
+tensors per the table's `qkv_layout`), passes every other tensor through unchanged (cast when
+--dtype asks), and writes shards straight to their final place in a staged folder
+(kvtool.io.writer, kvtool.io.staging). Which tensors are attention and how they are laid out
+comes from the architecture table, never from branches on model_type.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kvtool import __version__
+from kvtool.architectures import Architecture
+from kvtool.checkpoint import Checkpoint, open_checkpoint
+from kvtool.convert.config_edit import dump_config, kv_field_is_boolean, rewrite_config
+from kvtool.errors import InputError, UsageError
+from kvtool.io.writer import PlannedTensor
+from kvtool.spec import ModelSpec, build_spec, get_path
+
+# --dtype choices -> safetensors dtype (None: keep what is stored) and the config's dtype name.
+OUT_DTYPES = {"keep": None, "bf16": "BF16", "fp16": "F16", "fp32": "F32"}
+CONFIG_DTYPE_NAMES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}
+FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")
+TARGETS = ("gqa", "mqa", "mha")
+
+# Per-layer roles: (AttentionWeights field, table role, tensor suffix).
+ROLES = (
+    ("q", "q", "weight"), ("q_bias", "q", "bias"),
+    ("k", "k", "weight"), ("k_bias", "k", "bias"),
+    ("v", "v", "weight"), ("v_bias", "v", "bias"),
+    ("o", "o", "weight"), ("o_bias", "o", "bias"),
+    ("qkv", "qkv", "weight"), ("qkv_bias", "qkv", "bias"),
+    ("q_norm", "q_norm", "weight"), ("k_norm", "k_norm", "weight"),
+)
+
+
+@dataclass
+class ConvertPlan:
+    src: Path
+    ckpt: Checkpoint
+    spec: ModelSpec
+    arch: Architecture
+    num_heads: int
+    head_dim: int
+    from_kv: int
+    to_kv: int
+    method: str
+    out_dtype: str | None  # safetensors dtype, None = keep
+    max_shard_size: int
+    layers: dict[int, dict[str, str]]  # attention layer -> (AttentionWeights field -> tensor name)
+    outputs: list[PlannedTensor] = field(default_factory=list)  # write plan, source order
+    touched: list[tuple[str, tuple, tuple]] = field(default_factory=list)  # name, old shape, new shape
+    warnings: list[str] = field(default_factory=list)
+    kv_bytes_before: float = 0.0
+    kv_bytes_after: float = 0.0
+    new_config: dict = field(default_factory=dict)
+    source_hash: str = ""
+
+    @property
+    def direction(self) -> str:
+        if self.to_kv == self.from_kv:
+            return "unchanged"
+        return "pool" if self.to_kv < self.from_kv else "expand"
+
+    @property
+    def output_bytes(self) -> int:
+        return sum(t.nbytes for t in self.outputs)
+
+
+@dataclass
+class ConvertResult:
+    plan: ConvertPlan
+    dst: Path
+    files: list[str]
+    side_files: list[str]
+    provenance: dict
+
+
+# --- planning ----------------------------------------------------------------------------------
+def kind_name(heads: int, kv: int) -> str:
+    return "MHA" if kv == heads else "MQA" if kv == 1 else "GQA"
+
+
+def valid_groups(num_heads: int, kv_heads: int, *, flag_field: bool = False) -> list[int]:
+    """KV-head counts reachable exactly by pooling contiguous groups or repeating heads."""
+    if flag_field:
+        return sorted({1, num_heads})
+    return [g for g in range(1, num_heads + 1)
+            if num_heads % g == 0 and (kv_heads % g == 0 or g % kv_heads == 0)]
+
+
+def resolve_target(to: str, groups: int | None, num_heads: int, kv_heads: int, *, flag_field: bool) -> int:
+    if to not in TARGETS:
+        raise UsageError(f"--to must be one of {', '.join(TARGETS)}, not {to!r}", field="--to")
+    if to == "mqa":
+        if groups not in (None, 1):
+            raise UsageError("--to mqa means one KV head; drop --groups", field="--groups")
+        g = 1
+    elif to == "mha":
+        if groups not in (None, num_heads):
+            raise UsageError(f"--to mha means {num_heads} KV heads (one per query head); drop --groups", field="--groups")
+        g = num_heads
+    else:
+        if groups is None:
+            raise UsageError("--to gqa needs --groups G (the number of KV heads after conversion)", field="--groups")
+        g = groups
+    ok = valid_groups(num_heads, kv_heads, flag_field=flag_field)
+    if g not in ok:
+        why = (f"G must divide the {num_heads} query heads and divide (pool) or be a multiple of (expand) "
+               f"the current {kv_heads} KV heads")
+        if flag_field:
+            why = "this architecture's config can express only MQA or MHA"
+        raise UsageError(f"cannot convert to {g} KV heads: {why}; valid choices: {', '.join(map(str, ok))}",
+                         field="--groups")
+    return g
+
+
+def _refuse_unsupported(arch: Architecture, spec: ModelSpec, ckpt: Checkpoint) -> None:
+    where = str(ckpt.config_path)
+    if arch.generic:
+        raise UsageError(f"model_type {spec.model_type!r} has no architecture table; its weight layout is unknown, "
+                         "so it cannot be converted", file=where, field="model_type")
+    conv = arch.convert
+    if not conv.get("supported"):
+        msg = f"{arch.model_type} cannot be converted: {conv.get('reason', 'not supported')}"
+        if conv.get("alternative"):
+            msg += f"; alternative: {conv['alternative']}"
+        raise UsageError(msg, file=where, field="model_type")
+    only = conv.get("only")
+    if only and not get_path(spec.config, only, arch.defaults.get(only)):
+        raise UsageError(f"{arch.model_type} checkpoints convert only when {only} is true", file=where, field=only)
+    if spec.wrapper_key:
+        raise UsageError(f"multimodal wrapper ({spec.wrapper_key}): converting the text model inside is not supported",
+                         file=where, field=spec.wrapper_key)
+    if spec.is_mla or arch.attention.get("kind") == "mla":
+        raise UsageError("MLA caches a compressed latent, not KV heads: nothing to pool", file=where, field="model_type")
+    if arch.weights.get("transposed"):
+        raise UsageError(f"{arch.model_type} stores transposed (Conv1D) projections, which convert does not handle",
+                         file=where, field="model_type")
+    if isinstance(ckpt.config.get("quantization_config"), dict):
+        raise UsageError("quantized checkpoint: pool the unquantized weights, then quantize", file=where,
+                         field="quantization_config")
+
+
+def _layer_names(arch: Architecture, layer: int, tensors: dict) -> dict[str, str]:
+    names: dict[str, str] = {}
+    for fld, role, suffix in ROLES:
+        n = arch.tensor_name(role, layer, suffix)
+        if n and n in tensors:
+            names[fld] = n
+    required = ("qkv", "o") if arch.fused_qkv else ("q", "k", "v", "o")
+    for fld in required:
+        if fld not in names:
+            want = arch.tensor_name(fld, layer) or f"{arch.attn_prefix(layer)}.<{fld}>"
+            raise InputError(f"tensor {want!r} is missing (the {arch.model_type} table expects it)",
+                             file=arch.source_file, field="weights")
+    return names
+
+
+def source_fingerprint(ckpt: Checkpoint) -> str:
+    """sha256 of the index and every safetensors header: identifies the source without hashing data."""
+    h = hashlib.sha256()
+    if ckpt.index_doc is not None:
+        h.update(ckpt.index_doc.text.encode("utf-8"))
+    for hdr in ckpt.headers:
+        with hdr.path.open("rb") as fh:
+            h.update(hdr.file.encode("utf-8"))
+            h.update(fh.read(8 + hdr.header_size))
+    return "sha256:" + h.hexdigest()
+
+
+def make_plan(src: str | Path, *, to: str, groups: int | None = None, method: str = "mean",
+              dtype: str = "keep", max_shard_size: int = 5 * 10**9) -> ConvertPlan:
+    """Everything the conversion will do, from config and headers (no tensor data read)."""
+    if dtype not in OUT_DTYPES:
+        raise UsageError(f"--dtype must be one of {', '.join(OUT_DTYPES)}, not {dtype!r}", field="--dtype")
+    src_path = Path(src)
+    if not src_path.is_dir():
+        raise InputError("SRC must be a model folder (config.json + safetensors)", file=str(src))
+    ckpt = open_checkpoint(src_path)
+    if ckpt.problems:
+        p = ckpt.problems[0]
+        raise InputError(p.message, file=str(src_path / p.file) if p.file else str(src_path), field=p.tensor)
+    if not ckpt.headers:
+        raise InputError("no safetensors weights in the model folder", file=str(src_path))
+    spec = build_spec(ckpt.config)
+    arch = spec.arch
+    _refuse_unsupported(arch, spec, ckpt)
+    H, KV, hd, L = spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.num_layers
+    for name, val in (("num_heads", H), ("num_kv_heads", KV), ("head_dim", hd), ("num_layers", L)):
+        if not val or val <= 0:
+            raise InputError(f"cannot read {name} from the config", file=str(ckpt.config_path), field=spec.key(name))
+    if H % KV:
+        raise InputError(f"{H} query heads do not split into {KV} KV heads", file=str(ckpt.config_path),
+                         field=spec.key("num_kv_heads"))
+    flag = kv_field_is_boolean(arch, spec.config)
+    G = resolve_target(to, groups, H, KV, flag_field=flag)
+    out_dtype = OUT_DTYPES[dtype]
+    tensors = ckpt.tensors
+    from kvtool.layer_types import KV_CACHE_TYPES
+
+    # Layers without attention (Mamba, linear attention) have no KV heads: streamed through as they are.
+    kinds = spec.layer_types if len(spec.layer_types) == L else ["full_attention"] * L
+    layers = {i: _layer_names(arch, i, tensors) for i in range(L) if kinds[i] in KV_CACHE_TYPES}
+    for names in layers.values():
+        for fld, n in names.items():
+            if fld not in ("q_norm", "k_norm") and tensors[n].dtype not in FLOAT_DTYPES:
+                raise InputError(f"tensor {n!r} is {tensors[n].dtype}: quantized weights cannot be pooled",
+                                 file=tensors[n].file)
+    plan = ConvertPlan(src=src_path, ckpt=ckpt, spec=spec, arch=arch, num_heads=H, head_dim=hd, from_kv=KV, to_kv=G,
+                       method=method, out_dtype=out_dtype, max_shard_size=max_shard_size, layers=layers)
+    _plan_tensors(plan, tensors)
+    from kvtool import kvcache
+
+    elem = kvcache.dtype_bytes(CONFIG_DTYPE_NAMES.get(out_dtype or "", spec.dtype), 2)
+    plan.kv_bytes_before = kvcache.bytes_per_token(spec, elem)
+    plan.kv_bytes_after = kvcache.bytes_per_token(spec, elem, kv_heads=G)
+    plan.new_config = rewrite_config(ckpt.config, arch, num_heads=H, new_kv_heads=G,
+                                     dtype_name=CONFIG_DTYPE_NAMES.get(out_dtype) if out_dtype else None)
+    if G < KV and arch.weights.get("k_norm") and arch.weights.get("k_norm_scope") == "all" and any(
+            "k_norm" in n for n in layers.values()):
+        plan.warnings.append("k_norm spans all KV heads (one weight per channel): it is pooled like the K rows; "
+                             "the RMS it divides by now covers fewer heads, so the result is approximate")
+    plan.source_hash = source_fingerprint(ckpt)
+    return plan
+
+
+def _plan_tensors(plan: ConvertPlan, tensors: dict) -> None:
+    """Output shapes of every tensor (attention ones by running the layout on meta tensors)."""
+    import torch
+
+    new_shapes: dict[str, tuple] = {}
+    for i, names in plan.layers.items():
+        meta = {f: torch.empty(tensors[n].shape, device="meta") for f, n in names.items()}
+        out = _merge_layer(plan, i, meta, merge=lambda layer, w: _shape_merge(w))
+        for f, n in names.items():
+            new_shapes[n] = tuple(out[f].shape)
+    for name, info in tensors.items():
+        shape = new_shapes.get(name, info.shape)
+        dt = info.dtype
+        if plan.out_dtype and dt in FLOAT_DTYPES:
+            dt = plan.out_dtype
+        plan.outputs.append(PlannedTensor(name, dt, tuple(shape)))
+        if tuple(shape) != tuple(info.shape):
+            plan.touched.append((name, tuple(info.shape), tuple(shape)))
+
+
+def _shape_merge(w):
+    from kvtool.convert.pooling import mean_pool
+
+    return mean_pool(w)  # every method keeps these shapes (checked after each real merge)
+
+
+# --- one layer ---------------------------------------------------------------------------------
+def _merge_layer(plan: ConvertPlan, layer: int, t: dict, merge) -> dict:
+    """Split (if fused), merge with `merge(layer, AttentionWeights)`, re-fuse; field -> tensor."""
+    from kvtool.convert.fused import fuse_qkv, split_qkv
+    from kvtool.convert.layout import AttentionWeights
+
+    arch, H, KV, G, hd = plan.arch, plan.num_heads, plan.from_kv, plan.to_kv, plan.head_dim
+    layout = arch.weights.get("qkv_layout", "concat")
+    parts = dict(t)
+    if "qkv" in t:
+        parts["q"], parts["k"], parts["v"] = split_qkv(layout, t["qkv"], H, KV, hd)
+        if "qkv_bias" in t:
+            parts["q_bias"], parts["k_bias"], parts["v_bias"] = split_qkv(layout, t["qkv_bias"], H, KV, hd)
+    scope = arch.weights.get("k_norm_scope", "head")
+    k_norm = parts.get("k_norm")
+    norm_shape = None
+    if k_norm is not None and scope == "all":
+        norm_shape = tuple(k_norm.shape)
+        k_norm = k_norm.reshape(-1)  # [KV, hd] (cohere) and [KV*hd] (olmo2) are the same channels
+    w = AttentionWeights(
+        layer=layer, q=parts["q"], k=parts["k"], v=parts["v"], o=parts["o"], num_heads=H, num_kv_heads=KV,
+        head_dim=hd, target_groups=G, q_bias=parts.get("q_bias"), k_bias=parts.get("k_bias"),
+        v_bias=parts.get("v_bias"), o_bias=parts.get("o_bias"), q_norm=parts.get("q_norm"), k_norm=k_norm,
+        norm_scope=scope,
+    )
+    w.check()
+    new = merge(layer, w)
+    _check_merged(w, new, plan)
+    out: dict = {}
+    if "qkv" in t:
+        out["qkv"] = fuse_qkv(layout, new.q, new.k, new.v, H, G, hd)
+        if "qkv_bias" in t:
+            out["qkv_bias"] = fuse_qkv(layout, new.q_bias, new.k_bias, new.v_bias, H, G, hd)
+    for f in ("q", "k", "v", "q_bias", "k_bias", "v_bias"):
+        if f in t:
+            out[f] = getattr(new, f)
+    for f in ("o", "o_bias", "q_norm"):
+        if f in t:
+            out[f] = getattr(new, f)
+    if "k_norm" in t:
+        kn = new.k_norm
+        if norm_shape is not None and len(norm_shape) > 1:
+            kn = kn.reshape(G, *norm_shape[1:])
+        out["k_norm"] = kn
+    return out
+
+
+def _check_merged(before, after, plan: ConvertPlan) -> None:
+    G, hd = plan.to_kv, plan.head_dim
+    problems = []
+    if after.num_kv_heads != G:
+        problems.append(f"num_kv_heads is {after.num_kv_heads}, expected {G}")
+    for f in ("q", "o", "q_bias", "o_bias", "q_norm"):
+        a, b = getattr(before, f), getattr(after, f)
+        if (a is None) != (b is None) or (a is not None and tuple(a.shape) != tuple(b.shape)):
+            problems.append(f"{f} changed shape")
+    for f in ("k", "v", "k_bias", "v_bias"):
+        a, b = getattr(before, f), getattr(after, f)
+        if (a is None) != (b is None) or (b is not None and b.shape[0] != G * hd):
+            problems.append(f"{f} does not have {G}*{hd} rows")
+    if problems:
+        raise RuntimeError(f"merge method {plan.method!r} returned bad tensors for layer {before.layer}: "
+                           + "; ".join(problems))
+
+
+# --- running -----------------------------------------------------------------------------------
+def provenance(plan: ConvertPlan, method_obj=None) -> dict:
+    prov = {
+        "kvtool_version": __version__,
+        "command": "convert",
+        "source": str(plan.src),
+        "source_hash": plan.source_hash,
+        "model_type": plan.arch.model_type,
+        "method": plan.method,
+        "from_kv_heads": plan.from_kv,
+        "to_kv_heads": plan.to_kv,
+        "num_heads": plan.num_heads,
+        "dtype": CONFIG_DTYPE_NAMES.get(plan.out_dtype, "keep") if plan.out_dtype else "keep",
+        "exact": plan.direction != "pool",
+    }
+    if method_obj is not None:
+        if getattr(method_obj, "options", None):
+            prov["method_options"] = {k: v for k, v in method_obj.options.items() if _jsonable(v)}
+        extra = method_obj.provenance()
+        if extra:
+            prov["method_details"] = extra
+    previous = plan.src / "kvtool.json"
+    if previous.is_file():
+        try:
+            prov["source_provenance"] = json.loads(previous.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            pass
+    return prov
+
+
+def _jsonable(v) -> bool:
+    try:
+        json.dumps(v)
+        return True
+    except (TypeError, ValueError):
+        return False
+
+
+def _torch_dtype(st: str):
+    import torch
+
+    return {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32}[st]
+
+
+def run_convert(plan: ConvertPlan, dst: str | Path, *, method_obj=None, force: bool = False,
+                progress: bool | None = None, device: str = "cpu", method_options: dict | None = None) -> ConvertResult:
+    """Write the converted checkpoint to `dst` (staged; the source is only read)."""
+    from kvtool.convert.methods import MergeJob, get_method
+    from kvtool.io.reader import CheckpointReader
+    from kvtool.io.staging import check_destination, copy_side_files, staged_output
+    from kvtool.io.writer import ShardWriter
+
+    dst = Path(dst)
+    check_destination(dst, force=force, protect=[plan.src])
+    method_obj = method_obj or get_method(plan.method, **(method_options or {}))
+    out_dtype = _torch_dtype(plan.out_dtype) if plan.out_dtype else None
+    prov = None
+    with CheckpointReader(plan.src) as reader:
+        job = MergeJob(src=plan.src, spec=plan.spec, arch=plan.arch, target_groups=plan.to_kv, device=device,
+                       dtype=out_dtype, options=dict(method_obj.options), reader=reader)
+        method_obj.prepare(job)
+        prov = provenance(plan, method_obj)
+        meta = {"kvtool_version": __version__, "kvtool_source_hash": plan.source_hash, "kvtool_method": plan.method,
+                "kvtool_kv_heads": f"{plan.from_kv}->{plan.to_kv}"}
+        layer_of = {n: i for i, names in plan.layers.items() for n in names.values()}
+        with staged_output(dst, force=force, protect=[plan.src]) as tmp:
+            bar = _progress(reader.total_bytes, progress)
+            try:
+                with ShardWriter(tmp, plan.max_shard_size, meta, plan=plan.outputs) as writer:
+                    done: set[str] = set()
+                    for name in reader.names():
+                        if name in done:
+                            continue
+                        if name in layer_of:
+                            i = layer_of[name]
+                            names = plan.layers[i]
+                            raw = {f: reader.get(n) for f, n in names.items()}
+                            out = _merge_layer(plan, i, raw, method_obj.merge_layer)
+                            for f, n in names.items():
+                                writer.add(n, _cast(out[f], out_dtype, raw[f].dtype))
+                                done.add(n)
+                                bar.update(reader.info(n).nbytes)
+                                bar.set_postfix_str(f"{len(done)}/{len(plan.outputs)} tensors", refresh=False)
+                            continue
+                        writer.add(name, _cast(reader.get(name), out_dtype, None))
+                        done.add(name)
+                        bar.update(reader.info(name).nbytes)
+                        bar.set_postfix_str(f"{len(done)}/{len(plan.outputs)} tensors", refresh=False)
+                    result = writer.finalize()
+            finally:
+                bar.close()
+            (tmp / "config.json").write_text(dump_config(plan.new_config), encoding="utf-8")
+            side = copy_side_files(plan.src, tmp)
+            prov["files"] = result.files
+            (tmp / "kvtool.json").write_text(json.dumps(prov, indent=2) + "\n", encoding="utf-8")
+    return ConvertResult(plan=plan, dst=dst, files=result.files, side_files=side, provenance=prov)
+
+
+def _cast(t, out_dtype, stored_dtype):
+    """Cast floating tensors to the output dtype; otherwise keep the stored dtype."""
+    import torch
+
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.to("cpu")
+    if not t.is_floating_point():
+        return t
+    if out_dtype is not None and t.dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
+        return t.to(out_dtype)
+    if stored_dtype is not None and t.dtype != stored_dtype:
+        return t.to(stored_dtype)
+    return t
+
+
+class _NoBar:
+    def update(self, n):
+        pass
+
+    def set_postfix_str(self, *a, **k):
+        pass
+
+    def close(self):
+        pass
+
+
+def _progress(total: int, enabled: bool | None):
+    if enabled is False:
+        return _NoBar()
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return _NoBar()
+    return tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc="convert", file=sys.stderr,
+                disable=None if enabled is None else not enabled, dynamic_ncols=True)
+
+
+def template_of(name: str) -> str:
+    """model.layers.12.self_attn.k_proj.weight -> model.layers.{i}.self_attn.k_proj.weight"""
+    return re.sub(r"\.(\d+)\.", ".{i}.", name, count=1)

@@ -1,0 +1,78 @@
+"""Where K/V heads are pooled: mean pooling (GQA paper, Ainslie et al. 2023) and exact expansion.
+
+KV heads are contiguous blocks of `head_dim` rows in k_proj / v_proj (and their biases). Going
+from KV to G heads (G divides KV), new head j is the mean of old heads j*r .. j*r + r - 1,
+r = KV / G: exactly the heads that the query heads of new group j read, because query head h
+reads KV head h // (H / KV) (transformers' repeat_kv). Going up (KV divides G, e.g. --to mha),
+new head j is a copy of old head j // (G / KV): the model computes exactly the same function.
+
+Means are taken in float64 for 32/64-bit tensors and float32 for 16-bit ones, then cast back;
+this makes expand-then-pool bit-exact (the mean of r equal values is that value).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from kvtool.convert.methods import MergeMethod, register_method
+
+if TYPE_CHECKING:
+    import torch
+
+    from kvtool.convert.layout import AttentionWeights
+
+
+def _acc_dtype(dtype):
+    import torch
+
+    return torch.float64 if dtype in (torch.float32, torch.float64) else torch.float32
+
+
+def pool_heads(t: "torch.Tensor", num_kv_heads: int, target: int, head_dim: int) -> "torch.Tensor":
+    """Rows of `t` grouped as [num_kv_heads, head_dim, ...] -> [target, head_dim, ...].
+
+    target < num_kv_heads: mean over contiguous groups; target > num_kv_heads: repeat each head;
+    equal: `t` itself.
+    """
+    if target == num_kv_heads:
+        return t
+    rest = tuple(t.shape[1:])
+    if t.shape[0] != num_kv_heads * head_dim:
+        raise ValueError(f"{t.shape[0]} rows do not split into {num_kv_heads} heads of {head_dim}")
+    heads = t.reshape(num_kv_heads, head_dim, *rest)
+    if target < num_kv_heads:
+        if num_kv_heads % target:
+            raise ValueError(f"cannot pool {num_kv_heads} KV heads into {target} groups")
+        r = num_kv_heads // target
+        grouped = heads.reshape(target, r, head_dim, *rest).to(_acc_dtype(t.dtype))
+        out = grouped.mean(dim=1).to(t.dtype)
+    else:
+        if target % num_kv_heads:
+            raise ValueError(f"cannot expand {num_kv_heads} KV heads into {target}")
+        out = heads.repeat_interleave(target // num_kv_heads, dim=0)
+    return out.reshape(target * head_dim, *rest).contiguous()
+
+
+def mean_pool(w: "AttentionWeights") -> "AttentionWeights":
+    """Pool (or expand) k, v, their biases and an all-heads k_norm to `w.target_groups` KV heads."""
+    G, KV, hd = w.target_groups, w.num_kv_heads, w.head_dim
+
+    def p(t):
+        return None if t is None else pool_heads(t, KV, G, hd)
+
+    k_norm = w.k_norm
+    if k_norm is not None and w.norm_scope == "all":
+        # One weight per channel of the whole K projection: pooled like the rows it scales. The
+        # RMS it divides by now spans G heads, not KV, so the result is approximate when G < KV.
+        k_norm = p(k_norm)
+    return w.with_(k=p(w.k), v=p(w.v), k_bias=p(w.k_bias), v_bias=p(w.v_bias), k_norm=k_norm, num_kv_heads=G)
+
+
+@register_method("mean")
+class MeanPooling(MergeMethod):
+    """Mean of the K/V heads in each group (no data needed); copies heads when expanding."""
+
+    approximate = True
+
+    def merge_layer(self, layer: int, w: "AttentionWeights") -> "AttentionWeights":
+        return mean_pool(w)

@@ -1,0 +1,155 @@
+"""FP8 (e4m3) KV-cache emulation, done the way vLLM writes its fp8 cache.
+
+vLLM's cache kernels store x as fp8 = saturate(x / scale) (float32 math, round to nearest even,
+finite saturation at +-448 for e4m3fn) and read it back as fp8 * scale. Here each post-RoPE key
+and value, exactly where it enters the cache (kvtool.kv_hooks), goes through the same round
+trip: x.float() / scale, clamp to +-448, cast to float8_e4m3fn, cast back, * scale, cast to the
+model dtype. Queries stay in the model dtype.
+
+Scales: one per layer (shape [] or [1]) or one per KV head (shape [kv_heads]), read from the
+checkpoint's scale tensors in any spelling vLLM accepts (kvtool.kv_scale_names); a layer
+without a scale uses 1.0, as vLLM does.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping
+
+import torch
+
+from kvtool import kv_scale_names
+from kvtool.errors import InputError
+
+FP8_DTYPE = torch.float8_e4m3fn
+FP8_MAX = 448.0  # largest finite float8_e4m3fn
+_LAYER_RE = re.compile(r"(?:^|\.)(?:layers|h|blocks|block)\.(\d+)(?:\.|$)")
+
+
+def fp8_roundtrip(x: torch.Tensor, scale: torch.Tensor | float) -> torch.Tensor:
+    """x quantized to float8_e4m3fn with `scale` and dequantized, in x's dtype."""
+    q = (x.float() / scale).clamp_(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+    return (q.float() * scale).to(x.dtype)
+
+
+@dataclass
+class KVScales:
+    """Per-layer K and V scales: layer index -> tensor of shape [] or [kv_heads]."""
+
+    k: dict[int, torch.Tensor] = field(default_factory=dict)
+    v: dict[int, torch.Tensor] = field(default_factory=dict)
+    source: str = "one"  # "checkpoint" | "one" | "given"
+    _rank: dict = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_mapping(cls, scales: Mapping[int, tuple], source: str = "given") -> "KVScales":
+        """{layer: (k_scale, v_scale)} with floats or tensors."""
+        out = cls(source=source)
+        for layer, (k, v) in scales.items():
+            out.k[int(layer)] = torch.as_tensor(k, dtype=torch.float32).reshape(-1)
+            out.v[int(layer)] = torch.as_tensor(v, dtype=torch.float32).reshape(-1)
+        return out
+
+    def __len__(self) -> int:
+        return len(set(self.k) | set(self.v))
+
+    def hook(self, device: torch.device | None = None):
+        """fn(layer, key, value) for kvtool.kv_hooks.kv_hook: the fp8 round trip of K and V."""
+        cache: dict[tuple[str, int, torch.device], torch.Tensor] = {}
+
+        def scale_for(role: str, table: dict, layer: int, x: torch.Tensor) -> torch.Tensor | float:
+            s = table.get(layer)
+            if s is None:
+                return 1.0
+            key = (role, layer, x.device)
+            if key not in cache:
+                t = s.to(x.device, torch.float32)
+                heads = x.shape[1]
+                if t.numel() == 1:
+                    t = t.reshape(())
+                elif t.numel() == heads:
+                    t = t.reshape(1, heads, 1, 1)  # K/V are [batch, kv_heads, seq, head_dim]
+                else:
+                    raise InputError(f"layer {layer} {role}_scale has {t.numel()} values; expected 1 or one per "
+                                     f"KV head ({heads})", field=f"{role}_scale")
+                cache[key] = t
+            return cache[key]
+
+        def fn(layer: int, key: torch.Tensor, value: torch.Tensor):
+            return (fp8_roundtrip(key, scale_for("k", self.k, layer, key)),
+                    fp8_roundtrip(value, scale_for("v", self.v, layer, value)))
+
+        return fn
+
+    def describe(self) -> dict:
+        vals = [float(t.float().max()) for t in list(self.k.values()) + list(self.v.values())]
+        return {"source": self.source, "layers": len(self),
+                "max_scale": max(vals) if vals else 1.0, "min_scale": min(vals) if vals else 1.0}
+
+
+def layer_index(prefix: str) -> int | None:
+    """The decoder-layer number in an attention module prefix ('model.layers.3.self_attn' -> 3)."""
+    m = _LAYER_RE.findall(prefix)
+    return int(m[-1]) if m else None
+
+
+def declares_fp8_kv(config: dict) -> bool:
+    """The config asks for an FP8 KV cache (compressed-tensors kv_cache_scheme or modelopt kv_cache_quant_algo)."""
+    qc = config.get("quantization_config")
+    if not isinstance(qc, dict):
+        return False
+    scheme = qc.get("kv_cache_scheme")
+    if isinstance(scheme, dict):
+        return scheme.get("type", "float") == "float" and int(scheme.get("num_bits", 8)) == 8
+    algo = qc.get("kv_cache_quant_algo")
+    return isinstance(algo, str) and algo.upper().startswith("FP8")
+
+
+def read_checkpoint_scales(folder: str | Path) -> KVScales:
+    """The KV scales stored in a model folder's safetensors (only those tensors are read)."""
+    from safetensors import SafetensorError, safe_open
+
+    root = Path(folder)
+    index = root / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise InputError(f"unreadable safetensors index ({type(exc).__name__})", file=str(index)) from None
+        by_file: dict[str, list[str]] = {}
+        for name, fname in weight_map.items():
+            if kv_scale_names.is_kv_scale(name):
+                by_file.setdefault(fname, []).append(name)
+    else:
+        by_file = {p.name: None for p in sorted(root.glob("*.safetensors"))}  # type: ignore[misc]
+    out = KVScales(source="checkpoint")
+    for fname, names in by_file.items():
+        path = root / fname
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                for name in names if names is not None else [n for n in f.keys() if kv_scale_names.is_kv_scale(n)]:
+                    _store(out, name, f.get_tensor(name), str(path))
+        except (OSError, RuntimeError, ValueError, SafetensorError) as exc:
+            raise InputError(f"cannot read KV scales: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}",
+                             file=str(path)) from None
+    return out
+
+
+def _store(out: KVScales, name: str, tensor: torch.Tensor, file: str) -> None:
+    prefix, spelling = kv_scale_names.match(name)
+    layer = layer_index(prefix)
+    if layer is None:
+        raise InputError("KV scale tensor name has no layer number", file=file, field=name)
+    t = tensor.detach().to(torch.float32).reshape(-1)
+    if not torch.isfinite(t).all() or (t <= 0).any():
+        raise InputError("KV scale is not a positive finite number", file=file, field=name)
+    rank = kv_scale_names.SPELLINGS.index(spelling)
+    for role in ("k", "v") if spelling.role == "kv" else (spelling.role,):
+        table = out.k if role == "k" else out.v
+        # several spellings for one layer: the first in SPELLINGS order (the post-RoPE ones) wins
+        if out._rank.get((role, layer), len(kv_scale_names.SPELLINGS)) > rank:
+            table[layer] = t
+            out._rank[(role, layer)] = rank

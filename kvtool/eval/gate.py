@@ -1,0 +1,59 @@
+"""Quality gates: thresholds as data, each knowing whether lower or higher is better."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+from kvtool.errors import UsageError
+
+
+@dataclass(frozen=True)
+class Gate:
+    option: str  # the CLI flag that sets it
+    metric: str  # name in the report
+    better: str  # "lower" | "higher"
+    value: Callable[[dict], float]  # the measured value from a report summary
+    fmt: Callable[[float], str]
+
+
+GATES: dict[str, Gate] = {g.option: g for g in (
+    Gate("--max-ppl-increase", "ppl_increase", "lower", lambda s: s["ppl_ratio"] - 1.0, lambda x: f"{x * 100:+.2f}%"),
+    Gate("--max-kld", "kld_mean", "lower", lambda s: s["kld_mean"], lambda x: f"{x:.5f}"),
+    Gate("--min-top1", "top1_agreement", "higher", lambda s: s["top1_agreement"], lambda x: f"{x:.4f}"),
+)}
+
+
+@dataclass(frozen=True)
+class GateResult:
+    option: str
+    metric: str
+    limit: float
+    value: float
+    passed: bool
+
+    def line(self) -> str:
+        g = GATES[self.option]
+        op = "<=" if g.better == "lower" else ">="
+        verdict = "ok" if self.passed else "FAILED"
+        return f"{self.metric} {g.fmt(self.value)} {op} {g.fmt(self.limit)} ({self.option}): {verdict}"
+
+    def as_dict(self) -> dict:
+        return {"option": self.option, "metric": self.metric, "limit": self.limit, "value": self.value,
+                "passed": self.passed}
+
+
+def check(summary: dict, limits: dict[str, float]) -> list[GateResult]:
+    """Apply {option: limit}; a NaN value fails. Relative gates need a baseline."""
+    results = []
+    for option, limit in limits.items():
+        if option not in GATES:
+            raise UsageError(f"unknown gate; known: {', '.join(GATES)}", field=option)
+        g = GATES[option]
+        if "ppl_ratio" not in summary:
+            raise UsageError("compares against a baseline; give --baseline", field=option)
+        value = g.value(summary)
+        ok = not math.isnan(value) and (value <= limit if g.better == "lower" else value >= limit)
+        results.append(GateResult(option, g.metric, limit, value, ok))
+    return results

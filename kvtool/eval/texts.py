@@ -1,0 +1,70 @@
+"""Where evaluation text comes from: local UTF-8 files, the built-in pydoc text, or a `datasets` corpus."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from kvtool.errors import InputError, UsageError
+
+
+@dataclass(frozen=True)
+class HubDataset:
+    path: str
+    name: str | None
+    split: str
+    column: str
+
+
+# Names for --dataset. "pydoc" is offline; the others need `pip install datasets` and the network.
+DATASETS: dict[str, HubDataset | None] = {
+    "pydoc": None,
+    "wikitext2": HubDataset("wikitext", "wikitext-2-raw-v1", "test", "text"),
+    "wikitext103": HubDataset("wikitext", "wikitext-103-raw-v1", "test", "text"),
+}
+
+
+def read_texts(files: Sequence[str] | None, dataset: str | None) -> tuple[list[str] | None, str]:
+    """(texts, description); texts None means the built-in pydoc evaluation text."""
+    if files and dataset:
+        raise UsageError("give --text or --dataset, not both", field="--dataset")
+    if files:
+        return [_read_file(f) for f in files], ", ".join(files)
+    if not dataset or dataset == "pydoc":
+        return None, "pydoc (built-in evaluation text)"
+    if dataset not in DATASETS:
+        raise UsageError(f"unknown dataset {dataset!r}; known: {', '.join(DATASETS)}", field="--dataset")
+    return [_load_hub(DATASETS[dataset], dataset)], dataset
+
+
+def _read_file(name: str) -> str:
+    path = Path(name)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InputError("no such file", file=name, field="--text") from None
+    except IsADirectoryError:
+        raise InputError("is a folder, not a text file", file=name, field="--text") from None
+    except UnicodeDecodeError as exc:
+        raise InputError(f"not UTF-8 text (byte {exc.start})", file=name, field="--text") from None
+    except OSError as exc:
+        raise InputError(exc.strerror or str(exc), file=name, field="--text") from None
+    if not text.strip():
+        raise InputError("is empty", file=name, field="--text")
+    return text
+
+
+def _load_hub(ds: HubDataset, label: str) -> str:
+    try:
+        import datasets
+    except ImportError:
+        raise InputError("needs the `datasets` package (pip install datasets) and network access; "
+                         "or use --text FILE or --dataset pydoc", field="--dataset") from None
+    try:
+        data = datasets.load_dataset(ds.path, ds.name, split=ds.split)
+    except Exception as exc:  # offline, renamed, gated: one line for the user
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise InputError(f"cannot load {label} ({ds.path}/{ds.name}, split {ds.split}): {first}",
+                         field="--dataset") from None
+    return "\n\n".join(t for t in data[ds.column] if t)

@@ -1,0 +1,148 @@
+"""Lazy tensor reader over a model folder (one model.safetensors, several, or a sharded index).
+
+Names, dtypes and shapes come from the safetensors headers (no data read). Tensor data is read
+on demand with safetensors' `safe_open`, keeping only one shard open at a time, so memory stays
+bounded by the tensor being read, never by the model. `get_slice` reads only the rows asked for.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Iterator
+
+from kvtool.errors import InputError
+from kvtool.safetensors_header import TensorInfo, read_header
+
+if TYPE_CHECKING:  # torch is imported lazily: this module is importable without it
+    import torch
+
+INDEX_NAME = "model.safetensors.index.json"
+
+
+class CheckpointReader:
+    """Read tensors of a model folder lazily; use as a context manager (closes the open shard)."""
+
+    def __init__(self, folder: str | Path):
+        self.folder = Path(folder)
+        self.index_path: Path | None = None
+        self._infos: dict[str, TensorInfo] = {}
+        self._metadata: dict[str, dict[str, str]] = {}
+        self._files: list[str] = []
+        self._open_file: str | None = None
+        self._handle = None
+        self._ctx = None
+        self._scan()
+
+    # --- headers ---------------------------------------------------------------------------
+    def _scan(self) -> None:
+        index = self.folder / INDEX_NAME
+        if index.is_file():
+            self.index_path = index
+            try:
+                data = json.loads(index.read_text(encoding="utf-8"))
+            except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+                raise InputError(f"cannot read the safetensors index: {exc}", file=str(index)) from None
+            wm = data.get("weight_map") if isinstance(data, dict) else None
+            if not isinstance(wm, dict) or not wm:
+                raise InputError("weight_map is missing or empty", file=str(index), field="weight_map")
+            files = list(dict.fromkeys(wm.values()))
+            for f in files:
+                if not isinstance(f, str) or Path(f).is_absolute() or ".." in Path(f).parts:
+                    raise InputError(f"weight_map names {f!r}, outside the model folder", file=str(index), field="weight_map")
+        else:
+            files = sorted(p.name for p in self.folder.glob("*.safetensors") if p.is_file())
+        if not files:
+            raise InputError("no safetensors weights in the model folder", file=str(self.folder))
+        for f in files:
+            path = self.folder / f
+            if not path.is_file():
+                raise InputError("shard named by the index does not exist", file=str(path))
+            h = read_header(path, f)
+            if h.problems:
+                p = h.problems[0]
+                raise InputError(p.message, file=str(path), field=p.tensor)
+            for name, info in h.tensors.items():
+                if name in self._infos:
+                    raise InputError(f"tensor {name!r} is stored twice (also in {self._infos[name].file})", file=str(path))
+                self._infos[name] = info
+            self._metadata[f] = dict(h.metadata)
+            self._files.append(f)
+        if self.index_path is not None:
+            missing = [n for n, f in wm.items() if n not in self._infos or self._infos[n].file != f]
+            if missing:
+                raise InputError(f"index names {len(missing)} tensor(s) not found in their shard, e.g. {missing[0]!r}",
+                                 file=str(self.index_path), field="weight_map")
+
+    # --- metadata access -------------------------------------------------------------------
+    def names(self) -> list[str]:
+        """All tensor names, shard by shard in file order (reading in this order opens each shard once)."""
+        return list(self._infos)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._infos
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._infos)
+
+    def info(self, name: str) -> TensorInfo:
+        """dtype (safetensors string, e.g. 'BF16'), shape, file and byte range, from the header."""
+        try:
+            return self._infos[name]
+        except KeyError:
+            raise InputError(f"tensor {name!r} is not in the checkpoint", file=str(self.folder)) from None
+
+    @property
+    def files(self) -> list[str]:
+        return list(self._files)
+
+    def metadata(self, file: str) -> dict[str, str]:
+        """The `__metadata__` of one shard."""
+        return dict(self._metadata.get(file, {}))
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(i.nbytes for i in self._infos.values())
+
+    # --- data access -----------------------------------------------------------------------
+    def _file_handle(self, file: str):
+        if self._open_file != file:
+            self.close()
+            from safetensors import safe_open
+
+            path = self.folder / file
+            try:
+                self._ctx = safe_open(str(path), framework="pt", device="cpu")
+                self._handle = self._ctx.__enter__()
+            except Exception as exc:  # safetensors raises its own error types
+                self._ctx = self._handle = None
+                raise InputError(f"cannot open safetensors file: {exc}", file=str(path)) from None
+            self._open_file = file
+        return self._handle
+
+    def get(self, name: str) -> "torch.Tensor":
+        """The whole tensor, on CPU, in its stored dtype."""
+        info = self.info(name)
+        return self._file_handle(info.file).get_tensor(name)
+
+    def get_slice(self, name: str, start: int, stop: int) -> "torch.Tensor":
+        """Rows [start, stop) of the first dimension; only those bytes are read."""
+        info = self.info(name)
+        if not info.shape:
+            raise InputError(f"tensor {name!r} is a scalar and has no rows", file=str(self.folder / info.file))
+        return self._file_handle(info.file).get_slice(name)[start:stop]
+
+    def close(self) -> None:
+        if self._ctx is not None:
+            try:
+                self._ctx.__exit__(None, None, None)
+            except Exception:  # noqa: BLE001 - closing a read-only mapping cannot lose data
+                pass
+        self._ctx = self._handle = None
+        self._open_file = None
+
+    def __enter__(self) -> "CheckpointReader":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

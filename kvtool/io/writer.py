@@ -1,0 +1,271 @@
+"""Sharded safetensors writer with Hugging Face's shard naming and index.
+
+Two modes, one API (`add`, then `finalize`):
+- planned (pass `plan`, the (name, dtype, shape) of every tensor to come): shard boundaries and
+  headers are fixed up front, each tensor is written straight to its place in its shard file
+  (positional writes, any order), so memory is bounded by one tensor;
+- unplanned: tensors are buffered up to `max_shard_size` and flushed, as mergekit does.
+
+Files are `model.safetensors` when there is one shard, else `model-0000i-of-0000n.safetensors`
+plus `model.safetensors.index.json` ({"metadata": {"total_parameters", "total_size"}, "weight_map"},
+indent 2, sorted keys, as transformers writes it). `metadata` (str -> str) goes into every
+shard's `__metadata__` ("format": "pt" is always set, as transformers requires it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from math import prod
+from pathlib import Path
+from typing import TYPE_CHECKING, Iterable
+
+from kvtool.safetensors_header import DTYPE_BYTES
+
+if TYPE_CHECKING:
+    import torch
+
+INDEX_NAME = "model.safetensors.index.json"
+SINGLE_NAME = "model.safetensors"
+DEFAULT_MAX_SHARD_SIZE = 5 * 10**9
+_ALIGN = 8  # safetensors pads the header so tensor data starts 8-byte aligned
+
+
+def torch_dtype_to_st(dtype) -> str:
+    """torch dtype -> safetensors dtype string ('BF16', 'F32', ...)."""
+    import torch
+
+    table = {
+        torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
+        torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
+        torch.bool: "BOOL", torch.float8_e4m3fn: "F8_E4M3", torch.float8_e5m2: "F8_E5M2",
+    }
+    for name in ("uint16", "uint32", "uint64"):
+        if hasattr(torch, name):
+            table[getattr(torch, name)] = {"uint16": "U16", "uint32": "U32", "uint64": "U64"}[name]
+    if hasattr(torch, "float8_e8m0fnu"):
+        table[torch.float8_e8m0fnu] = "F8_E8M0"
+    try:
+        return table[dtype]
+    except KeyError:
+        raise ValueError(f"dtype {dtype} has no safetensors equivalent") from None
+
+
+def nbytes_of(dtype: str, shape: Iterable[int]) -> int:
+    shape = tuple(shape)
+    return int((prod(shape) if shape else 1) * DTYPE_BYTES[dtype])
+
+
+@dataclass(frozen=True)
+class PlannedTensor:
+    name: str
+    dtype: str  # safetensors dtype string
+    shape: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return nbytes_of(self.dtype, self.shape)
+
+
+@dataclass
+class _Shard:
+    entries: list[PlannedTensor] = field(default_factory=list)
+    size: int = 0
+    file: str = ""
+    header: bytes = b""
+    offsets: dict[str, int] = field(default_factory=dict)  # name -> absolute file offset of its data
+    written: set[str] = field(default_factory=set)
+    fd: int | None = None
+    buffered: dict = field(default_factory=dict)  # unplanned mode: name -> tensor
+
+
+@dataclass(frozen=True)
+class WriteResult:
+    files: list[str]
+    index_file: str | None
+    total_size: int
+    total_parameters: int
+    weight_map: dict[str, str]
+
+
+def _split(entries: list[PlannedTensor], max_size: int) -> list[_Shard]:
+    shards: list[_Shard] = []
+    cur = _Shard()
+    for e in entries:
+        if cur.entries and cur.size + e.nbytes > max_size:
+            shards.append(cur)
+            cur = _Shard()
+        cur.entries.append(e)
+        cur.size += e.nbytes
+    if cur.entries:
+        shards.append(cur)
+    return shards
+
+
+def _shard_names(n: int) -> list[str]:
+    if n == 1:
+        return [SINGLE_NAME]
+    return [f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)]
+
+
+def _build_header(shard: _Shard, metadata: dict[str, str]) -> None:
+    obj: dict = {"__metadata__": metadata}
+    pos = 0
+    rel: dict[str, int] = {}
+    for e in shard.entries:
+        obj[e.name] = {"dtype": e.dtype, "shape": list(e.shape), "data_offsets": [pos, pos + e.nbytes]}
+        rel[e.name] = pos
+        pos += e.nbytes
+    raw = json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    raw += b" " * (-(8 + len(raw)) % _ALIGN)
+    shard.header = len(raw).to_bytes(8, "little") + raw
+    shard.offsets = {n: len(shard.header) + p for n, p in rel.items()}
+
+
+def _tensor_bytes(tensor) -> memoryview:
+    """A zero-copy byte view of a CPU tensor (little-endian, as safetensors stores it)."""
+    t = tensor.detach()
+    if t.device.type != "cpu":
+        t = t.to("cpu")
+    t = t.contiguous().reshape(-1)
+    import torch
+
+    return memoryview(t.view(torch.uint8).numpy())
+
+
+def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
+    while len(data):
+        n = os.pwrite(fd, data, offset)
+        data = data[n:]
+        offset += n
+
+
+class ShardWriter:
+    """Write tensors into HF-named safetensors shards under `out_dir` (which must exist)."""
+
+    def __init__(self, out_dir: str | Path, max_shard_size: int = DEFAULT_MAX_SHARD_SIZE,
+                 metadata: dict[str, str] | None = None, plan: Iterable[PlannedTensor | tuple] | None = None):
+        if max_shard_size <= 0:
+            raise ValueError("max_shard_size must be positive")
+        self.out_dir = Path(out_dir)
+        self.max_shard_size = int(max_shard_size)
+        self.metadata = {"format": "pt", **{str(k): str(v) for k, v in (metadata or {}).items()}}
+        self._planned = plan is not None
+        self._shards: list[_Shard] = []
+        self._where: dict[str, _Shard] = {}
+        self._plan: dict[str, PlannedTensor] = {}
+        self._finalized = False
+        if plan is not None:
+            entries = [p if isinstance(p, PlannedTensor) else PlannedTensor(p[0], p[1], tuple(p[2])) for p in plan]
+            for e in entries:
+                if e.name in self._plan:
+                    raise ValueError(f"tensor {e.name!r} is planned twice")
+                self._plan[e.name] = e
+            self._shards = _split(entries, self.max_shard_size)
+            for shard, fname in zip(self._shards, _shard_names(len(self._shards))):
+                shard.file = fname
+                _build_header(shard, self.metadata)
+                for e in shard.entries:
+                    self._where[e.name] = shard
+
+    # --- adding ----------------------------------------------------------------------------
+    def add(self, name: str, tensor: "torch.Tensor") -> None:
+        """Write (planned) or buffer (unplanned) one tensor."""
+        if self._finalized:
+            raise RuntimeError("ShardWriter.add after finalize")
+        st_dtype = torch_dtype_to_st(tensor.dtype)
+        shape = tuple(tensor.shape)
+        if self._planned:
+            self._add_planned(name, tensor, st_dtype, shape)
+        else:
+            self._add_buffered(name, tensor, st_dtype, shape)
+
+    def _add_planned(self, name, tensor, st_dtype, shape) -> None:
+        shard = self._where.get(name)
+        if shard is None:
+            raise ValueError(f"tensor {name!r} was not in the write plan")
+        want = self._plan[name]
+        if (st_dtype, shape) != (want.dtype, want.shape):
+            raise ValueError(f"tensor {name!r} is {st_dtype}{list(shape)}, the plan said {want.dtype}{list(want.shape)}")
+        if name in shard.written:
+            raise ValueError(f"tensor {name!r} written twice")
+        if shard.fd is None:
+            shard.fd = os.open(self.out_dir / shard.file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            _pwrite_all(shard.fd, memoryview(shard.header), 0)
+        _pwrite_all(shard.fd, _tensor_bytes(tensor), shard.offsets[name])
+        shard.written.add(name)
+        if len(shard.written) == len(shard.entries):
+            os.close(shard.fd)
+            shard.fd = None
+
+    def _add_buffered(self, name, tensor, st_dtype, shape) -> None:
+        if name in self._where:
+            raise ValueError(f"tensor {name!r} written twice")
+        e = PlannedTensor(name, st_dtype, shape)
+        cur = self._shards[-1] if self._shards and self._shards[-1].buffered is not None else None
+        if cur is None or (cur.entries and cur.size + e.nbytes > self.max_shard_size):
+            if cur is not None:
+                self._flush(cur)
+            cur = _Shard()
+            self._shards.append(cur)
+        cur.entries.append(e)
+        cur.size += e.nbytes
+        cur.buffered[name] = tensor
+        self._where[name] = cur
+
+    def _flush(self, shard: _Shard) -> None:
+        shard.file = f".kvtool-shard-{len(self._shards):05d}.safetensors"
+        _build_header(shard, self.metadata)
+        with open(self.out_dir / shard.file, "wb") as fh:
+            fh.write(shard.header)
+            for e in shard.entries:
+                fh.write(_tensor_bytes(shard.buffered[e.name]))
+        shard.written = {e.name for e in shard.entries}
+        shard.buffered = None
+
+    # --- finishing -------------------------------------------------------------------------
+    def finalize(self) -> WriteResult:
+        """Close and name the shards, write the index when there are several; returns what was written."""
+        if self._finalized:
+            raise RuntimeError("ShardWriter.finalize called twice")
+        if self._planned:
+            missing = [e.name for s in self._shards for e in s.entries if e.name not in s.written]
+            if missing:
+                self.abort()
+                raise RuntimeError(f"{len(missing)} planned tensor(s) never written, e.g. {missing[0]!r}")
+        else:
+            if self._shards and self._shards[-1].buffered is not None:
+                self._flush(self._shards[-1])
+            for shard, fname in zip(self._shards, _shard_names(len(self._shards))):
+                os.replace(self.out_dir / shard.file, self.out_dir / fname)
+                shard.file = fname
+        self._finalized = True
+        weight_map = {e.name: s.file for s in self._shards for e in s.entries}
+        total_size = sum(s.size for s in self._shards)
+        total_params = sum(prod(e.shape) if e.shape else 1 for s in self._shards for e in s.entries)
+        index_file = None
+        if len(self._shards) > 1:
+            index = {"metadata": {"total_parameters": total_params, "total_size": total_size},
+                     "weight_map": weight_map}
+            (self.out_dir / INDEX_NAME).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+            index_file = INDEX_NAME
+        return WriteResult([s.file for s in self._shards], index_file, total_size, total_params, dict(sorted(weight_map.items())))
+
+    def abort(self) -> None:
+        """Close open files (the staging folder that holds them is removed by its owner)."""
+        for s in self._shards:
+            if s.fd is not None:
+                try:
+                    os.close(s.fd)
+                except OSError:
+                    pass
+                s.fd = None
+        self._finalized = True
+
+    def __enter__(self) -> "ShardWriter":
+        return self
+
+    def __exit__(self, exc_type, *rest) -> None:
+        if exc_type is not None:
+            self.abort()

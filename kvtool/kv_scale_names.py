@@ -1,0 +1,79 @@
+"""Tensor names of FP8 KV-cache scales that vLLM loads, relative to an attention module.
+
+vLLM's loader (`maybe_remap_kv_scale_name` in model_loader/weight_utils.py) maps every spelling
+below onto `<attention>.attn.k_scale` / `.attn.v_scale`. Lint uses these to check a checkpoint
+that declares a KV-cache scheme; quantize-kv writes the first (canonical) spelling.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Iterable
+
+
+@dataclass(frozen=True)
+class ScaleSpelling:
+    suffix: str  # after "<attention prefix>."
+    role: str  # "k", "v", or "kv" (one legacy tensor for both)
+    style: str  # who writes it
+    post_rope: bool | None  # True: taken where K enters the cache; False: at the projection output; None: unknown
+
+
+SPELLINGS: tuple[ScaleSpelling, ...] = (
+    ScaleSpelling("k_scale", "k", "compressed-tensors", True),
+    ScaleSpelling("v_scale", "v", "compressed-tensors", True),
+    ScaleSpelling("attn.k_scale", "k", "vllm", True),
+    ScaleSpelling("attn.v_scale", "v", "vllm", True),
+    ScaleSpelling("k_proj.k_scale", "k", "modelopt", True),
+    ScaleSpelling("v_proj.v_scale", "v", "modelopt", True),
+    ScaleSpelling("kv_scale", "kv", "legacy", None),
+    # compressed-tensors output activations of the projections: observed before RoPE is applied
+    ScaleSpelling("k_proj.output_scale", "k", "output-activation", False),
+    ScaleSpelling("v_proj.output_scale", "v", "output-activation", False),
+)
+
+CANONICAL = {"k": "k_scale", "v": "v_scale"}  # what kvtool writes
+
+# safetensors __metadata__ key kvtool quantize-kv records; value "post_rope" or "pre_rope".
+SCALE_POINT_METADATA_KEY = "kvtool.kv_scale_point"
+
+_SUFFIX_RE = re.compile(
+    r"^(?P<prefix>.+?)\.(?P<suffix>" + "|".join(re.escape(s.suffix) for s in
+                                                sorted(SPELLINGS, key=lambda s: -len(s.suffix))) + r")$"
+)
+_BY_SUFFIX = {s.suffix: s for s in SPELLINGS}
+_ENDINGS = tuple({s.suffix.rsplit(".", 1)[-1] for s in SPELLINGS})
+
+
+def match(name: str) -> tuple[str, ScaleSpelling] | None:
+    """(attention prefix, spelling) when `name` is a KV-scale tensor, else None."""
+    if not name.endswith(_ENDINGS):  # cheap filter: checkpoints hold up to ~100k tensors
+        return None
+    m = _SUFFIX_RE.match(name)
+    if not m:
+        return None
+    return m.group("prefix"), _BY_SUFFIX[m.group("suffix")]
+
+
+def is_kv_scale(name: str) -> bool:
+    return match(name) is not None
+
+
+def scales_for(attn_prefix: str, names: Iterable[str]) -> dict[str, list[tuple[str, ScaleSpelling]]]:
+    """The scale tensors of one attention module: role ("k" / "v") -> [(tensor name, spelling)].
+
+    The legacy single `kv_scale` counts for both roles (vLLM duplicates it).
+    """
+    out: dict[str, list[tuple[str, ScaleSpelling]]] = {"k": [], "v": []}
+    for sp in SPELLINGS:
+        name = f"{attn_prefix}.{sp.suffix}"
+        if name in names:
+            for role in ("k", "v") if sp.role == "kv" else (sp.role,):
+                out[role].append((name, sp))
+    return out
+
+
+def canonical_name(attn_prefix: str, role: str) -> str:
+    """The name quantize-kv writes for a layer's K or V scale."""
+    return f"{attn_prefix}.{CANONICAL[role]}"

@@ -1,0 +1,165 @@
+"""Layer-by-layer calibration of FP8 KV-cache scales.
+
+1. One cheap forward with every decoder layer replaced by a recorder that returns its input:
+   this yields the embeddings and, per layer, the exact arguments the model passes it (position
+   embeddings of that layer's type, that layer's mask), without running any layer.
+2. Each decoder layer is then moved to the device, run on the cached hidden states of every
+   calibration batch, and moved back. kvtool.kv_hooks hands its K (after RoPE and any k_norm) and
+   V, where they enter the cache and before GQA repetition, to that layer's K and V observers.
+   The layer's outputs become the next layer's inputs; its observers are reduced to scales and freed.
+
+Memory on the device is bounded by one decoder layer, the embedding/rotary/mask modules and the
+calibration hidden states (tokens x hidden_size); the weights of all layers stay in CPU memory.
+On a CPU-only machine the whole model is in RAM, as for `kvtool eval`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from kvtool.quantize.formats import Fp8Format
+from kvtool.quantize.observers import make_observer
+
+STRATEGIES = ("tensor", "attn_head")
+
+
+@dataclass
+class CalibrationResult:
+    k: dict[int, torch.Tensor]  # layer -> float32 scale, [1] or [kv_heads]
+    v: dict[int, torch.Tensor]
+    k_amax: dict[int, torch.Tensor]  # observed max |K| (same shape as the scale)
+    v_amax: dict[int, torch.Tensor]
+    observer: str
+    strategy: str
+    format: str
+    tokens: int
+    sequences: int
+    device: str
+    seconds: float
+    peak_device_bytes: int | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+class _Stop(Exception):
+    pass
+
+
+def _layer_list(model, layers_path: str) -> torch.nn.ModuleList:
+    mod = model.get_submodule(layers_path)
+    if not isinstance(mod, torch.nn.ModuleList):
+        raise RuntimeError(f"{layers_path} is a {type(mod).__name__}, not the list of decoder layers")
+    return mod
+
+
+def _to(obj, device):
+    if torch.is_tensor(obj):
+        return obj.to(device)
+    if isinstance(obj, dict):
+        return {k: _to(v, device) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_to(v, device) for v in obj)
+    return obj
+
+
+def _capture(model, layers: torch.nn.ModuleList, input_ids: torch.Tensor) -> tuple[torch.Tensor, list[tuple]]:
+    """(hidden states entering layer 0, [(args, kwargs) per layer]) for one batch, no layer run."""
+    calls: list[tuple | None] = [None] * len(layers)
+
+    def recorder(i):
+        def forward(*args, **kwargs):
+            hidden = args[0] if args else kwargs.pop("hidden_states")
+            calls[i] = (hidden, args[1:], kwargs)
+            return hidden
+        return forward
+
+    saved = [layer.__dict__.get("forward") for layer in layers]  # e.g. accelerate's offload hooks
+    for i, layer in enumerate(layers):
+        layer.forward = recorder(i)
+    try:
+        # the final norm / lm_head run on the embeddings: cheap, and keeps the model's own forward untouched
+        model(input_ids=input_ids, use_cache=False, logits_to_keep=1)
+    finally:
+        for layer, fwd in zip(layers, saved):
+            if fwd is None:
+                del layer.forward  # back to the class's forward
+            else:
+                layer.forward = fwd
+    missing = [i for i, c in enumerate(calls) if c is None]
+    if missing:
+        raise RuntimeError(f"decoder layer {missing[0]} was never called by the model's forward")
+    hidden = calls[0][0]
+    return hidden, [(c[1], c[2]) for c in calls]
+
+
+def calibrate(model, batches: list[torch.Tensor], *, layers_path: str, observer: str, strategy: str,
+              fmt: Fp8Format, device: torch.device, num_kv_heads: int) -> CalibrationResult:
+    """Scales for every attention layer from the calibration batches (each [batch, seq] token ids)."""
+    from kvtool.kv_hooks import attention_modules, kv_hook
+
+    if strategy not in STRATEGIES:
+        raise ValueError(f"strategy must be one of {STRATEGIES}")
+    per_head = strategy == "attn_head"
+    t0 = time.perf_counter()
+    layers = _layer_list(model, layers_path)
+    attn_layers = {m.layer_idx for m in attention_modules(model)}
+    offload = device.type != "cpu"
+    if offload:
+        # everything but the decoder layers goes to the device; layers visit it one at a time
+        model.to("cpu")
+        for name, child in model.named_children():
+            child.to(device)
+        layers.to("cpu")
+        torch.cuda.reset_peak_memory_stats(device)
+
+    observers: dict[tuple[int, str], object] = {}
+    current = {"layer": -1}
+
+    def observe(layer_idx: int, key: torch.Tensor, value: torch.Tensor):
+        if layer_idx == current["layer"]:
+            for role, x in (("k", key), ("v", value)):
+                obs = observers.get((layer_idx, role))
+                if obs is None:
+                    obs = observers[(layer_idx, role)] = make_observer(
+                        observer, num_heads=x.shape[1], per_head=per_head, fmt=fmt)
+                obs.update(x)
+        return key, value
+
+    result = CalibrationResult({}, {}, {}, {}, observer, strategy, fmt.name,
+                               tokens=sum(b.numel() for b in batches), sequences=sum(b.shape[0] for b in batches),
+                               device=str(device), seconds=0.0)
+    with torch.inference_mode(), kv_hook(model, observe):
+        hidden: list[torch.Tensor] = []
+        layer_args: list[list[tuple]] = []
+        for ids in batches:
+            h, per_layer = _capture(model, layers, ids.to(device))
+            hidden.append(h)
+            layer_args.append(per_layer)
+        for i, layer in enumerate(layers):
+            if offload:
+                layer.to(device)
+            current["layer"] = i
+            for b in range(len(batches)):
+                args, kwargs = layer_args[b][i]
+                out = layer(hidden[b], *args, **kwargs)
+                hidden[b] = out[0] if isinstance(out, tuple) else out
+                layer_args[b][i] = None  # free this layer's mask / embeddings references
+            current["layer"] = -1
+            if offload:
+                layer.to("cpu")
+            for role, scales, amaxes in (("k", result.k, result.k_amax), ("v", result.v, result.v_amax)):
+                obs = observers.pop((i, role), None)
+                if obs is None:
+                    continue
+                if obs.num_heads != num_kv_heads:
+                    raise RuntimeError(f"layer {i} writes {obs.num_heads} KV heads to the cache; the config says {num_kv_heads}")
+                scales[i] = obs.scale()
+                amaxes[i] = obs.amax().detach().float().cpu()
+            if i in attn_layers and i not in result.k:
+                result.notes.append(f"layer {i}: attention never called during calibration")
+    if offload:
+        result.peak_device_bytes = int(torch.cuda.max_memory_allocated(device))
+    result.seconds = time.perf_counter() - t0
+    return result

@@ -1,0 +1,39 @@
+"""FP8 formats for the KV cache, as a table (the CLI's --format choices).
+
+vLLM stores fp8 = saturate(x / scale) and reads fp8 * scale; the largest finite value of the
+format is what a calibrated scale maps the observed maximum onto.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from kvtool.errors import UsageError
+
+
+@dataclass(frozen=True)
+class Fp8Format:
+    name: str
+    dtype: torch.dtype
+    max: float  # largest finite value
+    vllm_cache_dtype: str  # what to pass as --kv-cache-dtype
+
+
+FORMATS: dict[str, Fp8Format] = {
+    "e4m3": Fp8Format("e4m3", torch.float8_e4m3fn, 448.0, "fp8_e4m3"),
+}
+
+
+def get_format(name: str) -> Fp8Format:
+    try:
+        return FORMATS[name.lower()]
+    except KeyError:
+        raise UsageError(f"unknown FP8 format {name!r}; choose from {', '.join(FORMATS)}", field="--format") from None
+
+
+def roundtrip(x: torch.Tensor, scale: torch.Tensor | float, fmt: Fp8Format) -> torch.Tensor:
+    """x stored in the cache with `scale` and read back (float32 math, saturating), in float32."""
+    q = (x.float() / scale).clamp(-fmt.max, fmt.max).to(fmt.dtype)
+    return q.float() * scale

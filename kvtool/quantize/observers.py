@@ -1,0 +1,192 @@
+"""Observers: what turns the K or V tensors one layer wrote into its cache into an FP8 scale.
+
+One registration path (`@register(name)`), looked up with `make_observer("name[:arg]", ...)`, as
+llm-compressor registers its observers. Each observer sees every calibration batch of one layer
+and one role (K or V), shaped [batch, kv_heads, seq, head_dim], and returns a float32 scale of
+shape [1] (strategy "tensor") or [kv_heads] (strategy "attn_head").
+
+- `absmax[:H]`: running maximum of |x| over all batches (not the last batch, not an average);
+  scale = H * amax / fmax. H (headroom, default 1) leaves room for values the calibration text
+  never produced: FP8 is a floating-point format, so headroom costs resolution only for values
+  below fmax's subnormal limit (amax * H / 28672 for e4m3), while a value above the calibrated
+  range is clipped.
+- `percentile:P`: the P-th percentile of |x| (clips the top 100-P percent on purpose).
+- `mse`: the scale, among amax/fmax shrunk by 0..79 %, that minimises the squared FP8
+  quantization error on the calibration values.
+
+Observers that need the values keep them for one layer only (calibration runs layer by layer).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from kvtool.errors import UsageError
+from kvtool.quantize.formats import Fp8Format, roundtrip
+
+DEFAULT_OBSERVER = "absmax:4"
+
+
+class Observer:
+    """Base: keeps the running per-head maximum of |x|; subclasses decide the scale."""
+
+    name = ""
+
+    def __init__(self, num_heads: int, per_head: bool, fmt: Fp8Format, arg: float | None = None):
+        self.num_heads = num_heads
+        self.per_head = per_head
+        self.fmt = fmt
+        self.arg = arg
+        self.amax_heads: torch.Tensor | None = None  # [heads], float32
+        self.batches = 0
+        self.values = 0
+
+    def update(self, x: torch.Tensor) -> None:
+        if x.dim() != 4 or x.shape[1] != self.num_heads:
+            raise ValueError(f"observer expects [batch, {self.num_heads}, seq, head_dim], got {list(x.shape)}")
+        a = x.detach().abs().amax(dim=(0, 2, 3)).float()
+        self.amax_heads = a if self.amax_heads is None else torch.maximum(self.amax_heads, a)
+        self.batches += 1
+        self.values += x.numel()
+        self._keep(x)
+
+    def _keep(self, x: torch.Tensor) -> None:
+        """Subclasses that need the values store them here."""
+
+    def amax(self) -> torch.Tensor:
+        """Observed maximum of |x|: [heads] or [1]."""
+        if self.amax_heads is None:
+            raise RuntimeError("observer saw no data")
+        return self.amax_heads if self.per_head else self.amax_heads.max().reshape(1)
+
+    def scale(self) -> torch.Tensor:
+        return _finite_positive(self._scale())
+
+    def _scale(self) -> torch.Tensor:
+        raise NotImplementedError
+
+
+def _finite_positive(s: torch.Tensor) -> torch.Tensor:
+    # a head that only ever wrote zeros gets scale 1.0 (vLLM's default): any positive value round-trips 0 exactly
+    s = s.detach().float().cpu()
+    return torch.where(torch.isfinite(s) & (s > 0), s, torch.ones_like(s))
+
+
+@dataclass(frozen=True)
+class ObserverEntry:
+    name: str
+    cls: type
+    arg: str | None  # what the ":arg" means, None when the observer takes none
+    default_arg: float | None
+    check: Callable[[float], bool] | None
+    help: str
+
+
+OBSERVERS: dict[str, ObserverEntry] = {}
+
+
+def register(name: str, *, arg: str | None = None, default: float | None = None,
+             check: Callable[[float], bool] | None = None, help: str = ""):
+    """Class decorator: make an observer available as --observer NAME[:ARG]."""
+
+    def deco(cls):
+        if name in OBSERVERS:
+            raise ValueError(f"observer {name!r} registered twice")
+        cls.name = name
+        OBSERVERS[name] = ObserverEntry(name, cls, arg, default, check, help)
+        return cls
+
+    return deco
+
+
+def parse_spec(spec: str) -> tuple[ObserverEntry, float | None]:
+    """'percentile:99.9' -> (entry, 99.9); a one-line UsageError for anything else."""
+    name, _, raw = (spec or "").strip().partition(":")
+    entry = OBSERVERS.get(name)
+    if entry is None:
+        raise UsageError(f"unknown observer {spec!r}; choose from {', '.join(usage())}", field="--observer")
+    if not raw:
+        if entry.arg is not None and entry.default_arg is None:
+            raise UsageError(f"observer {name!r} needs a value: {name}:{entry.arg}", field="--observer")
+        return entry, entry.default_arg
+    if entry.arg is None:
+        raise UsageError(f"observer {name!r} takes no value (got {spec!r})", field="--observer")
+    try:
+        value = float(raw)
+    except ValueError:
+        raise UsageError(f"observer {name!r}: {entry.arg} must be a number, got {raw!r}", field="--observer") from None
+    if entry.check is not None and not entry.check(value):
+        raise UsageError(f"observer {name!r}: {entry.arg} {value:g} is out of range ({entry.help})", field="--observer")
+    return entry, value
+
+
+def make_observer(spec: str, *, num_heads: int, per_head: bool, fmt: Fp8Format) -> Observer:
+    entry, value = parse_spec(spec)
+    return entry.cls(num_heads, per_head, fmt, value)
+
+
+def canonical(spec: str) -> str:
+    """The spec with its default argument spelled out ('absmax' -> 'absmax:1')."""
+    entry, value = parse_spec(spec)
+    return entry.name if value is None else f"{entry.name}:{value:g}"
+
+
+def usage() -> list[str]:
+    return [e.name if e.arg is None else f"{e.name}:{e.arg}" if e.default_arg is None else f"{e.name}[:{e.arg}]"
+            for e in OBSERVERS.values()]
+
+
+# --- observers -------------------------------------------------------------------------------
+@register("absmax", arg="H", default=1.0, check=lambda h: 1.0 <= h <= 448.0,
+          help="headroom factor, 1 <= H <= 448; scale = H * amax / fmax")
+class AbsMaxObserver(Observer):
+    def _scale(self) -> torch.Tensor:
+        return self.amax() * float(self.arg or 1.0) / self.fmt.max
+
+
+class _ValuesObserver(Observer):
+    """Keeps |x| per head for the current layer (the calibration holds one layer at a time)."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self._chunks: list[torch.Tensor] = []
+
+    def _keep(self, x: torch.Tensor) -> None:
+        # [heads, n]: per head, every value this layer wrote
+        self._chunks.append(x.detach().abs().float().transpose(0, 1).reshape(self.num_heads, -1))
+
+    def groups(self) -> torch.Tensor:
+        """[groups, n]: one row per head (attn_head) or one row for the whole tensor."""
+        v = torch.cat(self._chunks, dim=1)
+        return v if self.per_head else v.reshape(1, -1)
+
+
+@register("percentile", arg="P", check=lambda p: 50.0 <= p <= 100.0, help="50 <= P <= 100")
+class PercentileObserver(_ValuesObserver):
+    def _scale(self) -> torch.Tensor:
+        v = self.groups()
+        n = v.shape[1]
+        k = min(n, max(1, int(round(float(self.arg) / 100.0 * n))))
+        # kthvalue, not quantile: torch.quantile refuses inputs above 16M values
+        return v.kthvalue(k, dim=1).values / self.fmt.max
+
+
+@register("mse", help="minimise FP8 quantization MSE")
+class MseObserver(_ValuesObserver):
+    SHRINK = torch.arange(0, 80) / 100.0  # candidate scales amax/fmax * (1 - shrink)
+
+    def _scale(self) -> torch.Tensor:
+        v = self.groups()
+        base = v.amax(dim=1) / self.fmt.max  # [groups]
+        best_err = torch.full_like(base, float("inf"))
+        best = base.clone()
+        for f in (1.0 - self.SHRINK).tolist():
+            s = (base * f).clamp_min(torch.finfo(torch.float32).tiny)[:, None]
+            err = (roundtrip(v, s, self.fmt) - v).pow_(2).sum(dim=1)
+            better = err < best_err
+            best_err = torch.where(better, err, best_err)
+            best = torch.where(better, s[:, 0], best)
+        return best

@@ -1,0 +1,129 @@
+"""FP8 KV-cache quantization: scheme in config.json vs k_scale / v_scale tensors (KV8xx)."""
+
+from __future__ import annotations
+
+from kvtool import kv_scale_names as ksn
+from kvtool.layer_types import KV_CACHE_TYPES
+from kvtool.rules.registry import checker, define
+
+# quantization_config keys that declare a quantized KV cache: compressed-tensors / llm-compressor
+# (kv_cache_scheme) and NVIDIA ModelOpt (kv_cache_quant_algo).
+SCHEME_KEYS = ("kv_cache_scheme", "kv_cache_quant_algo")
+
+define("KV801", "kv-scales-missing", "error",
+       "quantization_config declares a KV-cache scheme but attention layers lack k_scale / v_scale",
+       """
+       What it does: when quantization_config.kv_cache_scheme (or ModelOpt's kv_cache_quant_algo)
+       is set, checks that every attention layer stores a K and a V scale under a name vLLM
+       accepts: self_attn.k_scale / v_scale, self_attn.attn.k_scale, ModelOpt's
+       self_attn.k_proj.k_scale / v_proj.v_scale, the legacy self_attn.kv_scale, or
+       k_proj.output_scale / v_proj.output_scale.
+       Why it matters: vLLM falls back to a scale of 1.0 for missing scales, with only a log
+       warning: FP8 K/V values then clip or underflow and quality drops silently.
+       Example: "kv_cache_scheme": {"num_bits": 8, "type": "float"} and no *_scale tensors.
+       Fix: calibrate the scales (`kvtool quantize-kv`) or remove kv_cache_scheme.
+       """, hint="calibrate the scales (kvtool quantize-kv) or remove the KV-cache scheme", topic="quantization")
+
+define("KV802", "kv-scales-without-scheme", "warning",
+       "k_scale / v_scale tensors are stored but quantization_config declares no KV-cache scheme",
+       """
+       What it does: flags KV-cache scale tensors in a checkpoint whose quantization_config has
+       neither kv_cache_scheme nor kv_cache_quant_algo.
+       Why it matters: loaders decide from quantization_config whether to read the scales; without a
+       declared scheme they are ignored (vLLM logs "not loaded") and FP8 KV runs with scale 1.0.
+       Example: model.layers.0.self_attn.k_scale present, no quantization_config.
+       Fix: add quantization_config.kv_cache_scheme (kvtool quantize-kv writes it), or drop the tensors.
+       """, hint="declare quantization_config.kv_cache_scheme, or drop the scale tensors", topic="quantization")
+
+define("KV803", "kv-scales-pre-rope", "warning",
+       "K scales look calibrated before RoPE rather than where K enters the cache",
+       """
+       What it does: flags K scales that, by their name or the checkpoint's metadata, were observed
+       before the rotary embedding: k_proj.output_scale (the projection's output activation), or a
+       safetensors __metadata__ entry kvtool.kv_scale_point = "pre_rope".
+       Why it matters: the cache stores K after RoPE; rotation mixes dimension pairs and changes the
+       per-channel range, so an amax taken before it can be too small and FP8 K clips.
+       Example: model.layers.0.self_attn.k_proj.output_scale with no self_attn.k_scale.
+       Fix: recalibrate with observers on the attention's K input (kvtool quantize-kv hooks the
+       post-RoPE keys).
+       """, hint="recalibrate K scales after RoPE (kvtool quantize-kv)", topic="quantization")
+
+
+def _scheme(cfg: dict) -> tuple[str, object] | None:
+    q = cfg.get("quantization_config")
+    if not isinstance(q, dict):
+        return None
+    for k in SCHEME_KEYS:
+        if q.get(k) not in (None, {}, ""):
+            return f"quantization_config.{k}", q[k]
+    return None
+
+
+def _attention_prefixes(ctx) -> list[str]:
+    """Attention modules of KV-caching layers that the weights hold under the table's names."""
+    spec, tensors = ctx.spec, ctx.checkpoint.tensors
+    w = spec.arch.weights
+    locals_ = [w[r] for r in ("q", "k", "v", "o", "qkv") if w.get(r)] + list(w.get("mla", {}).values())
+    out = []
+    for i, lt in enumerate(spec.layer_types):
+        if lt not in KV_CACHE_TYPES:
+            continue
+        prefix = spec.arch.attn_prefix(i)
+        if any(f"{prefix}.{loc}.{suffix}" in tensors for loc in locals_ for suffix in ("weight", "weight_packed", "qweight")):
+            out.append(prefix)
+    return out
+
+
+@checker("quantization")
+def check_kv_scales(ctx) -> None:
+    tensors = ctx.checkpoint.tensors
+    if not tensors:
+        return
+    names = set(tensors)
+    scheme = _scheme(ctx.spec.full_config)
+    scale_names = [n for n in names if ksn.is_kv_scale(n)]
+    if scheme is None:
+        if scale_names:
+            first = sorted(scale_names)[0]
+            ctx.report("KV802", f"{len(scale_names)} KV-cache scale tensor(s) (e.g. {first}) but quantization_config "
+                                "declares no kv_cache_scheme; loaders will ignore them", path=first,
+                       file=ctx.file_of(tensors[first].file))
+        return
+    key, _ = scheme
+    prefixes = _attention_prefixes(ctx)
+    if not prefixes:
+        return
+    missing: list[str] = []
+    for p in prefixes:
+        found = ksn.scales_for(p, names)
+        for role in ("k", "v"):
+            if not found[role]:
+                missing.append(f"{p}.{ksn.CANONICAL[role]}")
+    if missing:
+        layers = len({m.rsplit(".", 1)[0] for m in missing})
+        ctx.report("KV801", f"{key} is set but {layers} of {len(prefixes)} attention layers lack K/V scales "
+                            f"(first missing: {missing[0]}); vLLM would use 1.0", path=key)
+
+
+@checker("quantization")
+def check_scale_point(ctx) -> None:
+    ckpt = ctx.checkpoint
+    if not ckpt.headers:
+        return
+    for h in ckpt.headers:
+        if h.metadata.get(ksn.SCALE_POINT_METADATA_KEY) == "pre_rope":
+            ctx.report("KV803", f"{h.file} metadata says {ksn.SCALE_POINT_METADATA_KEY} = pre_rope",
+                       path=ksn.SCALE_POINT_METADATA_KEY, file=ctx.file_of(h.file))
+            return
+    names = set(ckpt.tensors)
+    pre = []
+    for n in sorted(names):
+        m = ksn.match(n)
+        if m is None or m[1].role != "k" or m[1].post_rope is not False:
+            continue
+        post = [name for name, sp in ksn.scales_for(m[0], names)["k"] if sp.post_rope]
+        if not post:
+            pre.append(n)
+    if pre:
+        ctx.report("KV803", f"{len(pre)} K scale(s) are projection-output scales taken before RoPE (e.g. {pre[0]}) "
+                            "and no post-RoPE k_scale is stored", path=pre[0], file=ctx.file_of(ckpt.tensors[pre[0]].file))

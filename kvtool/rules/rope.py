@@ -1,0 +1,309 @@
+"""RoPE settings (KV2xx), for every rope_type in kvtool/rope/types.py.
+
+Key checks come from the type table (the same one `kvtool rope` writes from); the served-context
+rules follow how vLLM derives max_model_len (vllm/config/model.py): yarn uses
+original_max_position_embeddings x factor, llama3 / longrope keep max_position_embeddings, every
+other type multiplies max_position_embeddings by factor.
+"""
+
+from __future__ import annotations
+
+import math
+
+from kvtool.rope import types as rt
+from kvtool.rope.params import geometry_for, legacy_view, raw_dict, rope_dict, v5_view
+from kvtool.rules.registry import checker, define
+
+define("KV201", "rope-type-unknown", "error", "RoPE type is not one transformers or vLLM know",
+       """
+       What it does: checks that rope_scaling / rope_parameters names a RoPE type that transformers
+       or vLLM implement (default, linear, dynamic, yarn, longrope / su, llama3, proportional, ntk,
+       deepseek_yarn, mrope, axial, xdrope, mllama4).
+       Why it matters: vLLM raises "Unknown RoPE scaling type" at load; transformers 5 looks the
+       type up in ROPE_INIT_FUNCTIONS and fails with a KeyError. Either way the model never serves.
+       Example: {"rope_scaling": {"rope_type": "gptj"}} (gpt-j-6b as shipped by one converter).
+       Fix: remove the dict for plain RoPE, or set rope_type to the scaling the model was trained with.
+       """, hint="use a known rope_type, or drop rope_scaling for plain RoPE", topic="rope")
+
+define("KV202", "rope-key-missing", "error", "A key the RoPE type requires is missing",
+       """
+       What it does: checks the keys each RoPE type requires (yarn: factor and
+       original_max_position_embeddings; llama3: factor, low_freq_factor, high_freq_factor,
+       original_max_position_embeddings; longrope: short_factor, long_factor,
+       original_max_position_embeddings; linear / ntk: factor; dynamic: factor or alpha).
+       Why it matters: transformers raises KeyError("Missing required keys in rope_parameters")
+       and vLLM indexes the key directly: the model fails to load.
+       Example: {"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}
+       Fix: add the missing key (`kvtool rope SRC DST --type yarn --factor 4` writes a complete dict).
+       """, hint="add the missing key, or rewrite the dict with `kvtool rope`", topic="rope")
+
+define("KV203", "rope-key-unknown", "warning", "The RoPE dict has a key its type does not use",
+       """
+       What it does: flags keys that neither transformers nor vLLM read for this RoPE type.
+       Why it matters: the key is silently ignored; it is usually a typo (`factr`) or a parameter
+       of another type (`low_freq_factor` on yarn), so the model runs with a setting nobody intended.
+       Example: {"rope_scaling": {"rope_type": "linear", "factor": 2.0, "beta_fast": 32}}
+       Fix: remove the key or correct its spelling.
+       """, hint="remove or correct the key", topic="rope")
+
+define("KV204", "rope-factor-invalid", "error", "RoPE factor is not a number >= 1",
+       """
+       What it does: checks that `factor` is a finite number of at least 1.
+       Why it matters: a factor below 1 compresses positions instead of extending the context,
+       and vLLM multiplies max_model_len by it, so the served context shrinks too; a string or
+       null factor crashes vLLM's max_model_len derivation with a TypeError.
+       Example: {"rope_scaling": {"rope_type": "linear", "factor": 0.5}}
+       Fix: use factor = target context / original context (>= 1), or plain RoPE.
+       """, hint="set factor to target context / original context (>= 1)", topic="rope")
+
+define("KV205", "rope-type-conflict", "error", "`type` and `rope_type` name different RoPE types",
+       """
+       What it does: checks that a dict carrying both the legacy `type` and the current `rope_type`
+       names one type (su/longrope and mrope/default count as the same).
+       Why it matters: vLLM refuses the config ("Found conflicts between rope_type and type");
+       transformers uses rope_type while older remote code reads type, so two stacks run two
+       different position encodings.
+       Example: {"rope_scaling": {"type": "dynamic", "rope_type": "yarn", "factor": 4.0, ...}}
+       Fix: keep one key, or make both say the same type.
+       """, hint="make `type` and `rope_type` agree, or drop `type`", topic="rope")
+
+define("KV206", "rope-theta-invalid", "error", "rope_theta is not a positive number",
+       """
+       What it does: checks that the RoPE base (rope_theta, rope_local_base_freq,
+       rope_parameters[...].rope_theta) is a finite number greater than 0.
+       Why it matters: frequencies are theta^(-2i/d); zero, negative or non-numeric theta gives
+       NaN or infinite angles, and the model produces garbage rather than an error.
+       Example: {"rope_theta": 0}
+       Fix: restore the base the model was trained with (10000, 500000, 1000000 ...).
+       """, hint="set rope_theta to the base the model was trained with", topic="rope")
+
+define("KV207", "longrope-factor-length", "error",
+       "LongRoPE short_factor / long_factor do not have rotary_dim / 2 positive entries",
+       """
+       What it does: checks that both LongRoPE rescale lists hold one positive number per rotary
+       frequency pair (rotary_dim / 2 entries).
+       Why it matters: the lists divide the inverse frequencies element-wise; a wrong length
+       fails with a shape error in transformers and vLLM, or, broadcast from one entry, silently
+       rescales every frequency alike.
+       Example: Phi-3 with head_dim 96 needs 48 entries; a list of 64 from another model fails.
+       Fix: use the lists published with the model for this head size (`--short-factor-file`,
+       `--long-factor-file`).
+       """, hint="provide rotary_dim / 2 positive factors in each list", topic="rope")
+
+define("KV208", "llama3-freq-factor-order", "error", "llama3 high_freq_factor is not above low_freq_factor",
+       """
+       What it does: checks high_freq_factor > low_freq_factor for rope_type llama3.
+       Why it matters: the smoothing band between the two wavelengths is divided by
+       (high_freq_factor - low_freq_factor): equal values divide by zero (NaN frequencies),
+       reversed values invert the band.
+       Example: {"rope_type": "llama3", "low_freq_factor": 4.0, "high_freq_factor": 1.0, ...}
+       Fix: Llama 3.1 uses low_freq_factor 1.0 and high_freq_factor 4.0.
+       """, hint="use high_freq_factor > low_freq_factor (Llama 3.1: 1.0 and 4.0)", topic="rope")
+
+define("KV209", "llama3-original-not-below-max", "warning",
+       "llama3 original_max_position_embeddings is not below max_position_embeddings",
+       """
+       What it does: for rope_type llama3, checks original_max_position_embeddings <
+       max_position_embeddings.
+       Why it matters: vLLM serves llama3 models up to max_position_embeddings as written; if it
+       still equals the pre-training length, the scaling is applied but the extended context is
+       never offered (or the two lengths were swapped).
+       Example: {"max_position_embeddings": 8192, "rope_scaling": {"rope_type": "llama3",
+       "original_max_position_embeddings": 8192, "factor": 8.0, ...}}
+       Fix: set max_position_embeddings to original x factor (131072 for Llama 3.1).
+       """, hint="set max_position_embeddings to original_max_position_embeddings x factor", topic="rope")
+
+define("KV210", "yarn-context-mismatch", "warning",
+       "yarn max_position_embeddings differs from original_max_position_embeddings x factor",
+       """
+       What it does: for yarn, compares max_position_embeddings with
+       original_max_position_embeddings x factor (an unchanged max_position_embeddings equal to the
+       original length is accepted, as transformers does).
+       Why it matters: vLLM serves original x factor tokens whatever max_position_embeddings says,
+       while transformers and most tooling trust max_position_embeddings: the two disagree on the
+       context, and the factor is often not the one intended.
+       Example: {"max_position_embeddings": 65536, "rope_scaling": {"rope_type": "yarn",
+       "factor": 4.0, "original_max_position_embeddings": 32768}}
+       Fix: make max_position_embeddings = original x factor (`kvtool rope` writes it so).
+       """, hint="set max_position_embeddings = original_max_position_embeddings x factor", topic="rope")
+
+define("KV211", "rope-context-scaled-twice", "warning",
+       "linear / dynamic scaling on a max_position_embeddings that is already extended",
+       """
+       What it does: for types whose served length vLLM computes as max_position_embeddings x factor
+       (linear, dynamic, ntk), flags configs that also record the pre-scaling length and whose
+       max_position_embeddings already exceeds it.
+       Why it matters: vLLM multiplies again, offering factor x more context than the model was
+       extended to (and dynamic NTK only starts scaling past max_position_embeddings in transformers).
+       Example: {"max_position_embeddings": 16384, "rope_scaling": {"rope_type": "linear",
+       "factor": 4.0}, "original_max_position_embeddings": 4096}
+       Fix: keep max_position_embeddings at the pre-scaling length for linear / dynamic.
+       """, hint="keep max_position_embeddings at the pre-scaling length for linear / dynamic", topic="rope")
+
+define("KV212", "rope-served-context", "info", "vLLM serves a different context than max_position_embeddings",
+       """
+       What it does: reports the max_model_len vLLM derives when it differs from
+       max_position_embeddings (linear / dynamic / ntk multiply it by factor; yarn uses
+       original_max_position_embeddings x factor).
+       Why it matters: KV-cache budgets and client limits are usually set from
+       max_position_embeddings; the server may accept longer requests than planned.
+       Example: {"max_position_embeddings": 4096, "rope_scaling": {"rope_type": "dynamic", "factor": 4.0}}
+       serves 16384 tokens.
+       Fix: nothing if intended; otherwise pass --max-model-len to vLLM or adjust the factor.
+       """, hint="pass --max-model-len explicitly if you need a different limit", topic="rope")
+
+define("KV213", "rope-v5-only", "warning", "RoPE settings exist only in the transformers v5 layout",
+       """
+       What it does: flags configs whose rope_parameters (transformers >= 5) set a non-default
+       RoPE while the legacy fields (rope_theta, rope_scaling) say something else or are absent.
+       Why it matters: transformers 4.x and tools built on it ignore rope_parameters without a
+       warning and run the default base with no scaling: long-context quality collapses quietly.
+       Example: {"rope_parameters": {"rope_type": "default", "rope_theta": 1000000}} with no rope_theta.
+       Fix: also write rope_theta (and rope_scaling) at the top level: `kvtool rope --layout both`.
+       """, hint="also write the legacy rope_theta / rope_scaling (kvtool rope --layout both)", topic="rope")
+
+define("KV214", "rope-layouts-disagree", "error", "Legacy rope_scaling / rope_theta and v5 rope_parameters disagree",
+       """
+       What it does: when a config carries both layouts, checks that rope_theta + rope_scaling and
+       rope_parameters describe the same RoPE.
+       Why it matters: transformers 4.x reads the legacy keys, transformers 5 prefers rope_scaling
+       over rope_parameters but keeps rope_parameters' own theta, other tools read one or the other:
+       the same checkpoint runs with different position encodings depending on the stack.
+       Example: {"rope_theta": 10000, "rope_parameters": {"rope_type": "default", "rope_theta": 500000}}
+       Fix: make both layouts say the same (`kvtool rope` writes them together).
+       """, hint="make the legacy and v5 RoPE fields identical", topic="rope")
+
+define("KV215", "rope-param-invalid", "error", "A RoPE parameter has an invalid value",
+       """
+       What it does: checks the values of type-specific parameters: original_max_position_embeddings
+       a positive integer, beta_fast >= beta_slow (yarn), truncate a boolean, attention_factor /
+       mscale / mscale_all_dim non-negative numbers, low/high_freq_factor positive, alpha >= 1,
+       partial_rotary_factor in (0, 1].
+       Why it matters: these feed logarithms and divisions in the frequency formulas: bad values
+       give NaN frequencies or a backwards interpolation ramp rather than a load error.
+       Example: {"rope_type": "yarn", "beta_fast": 1, "beta_slow": 32, ...}
+       Fix: restore the value published with the model (yarn defaults: beta_fast 32, beta_slow 1).
+       """, hint="restore the parameter to the value published with the model", topic="rope")
+
+_PATH_SEP = "."
+
+
+def _num(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+@checker("rope")
+def check_rope(ctx) -> None:
+    spec = ctx.spec
+    if spec.position != "rope":
+        return
+    for layer_type, rp in spec.rope.items():
+        _check_one(ctx, spec, layer_type, rp)
+    _check_layouts(ctx, spec)
+
+
+def _check_one(ctx, spec, layer_type, rp) -> None:
+    raw = raw_dict(spec, rp, layer_type)
+    base = rp.path
+
+    def at(key: str) -> str:
+        return f"{base}{_PATH_SEP}{key}"
+
+    # theta: inside the dict when it is there, else the top-level key it came from
+    theta_key = at("rope_theta") if "rope_theta" in raw else (
+        rp.path if rp.path.endswith(("rope_local_base_freq",)) else (spec.key("rope_theta") or "rope_theta"))
+    theta = rp.theta
+    if theta is not None and (not _num(theta) or theta <= 0):
+        ctx.report("KV206", f"{theta_key} is {theta!r}; the RoPE base must be a positive number", path=theta_key)
+    if not raw:
+        return
+    t, legacy_t = raw.get("rope_type"), raw.get("type")
+    if t is not None and legacy_t is not None and t != legacy_t and (legacy_t, t) not in rt.COMPATIBLE_PAIRS:
+        ctx.report("KV205", f"{base} says type {legacy_t!r} but rope_type {t!r}", path=at("rope_type"))
+    params = {**raw, **rope_dict(rp, spec)}
+    kind = rt.kind_of(rp.rope_type)
+    g = geometry_for(spec, rp)
+    geom = g or rt.Geometry(dim=0, theta=1.0, max_position_embeddings=spec.max_position)
+    for p in rt.validate(params, geom):
+        if p.code == "KV207" and g is None:
+            continue
+        ctx.report(p.code, f"{base}: {p.message}", path=at(p.key))
+    if kind is None:
+        return
+    prf = raw.get("partial_rotary_factor")
+    if prf is not None and (not _num(prf) or not 0 < prf <= 1):
+        ctx.report("KV215", f"{base}.partial_rotary_factor is {prf!r}; it must be in (0, 1]",
+                   path=at("partial_rotary_factor"))
+    for key in kind.unknown(raw):
+        ctx.report("KV203", f"{base}.{key} is not read for rope type {kind.name!r} "
+                   f"(it accepts: {', '.join(sorted(kind.allowed_keys() - {'type'}))})", path=at(key))
+    _check_context(ctx, spec, kind, params, base, at)
+
+
+def _check_context(ctx, spec, kind, params, base, at) -> None:
+    mpe = spec.max_position
+    mpe_key = spec.key("max_position") or "max_position_embeddings"
+    factor, orig = params.get("factor"), params.get("original_max_position_embeddings")
+    if not isinstance(mpe, int) or mpe <= 0 or (factor is not None and (not _num(factor) or factor < 1)):
+        return
+    orig_ok = isinstance(orig, int) and not isinstance(orig, bool) and orig > 0
+    if kind.name == "llama3" and orig_ok and orig >= mpe:
+        ctx.report("KV209", f"{base}.original_max_position_embeddings = {orig} is not below {mpe_key} = {mpe}; "
+                   f"vLLM will serve only {mpe} tokens", path=at("original_max_position_embeddings"))
+    served = rt.served_context(params, mpe, spec.model_type)
+    if served is None or served == mpe:
+        return  # vLLM serves max_position_embeddings as written
+    if kind.context == "original" and orig_ok and _num(factor) and mpe != orig:
+        ctx.report("KV210", f"{mpe_key} = {mpe} but {base}.original_max_position_embeddings x factor = "
+                   f"{orig} x {factor:g} = {orig * factor:g}; vLLM serves {served} tokens", path=mpe_key)
+        return
+    top_orig = spec.config.get("original_max_position_embeddings")
+    pre = orig if orig_ok else top_orig if isinstance(top_orig, int) and not isinstance(top_orig, bool) else None
+    if kind.context == "multiply" and pre is not None and mpe > pre:
+        ctx.report("KV211", f"{mpe_key} = {mpe} is already above the pre-scaling length {pre}; vLLM multiplies "
+                   f"by factor {factor:g} again and serves {served} tokens", path=mpe_key)
+        return
+    ctx.report("KV212", f"vLLM serves {served} tokens, not {mpe_key} = {mpe}, for rope type {kind.name!r} "
+               f"(factor {factor:g})", path=mpe_key)
+
+
+def _check_layouts(ctx, spec) -> None:
+    v5 = v5_view(spec)
+    if v5 is None:
+        return
+    legacy = legacy_view(spec)
+    has_legacy = isinstance(spec.get("rope_scaling"), dict) and bool(spec.get("rope_scaling")) or \
+        spec.values.get("rope_theta") is not None and spec.values["rope_theta"].key is not None
+    rp_key = spec.key("rope_parameters") or "rope_parameters"
+    for lt, new in v5.items():
+        old = legacy.get(lt) if lt in legacy else (legacy["full_attention"] if len(v5) == 1 else None)
+        if old is None or _same(old, new):
+            continue
+        path = f"{rp_key}.{lt}" if len(v5) > 1 or lt not in ("full_attention",) else rp_key
+        if has_legacy:
+            ctx.report("KV214", f"{path} says {_describe(new)} but the legacy fields say {_describe(old)}", path=path)
+        else:
+            ctx.report("KV213", f"{path} sets {_describe(new)}; transformers 4.x ignores rope_parameters and would "
+                       f"run {_describe(old)}", path=path)
+            return
+
+
+def _same(a: dict, b: dict) -> bool:
+    if set(a) != set(b):
+        return False
+    for k in a:
+        x, y = a[k], b[k]
+        if _num(x) and _num(y):
+            if not math.isclose(float(x), float(y), rel_tol=1e-9):
+                return False
+        elif x != y:
+            return False
+    return True
+
+
+def _describe(d: dict) -> str:
+    extra = ", ".join(f"{k} {d[k]}" for k in sorted(d) if k not in ("rope_type", "rope_theta")
+                      and not isinstance(d[k], list))
+    theta = d.get("rope_theta")
+    theta_s = f"{theta:g}" if _num(theta) else repr(theta)
+    return f"{d.get('rope_type')} RoPE (theta {theta_s}{', ' + extra if extra else ''})"

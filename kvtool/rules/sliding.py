@@ -1,0 +1,141 @@
+"""Sliding windows and per-layer attention types (KV3xx)."""
+
+from __future__ import annotations
+
+from kvtool.rules.registry import checker, define
+
+# Values transformers accepts in `layer_types` (configuration_utils.ALLOWED_LAYER_TYPES, v5) plus the
+# legacy spellings it remaps on load.
+KNOWN_LAYER_TYPES = (
+    "full_attention", "sliding_attention", "chunked_attention", "window_attention", "indexed_attention",
+    "compressed_sparse_attention", "heavily_compressed_attention", "minimax_m3_sparse", "conv", "moe",
+    "hybrid", "hybrid_sliding", "reference_sliding_attention", "linear_attention", "sparse", "dense",
+    # legacy names remapped by transformers
+    "mamba", "attention", "deepseek_sparse_attention", "qwen_sparse_attention",
+)
+
+define("KV301", "sliding-window-invalid", "error",
+       "sliding_window is neither a positive integer nor null",
+       """
+       What it does: checks that sliding_window (and the per-layer window fields the architecture
+       table maps) is a positive integer or null.
+       Why it matters: attention masks and the KV cache are sized from the window; 0, a negative
+       number, a float or a string either crashes the model class or silently disables the window.
+       Example: {"sliding_window": 0}  or  {"sliding_window": "4096"}
+       Fix: set the window in tokens (e.g. 4096), or null for full attention.
+       """, hint="set sliding_window to a positive token count or null", topic="sliding")
+
+define("KV302", "sliding-window-flags", "warning",
+       "use_sliding_window / max_window_layers do not describe any sliding layer",
+       """
+       What it does: for configs with the Qwen2-style switches, checks that use_sliding_window true
+       comes with a window size and a max_window_layers below num_hidden_layers, and that
+       max_window_layers is a non-negative integer.
+       Why it matters: with use_sliding_window true, layers from max_window_layers on use the
+       window; a max_window_layers >= num_hidden_layers or a null window means the switch does
+       nothing, which is rarely what the author meant, and engines disagree on how to read it.
+       Example: {"use_sliding_window": true, "sliding_window": null}
+       Fix: set sliding_window and max_window_layers consistently, or use_sliding_window false.
+       """, hint="make use_sliding_window, sliding_window and max_window_layers agree", topic="sliding")
+
+define("KV303", "sliding-window-exceeds-context", "info",
+       "The sliding window is at least max_position_embeddings, so it never limits attention",
+       """
+       What it does: notes a sliding window that is not shorter than the model's context length on a
+       model whose layers are resolved as sliding.
+       Why it matters: such a window is a no-op; KV-cache estimates that assume a window save nothing.
+       Example: {"sliding_window": 262144, "max_position_embeddings": 131072}  (Phi-3.5)
+       Fix: nothing to fix if intended; otherwise set the real window.
+       """, hint="", topic="sliding")
+
+define("KV304", "layer-types-length", "error",
+       "layer_types does not have one entry per hidden layer",
+       """
+       What it does: checks that the layer_types list has exactly num_hidden_layers entries.
+       Why it matters: transformers raises at config load when the lengths differ, and engines
+       that index layer_types[i] read past the end or misassign windows.
+       Example: {"num_hidden_layers": 4, "layer_types": ["sliding_attention", "full_attention"]}
+       Fix: write one entry per layer.
+       """, hint="give layer_types exactly one entry per hidden layer", topic="sliding")
+
+define("KV305", "layer-types-unknown", "error",
+       "layer_types contains a value transformers does not know",
+       """
+       What it does: checks every layer_types entry against the values transformers accepts
+       (full_attention, sliding_attention, chunked_attention, linear_attention, ...).
+       Why it matters: transformers rejects unknown values at load; a typo such as "sliding" would
+       otherwise decide how much KV cache a layer keeps.
+       Example: {"layer_types": ["full_attention", "sliding"]}
+       Fix: use one of the known values (see `kvtool rule KV305`).
+       """, hint="use full_attention, sliding_attention, chunked_attention or linear_attention", topic="sliding")
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+@checker("sliding")
+def check_window_value(ctx) -> None:
+    spec = ctx.spec
+    r = spec.values.get("sliding_window")
+    if r is None or r.key is None or (_is_int(r.value) and r.value > 0):
+        return  # absent, null, a table default, or fine
+    key = spec.key("sliding_window")
+    ctx.report("KV301", f"{key} is {r.value!r}; it must be a positive integer (tokens) or null", path=key)
+
+
+@checker("sliding")
+def check_window_flags(ctx) -> None:
+    spec, cfg = ctx.spec, ctx.config
+    if "use_sliding_window" not in cfg and "max_window_layers" not in cfg:
+        return
+    use = cfg.get("use_sliding_window")
+    mwl = cfg.get("max_window_layers")
+    n = spec.num_layers
+    p_use, p_mwl = spec.prefixed("use_sliding_window"), spec.prefixed("max_window_layers")
+    if mwl is not None and (not _is_int(mwl) or mwl < 0):
+        ctx.report("KV302", f"{p_mwl} is {mwl!r}; it must be a non-negative integer (layer index)", path=p_mwl)
+        return
+    if use is not True:
+        return
+    window = cfg.get("sliding_window")
+    if window is None:
+        ctx.report("KV302", f"{p_use} is true but {spec.prefixed('sliding_window')} is null: no layer can slide",
+                   path=p_use)
+    elif _is_int(mwl) and n and mwl >= n:
+        ctx.report("KV302", f"{p_use} is true but {p_mwl} = {mwl} >= num_hidden_layers = {n}: "
+                            "no layer uses the window", path=p_mwl)
+
+
+@checker("sliding")
+def check_window_vs_context(ctx) -> None:
+    spec = ctx.spec
+    w, mp = spec.sliding_window, spec.max_position
+    if not (_is_int(w) and w > 0 and _is_int(mp) and mp > 0):
+        return
+    if "sliding_attention" not in spec.layer_types or w < mp:
+        return
+    key = spec.key("sliding_window") or "sliding_window"
+    ctx.report("KV303", f"{key} = {w} >= {spec.key('max_position') or 'max_position_embeddings'} = {mp}: "
+                        "the window never limits attention", path=key)
+
+
+@checker("sliding")
+def check_layer_types(ctx) -> None:
+    spec, cfg = ctx.spec, ctx.config
+    if "layer_types" not in cfg:
+        return
+    lt = cfg["layer_types"]
+    key = spec.prefixed("layer_types")
+    if lt is None:
+        return
+    if not isinstance(lt, list):
+        ctx.report("KV305", f"{key} is a {type(lt).__name__}; it must be a list of layer-type names", path=key)
+        return
+    bad = [(i, v) for i, v in enumerate(lt) if not isinstance(v, str) or v not in KNOWN_LAYER_TYPES]
+    if bad:
+        shown = ", ".join(f"[{i}] {v!r}" for i, v in bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
+        ctx.report("KV305", f"{key} has unknown values: {shown}", path=f"{key}[{bad[0][0]}]")
+    n = cfg.get("num_hidden_layers")
+    if _is_int(n) and n >= 0 and len(lt) != n:
+        ctx.report("KV304", f"{key} has {len(lt)} entries but num_hidden_layers is {n}", path=key)

@@ -1,0 +1,275 @@
+"""Weights vs config, from safetensors headers only (KV6xx).
+
+Tensor names come from the architecture table's templates (weights.attention, q/k/v/o/qkv, mla,
+embed, lm_head); nothing here branches on model_type.
+"""
+
+from __future__ import annotations
+
+import re
+
+from kvtool.rules.registry import checker, define
+
+# Storage dtypes of packed quantized weights (GPTQ/AWQ int32 words, bitsandbytes / NVFP4 bytes):
+# their shapes are not the logical matrix shape.
+PACKED_DTYPES = ("U8", "I32", "U32", "F4", "I16")
+# Layers beyond num_hidden_layers that checkpoints legitimately carry (multi-token prediction).
+EXTRA_LAYER_KEYS = ("num_nextn_predict_layers",)
+
+define("KV601", "projection-shape-mismatch", "error",
+       "An attention projection's shape does not match heads x head_dim x hidden_size",
+       """
+       What it does: reads the shapes of the attention projections from the safetensors headers
+       (q/k/v/o, a fused qkv, or the MLA projections, named by the architecture table) and compares
+       them with the config: q is (num_heads x head_dim, hidden), k and v (kv_heads x head_dim, hidden),
+       o (hidden, num_heads x head_dim), fused qkv ((num_heads + 2 x kv_heads) x head_dim, hidden).
+       Why it matters: a config edited without converting the weights (e.g. num_key_value_heads
+       changed by hand) fails at load with a size mismatch, or loads a reshaped, meaningless matrix.
+       Example: num_key_value_heads 2 in config.json, k_proj.weight of shape [256, 64] (4 heads x 64).
+       Fix: restore the config the weights were trained with, or convert the weights
+       (`kvtool convert`).
+       """, hint="make config.json describe the stored weights (or convert the weights)", topic="weights")
+
+define("KV602", "layer-count-mismatch", "error",
+       "The layers stored in the weights do not match num_hidden_layers",
+       """
+       What it does: counts the decoder layers present in the safetensors headers (by the table's
+       layer-name template) and compares with num_hidden_layers, allowing the extra
+       multi-token-prediction layers a config declares (num_nextn_predict_layers).
+       Why it matters: missing layers are randomly initialised at load; extra layers are silently
+       ignored. Both are usually a truncated upload or a config from another model size.
+       Example: num_hidden_layers 32 with tensors for model.layers.0 .. model.layers.29.
+       Fix: upload the missing shards, or correct num_hidden_layers.
+       """, hint="make num_hidden_layers match the stored layers", topic="weights")
+
+define("KV603", "embedding-rows-mismatch", "error",
+       "The embedding matrix's row count differs from vocab_size",
+       """
+       What it does: compares the first dimension of the token-embedding tensor with vocab_size.
+       Why it matters: transformers refuses to load a mismatched embedding, and engines that pad
+       the vocabulary compute the wrong padding.
+       Example: vocab_size 32000 with model.embed_tokens.weight of shape [32064, 4096].
+       Fix: set vocab_size to the number of embedding rows (after resize_token_embeddings).
+       """, hint="set vocab_size to the embedding's row count", topic="weights")
+
+define("KV604", "lm-head-missing", "error",
+       "tie_word_embeddings is false but the checkpoint has no lm_head",
+       """
+       What it does: when the config says the output projection is not tied to the embeddings,
+       checks that the lm_head tensor is stored.
+       Why it matters: without it the output layer is randomly initialised at load: the model
+       produces noise with no error at all.
+       Example: {"tie_word_embeddings": false} and no lm_head.weight in any shard.
+       Fix: set tie_word_embeddings to true if the model ties them, or add the missing tensor.
+       """, hint="set tie_word_embeddings true, or store lm_head.weight", topic="weights")
+
+define("KV605", "lm-head-ignored", "warning",
+       "tie_word_embeddings is true but the checkpoint also stores an lm_head",
+       """
+       What it does: flags a stored lm_head tensor on a model whose config ties the output
+       projection to the embeddings.
+       Why it matters: with tied embeddings, transformers and vLLM replace (or skip) the stored
+       lm_head, so if it differs from the embeddings the trained output layer is silently lost.
+       Example: {"tie_word_embeddings": true} and lm_head.weight present.
+       Fix: set tie_word_embeddings false if the head was trained separately, or drop the tensor.
+       """, hint="set tie_word_embeddings false if the stored lm_head is distinct", topic="weights")
+
+define("KV606", "safetensors-header-invalid", "error",
+       "A safetensors file's header is unreadable, oversized, or inconsistent with the file",
+       """
+       What it does: validates every safetensors header without reading tensor data: the 8-byte
+       length (not zero, not past the file end, at most 100 MB), valid JSON, known dtypes,
+       shapes, and data offsets inside the data section with the size the shape needs.
+       Why it matters: a truncated upload or a corrupt file fails deep in the loader (or, for a
+       malicious header, exhausts memory); lint reports it before deployment.
+       Example: a shard cut short during upload (offsets past the end of the file).
+       Fix: re-download or re-save the file.
+       """, hint="re-download or re-save the safetensors file", topic="weights")
+
+define("KV607", "index-invalid", "error",
+       "model.safetensors.index.json has no usable weight_map",
+       """
+       What it does: checks that the sharded-checkpoint index has a weight_map object whose values
+       are shard file names.
+       Why it matters: loaders find every tensor through the weight_map; without it nothing loads.
+       Example: {"metadata": {...}, "weight_map": null}
+       Fix: regenerate the index (save_pretrained writes it).
+       """, hint="regenerate model.safetensors.index.json", topic="weights")
+
+define("KV608", "index-entry-missing", "error",
+       "The index maps a tensor to a shard that does not contain it",
+       """
+       What it does: checks every weight_map entry: the named shard must hold that tensor.
+       Why it matters: loaders open the shard the index names and fail with a missing-key error.
+       Example: "model.layers.3.mlp.up_proj.weight": "model-00002-of-00004.safetensors" when that
+       tensor is in shard 3.
+       Fix: regenerate the index from the shards.
+       """, hint="regenerate the index from the shards", topic="weights")
+
+define("KV609", "index-unlisted-tensor", "warning",
+       "A shard holds a tensor the index does not list",
+       """
+       What it does: flags tensors stored in a shard but absent from the index's weight_map.
+       Why it matters: loaders that follow the index never load them; if the model needs them they
+       are randomly initialised.
+       Example: k_scale tensors added to a shard by a quantization script that did not update the index.
+       Fix: regenerate the index from the shards.
+       """, hint="regenerate the index from the shards", topic="weights")
+
+define("KV610", "shard-missing", "error",
+       "A shard file named by the index does not exist",
+       """
+       What it does: checks that every file the index's weight_map names exists in the model folder.
+       Why it matters: the model cannot load; usually an interrupted download or upload.
+       Example: weight_map names model-00004-of-00004.safetensors, which is absent.
+       Fix: download or upload the missing shard.
+       """, hint="download or upload the missing shard", topic="weights")
+
+_READER_CODES = {"header": "KV606", "index-invalid": "KV607", "index-missing-tensor": "KV608",
+                 "index-extra": "KV609", "index-missing-file": "KV610"}
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+@checker("weights")
+def check_reader_problems(ctx) -> None:
+    for prob in ctx.checkpoint.problems:
+        code = _READER_CODES.get(prob.kind)
+        if code is None:
+            continue
+        what = f"{prob.tensor}: " if prob.tensor and prob.kind == "header" else ""
+        ctx.report(code, f"{what}{prob.message}", path=prob.tensor,
+                   file=ctx.file_of(prob.file) if prob.file else None)
+
+
+def _expected_shapes(spec) -> dict[str, tuple[int, int, str]]:
+    """role -> (out, in, explanation) for the attention projections the table names."""
+    arch = spec.arch
+    hidden, h = spec.hidden_size, spec.num_heads
+    if not (hidden and h):
+        return {}
+    if not spec.is_mla and spec.get("kv_lora_rank") is not None:
+        return {}  # MLA fields under a non-MLA table: the projection names are unknown
+    out: dict[str, tuple[int, int, str]] = {}
+    if spec.is_mla:
+        g = spec.get
+        rope, nope, v, kvr, qr = (g("qk_rope_head_dim"), g("qk_nope_head_dim"), g("v_head_dim"),
+                                  g("kv_lora_rank"), g("q_lora_rank"))
+        if not all(_is_int(x) and x > 0 for x in (rope, nope, v, kvr)):
+            return {}
+        qk = nope + rope
+        mla = arch.weights.get("mla", {})
+        if _is_int(qr) and qr > 0:
+            out[mla.get("q_a", "")] = (qr, hidden, f"q_lora_rank {qr} x hidden {hidden}")
+            out[mla.get("q_b", "")] = (h * qk, qr, f"{h} heads x (nope {nope} + rope {rope}) x q_lora_rank {qr}")
+        else:
+            out[mla.get("q", "")] = (h * qk, hidden, f"{h} heads x (nope {nope} + rope {rope}) x hidden {hidden}")
+        out[mla.get("kv_a", "")] = (kvr + rope, hidden, f"(kv_lora_rank {kvr} + rope {rope}) x hidden {hidden}")
+        out[mla.get("kv_b", "")] = (h * (nope + v), kvr, f"{h} heads x (nope {nope} + v {v}) x kv_lora_rank {kvr}")
+        out[arch.weights.get("o", "")] = (hidden, h * v, f"hidden {hidden} x {h} heads x v {v}")
+        out.pop("", None)
+        return out
+    kv, hd = spec.num_kv_heads, spec.head_dim
+    if not (kv and hd):
+        return {}
+    w = arch.weights
+    if w.get("qkv"):
+        out[w["qkv"]] = ((h + 2 * kv) * hd, hidden,
+                         f"({h} query + 2 x {kv} KV heads) x head_dim {hd} x hidden {hidden}")
+    for role, heads, label in (("q", h, "query"), ("k", kv, "KV"), ("v", kv, "KV")):
+        if w.get(role):
+            out[w[role]] = (heads * hd, hidden, f"{heads} {label} heads x head_dim {hd} x hidden {hidden}")
+    if w.get("o"):
+        out[w["o"]] = (hidden, h * hd, f"hidden {hidden} x {h} heads x head_dim {hd}")
+    return out
+
+
+@checker("weights")
+def check_projection_shapes(ctx) -> None:
+    spec, tensors = ctx.spec, ctx.checkpoint.tensors
+    n = spec.num_layers
+    if not tensors or not n:
+        return
+    expected = _expected_shapes(spec)
+    transposed = bool(spec.arch.weights.get("transposed"))  # Conv1D layouts (GPT-2) store [in, out]
+    for local, (rows, cols, why) in expected.items():
+        if transposed:
+            rows, cols = cols, rows
+        bad: list[tuple[str, tuple]] = []
+        for layer in range(n):
+            name = f"{spec.arch.attn_prefix(layer)}.{local}.weight"
+            t = tensors.get(name)
+            if t is None or len(t.shape) != 2 or t.dtype in PACKED_DTYPES:
+                continue
+            if t.shape != (rows, cols):
+                bad.append((name, t.shape))
+        if bad:
+            name, shape = bad[0]
+            more = f" (and {len(bad) - 1} more layer{'s' if len(bad) > 2 else ''})" if len(bad) > 1 else ""
+            ctx.report("KV601", f"{name} has shape {list(shape)} but the config implies [{rows}, {cols}] "
+                                f"({why}){more}", path=name, file=ctx.file_of(tensors[name].file))
+
+
+def _incomplete(ckpt) -> bool:
+    return any(p.kind in ("header", "index-missing-file", "index-escape") for p in ckpt.problems)
+
+
+def _layer_pattern(spec) -> re.Pattern | None:
+    tmpl = spec.arch.weights.get("layer")
+    if not tmpl or "{layer}" not in tmpl:
+        return None
+    return re.compile("^" + re.escape(tmpl).replace(re.escape("{layer}"), r"(\d+)") + r"\.")
+
+
+@checker("weights")
+def check_layer_count(ctx) -> None:
+    spec, tensors = ctx.spec, ctx.checkpoint.tensors
+    n = spec.num_layers
+    pat = _layer_pattern(spec)
+    if not tensors or not n or pat is None or _incomplete(ctx.checkpoint):
+        return  # a damaged or partial checkpoint is reported by the reader rules
+    found = {int(m.group(1)) for name in tensors if (m := pat.match(name))}
+    if not found:
+        return  # the table's names do not fit these weights: nothing to count
+    extra = sum(ctx.config.get(k) for k in EXTRA_LAYER_KEYS if _is_int(ctx.config.get(k)))
+    key = spec.key("num_layers") or "num_hidden_layers"
+    missing = sorted(set(range(n)) - found)
+    beyond = sorted(i for i in found if i >= n + extra)
+    if missing:
+        shown = ", ".join(map(str, missing[:8])) + (" ..." if len(missing) > 8 else "")
+        ctx.report("KV602", f"{key} = {n} but the weights have no tensors for layer(s) {shown} "
+                            f"({len(found & set(range(n)))} of {n} present)", path=key)
+    elif beyond:
+        ctx.report("KV602", f"{key} = {n} but the weights hold {len(beyond)} more layer(s) "
+                            f"(up to index {beyond[-1]}) that will be ignored", path=key)
+
+
+@checker("weights")
+def check_embeddings(ctx) -> None:
+    spec, tensors = ctx.spec, ctx.checkpoint.tensors
+    if not tensors:
+        return
+    w = spec.arch.weights
+    embed = tensors.get(w.get("embed", "")) if w.get("embed") else None
+    vocab = spec.get("vocab_size")
+    if embed is not None and _is_int(vocab) and embed.shape and embed.dtype not in PACKED_DTYPES:
+        if embed.shape[0] != vocab:
+            key = spec.key("vocab_size") or "vocab_size"
+            ctx.report("KV603", f"{key} = {vocab} but {embed.name} has {embed.shape[0]} rows (shape {list(embed.shape)})",
+                       path=key, file=ctx.file_of(embed.file))
+    if embed is None or not w.get("lm_head"):
+        return  # without the embedding the table's names may not fit these weights
+    r = spec.values.get("tie_word_embeddings")
+    tie = r.value if r is not None else None
+    if not isinstance(tie, bool):
+        return  # unknown default: transformers' per-model defaults decide, not kvtool
+    key = spec.key("tie_word_embeddings") or "tie_word_embeddings"
+    head = tensors.get(w["lm_head"])
+    if not tie and head is None:
+        ctx.report("KV604", f"{key} is false but no shard stores {w['lm_head']}; the output layer would be "
+                            "randomly initialised", path=key)
+    elif tie and head is not None:
+        ctx.report("KV605", f"{key} is true but {w['lm_head']} is stored; loaders replace it with "
+                            f"{embed.name}", path=w["lm_head"], file=ctx.file_of(head.file))

@@ -1,0 +1,100 @@
+"""ShardWriter: HF shard naming and index, planned (streaming) and buffered modes, exact bytes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from safetensors import safe_open  # noqa: E402
+from safetensors.torch import load_file  # noqa: E402
+
+from kvtool.io.reader import CheckpointReader  # noqa: E402
+from kvtool.io.writer import PlannedTensor, ShardWriter, torch_dtype_to_st  # noqa: E402
+
+
+def _tensors():
+    g = torch.Generator().manual_seed(0)
+    return {
+        "a.weight": torch.randn(16, 8, generator=g),  # 512 B
+        "b.weight": torch.randn(16, 8, generator=g).to(torch.bfloat16),  # 256 B
+        "c.bias": torch.randn(16, generator=g).to(torch.float16),  # 32 B
+        "d.idx": torch.arange(10, dtype=torch.int64),  # 80 B
+        "e.scalar": torch.tensor(3.5),
+        "f.weight": torch.randn(32, 8, generator=g),  # 1024 B
+    }
+
+
+def _plan(ts):
+    return [PlannedTensor(n, torch_dtype_to_st(t.dtype), tuple(t.shape)) for n, t in ts.items()]
+
+
+@pytest.mark.parametrize("planned", [True, False], ids=["planned", "buffered"])
+def test_sharded_output_names_index_and_roundtrip(tmp_path, planned):
+    ts = _tensors()
+    w = ShardWriter(tmp_path, max_shard_size=800, metadata={"who": "test"}, plan=_plan(ts) if planned else None)
+    for n, t in (reversed(ts.items()) if planned else ts.items()):  # planned mode accepts any order
+        w.add(n, t)
+    res = w.finalize()
+    n = len(res.files)
+    assert n == 3  # [a b c] = 800 B | [d e] = 84 B | [f] (1024 B: alone, larger than the limit)
+    assert res.files == [f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(res.files + ["model.safetensors.index.json"])
+    index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
+    assert index["metadata"]["total_size"] == sum(t.numel() * t.element_size() for t in ts.values())
+    assert index["metadata"]["total_parameters"] == sum(t.numel() for t in ts.values())
+    assert list(index["weight_map"]) == sorted(ts)
+    for f in res.files:
+        with safe_open(str(tmp_path / f), framework="pt") as fh:
+            assert fh.metadata() == {"format": "pt", "who": "test"}
+    back = {}
+    for f in res.files:
+        back.update(load_file(tmp_path / f))
+    assert set(back) == set(ts)
+    for k, t in ts.items():
+        assert back[k].dtype == t.dtype and torch.equal(back[k], t)
+    # each shard within the size limit unless a single tensor is larger
+    for f in res.files:
+        with safe_open(str(tmp_path / f), framework="pt") as fh:
+            size = sum(fh.get_tensor(k).numel() * fh.get_tensor(k).element_size() for k in fh.keys())
+            assert size <= 800 or len(list(fh.keys())) == 1
+
+
+def test_single_shard_is_model_safetensors_without_index(tmp_path):
+    ts = _tensors()
+    w = ShardWriter(tmp_path, plan=_plan(ts))
+    for n, t in ts.items():
+        w.add(n, t)
+    res = w.finalize()
+    assert res.files == ["model.safetensors"] and res.index_file is None
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.safetensors"]
+    # the header is 8-byte aligned, as safetensors writes it
+    raw = (tmp_path / "model.safetensors").read_bytes()
+    assert (8 + int.from_bytes(raw[:8], "little")) % 8 == 0
+    with CheckpointReader(tmp_path) as r:
+        assert r.names() == list(ts)
+        assert torch.equal(r.get("f.weight"), ts["f.weight"])
+
+
+def test_planned_writer_rejects_mismatches(tmp_path):
+    ts = _tensors()
+    w = ShardWriter(tmp_path, plan=_plan(ts))
+    with pytest.raises(ValueError, match="not in the write plan"):
+        w.add("zzz", ts["a.weight"])
+    with pytest.raises(ValueError, match="the plan said"):
+        w.add("a.weight", ts["a.weight"].to(torch.float16))
+    w.add("a.weight", ts["a.weight"])
+    with pytest.raises(ValueError, match="twice"):
+        w.add("a.weight", ts["a.weight"])
+    with pytest.raises(RuntimeError, match="never written"):
+        w.finalize()
+
+
+def test_oversized_tensor_gets_its_own_shard(tmp_path):
+    ts = {"small.a": torch.zeros(4), "big": torch.zeros(100), "small.b": torch.zeros(4)}
+    w = ShardWriter(tmp_path, max_shard_size=64, plan=_plan(ts))
+    for n, t in ts.items():
+        w.add(n, t)
+    res = w.finalize()
+    assert [res.weight_map[k] for k in ("small.a", "big", "small.b")] == res.files
