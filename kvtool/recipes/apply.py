@@ -106,9 +106,71 @@ def run_lint_step(ctx: RunContext, step: Step) -> StepResult:
                       details=details)
 
 
+def rope_args(options: dict, recipe: Recipe):
+    """RopeArgs for a recipe's rope step (file options resolved relative to the recipe)."""
+    from kvtool.rope.command import RopeArgs
+
+    o = dict(options)
+    extra = {k: o[k] for k in ("beta_fast", "beta_slow", "attention_factor", "low_freq_factor", "high_freq_factor") if k in o}
+    return RopeArgs(
+        src="", rope_type=o["type"], factor=o.get("factor"), target_context=o.get("target_context"),
+        original=o.get("original_max_position_embeddings"), theta=o.get("theta"), options=extra,
+        short_factor_file=str(recipe.resolve(o["short_factor_file"])) if "short_factor_file" in o else None,
+        long_factor_file=str(recipe.resolve(o["long_factor_file"])) if "long_factor_file" in o else None,
+        layer_type=o.get("layer_type", "full_attention"), layout=o.get("layout", "both"))
+
+
+def run_rope_step(ctx: RunContext, step: Step) -> StepResult:
+    import contextlib
+    import sys
+
+    from kvtool.rope.command import run
+
+    args = rope_args(step.options, ctx.recipe)
+    out = ctx.new_folder(step)
+    args.src, args.dst = str(ctx.current), str(out)
+    with contextlib.redirect_stdout(sys.stderr):  # keep stdout for the report
+        run(args)
+    cfg = open_checkpoint(out, read_weights=False).config
+    spec = build_spec(cfg)
+    return StepResult(step.index, step.kind, dict(step.options), str(out),
+                      details={"max_position_embeddings": spec.max_position,
+                               "rope": {k: {"rope_type": v.rope_type, **v.params} for k, v in spec.rope.items()}})
+
+
+EVAL_GATES = {"max_ppl_increase": "--max-ppl-increase", "max_kld": "--max-kld", "min_top1": "--min-top1"}
+
+
+def run_eval_step(ctx: RunContext, step: Step) -> StepResult:
+    from kvtool.eval.api import evaluate
+    from kvtool.eval.texts import read_texts
+    from kvtool.units import parse_percent
+
+    o = step.options
+    files = None
+    if o.get("text"):
+        files = [str(ctx.recipe.resolve(t)) for t in ([o["text"]] if isinstance(o["text"], str) else o["text"])]
+    texts, text_name = read_texts(files, o.get("dataset"))
+    gates = {}
+    for key, flag in EVAL_GATES.items():
+        if key in (o.get("thresholds") or {}):
+            v = o["thresholds"][key]
+            gates[flag] = parse_percent(v) if key == "max_ppl_increase" else float(v)
+    report = evaluate(str(ctx.current), baseline=str(ctx.src), texts=texts, text_name=text_name,
+                      max_length=o.get("max_length", 1024), stride=o.get("stride"), max_tokens=o.get("max_tokens"),
+                      device=_device(ctx), kv_cache_dtype=o.get("kv_cache_dtype", "auto"), gates=gates,
+                      progress=bool(ctx.progress))
+    d = report.as_dict()
+    return StepResult(step.index, step.kind, dict(o), None, passed=report.passed,
+                      details={"metrics": d, "gates": [g.line() for g in report.gates],
+                               "failed": [g.line() for g in report.failed_gates]})
+
+
 RUNNERS: dict[str, Callable[[RunContext, Step], StepResult]] = {
     "convert": run_convert_step,
+    "rope": run_rope_step,
     "lint": run_lint_step,
+    "eval": run_eval_step,
 }
 
 

@@ -1,0 +1,84 @@
+"""`kvtool apply`: runs steps in order, reports, gates, and never leaves a DST that looks valid on failure."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from conftest import write_config, write_safetensors
+from kvtool.cli import main
+
+
+@pytest.fixture
+def tiny_model(tmp_path, tiny_llama_config):
+    d = tmp_path / "src"
+    write_config(d, tiny_llama_config)
+    write_safetensors(d / "model.safetensors", {
+        "model.embed_tokens.weight": np.zeros((128, 64), np.float32),
+        "lm_head.weight": np.zeros((128, 64), np.float32),
+    })
+    return d
+
+
+def _recipe(tmp_path, body: str):
+    p = tmp_path / "recipe.yaml"
+    p.write_text("version: 1\nname: t\nsteps:\n" + body)
+    return p
+
+
+def _snapshot(folder):
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+def test_rope_and_lint_recipe_writes_dst_and_report(tmp_path, tiny_model, capsys):
+    before = _snapshot(tiny_model)
+    r = _recipe(tmp_path, "  - rope: {type: yarn, factor: 4}\n  - lint: {strict: true}\n")
+    dst = tmp_path / "out"
+    assert main(["apply", str(r), str(tiny_model), str(dst)]) == 0
+    cfg = json.loads((dst / "config.json").read_text())
+    assert cfg["rope_scaling"]["rope_type"] == "yarn" and cfg["rope_scaling"]["factor"] == 4
+    assert cfg["max_position_embeddings"] == 1024  # yarn: original 256 x 4
+    report = json.loads((dst / "kvtool-report.json").read_text())
+    assert report["passed"] is True
+    assert [s["kind"] for s in report["steps"]] == ["rope", "lint"]
+    assert all(s["seconds"] >= 0 for s in report["steps"])
+    assert report["versions"]["kvtool"]
+    assert report["steps"][1]["details"]["counts"]["error"] == 0
+    md = (dst / "kvtool-report.md").read_text()
+    assert "| 1 | rope |" in md and "**lint**" in md
+    assert (dst / "model.safetensors").read_bytes() == before["model.safetensors"]
+    assert _snapshot(tiny_model) == before  # the input is never modified
+    assert not list(tmp_path.glob(".out.kvtool-work-*"))
+
+
+def test_dry_run_does_no_work(tmp_path, tiny_model, capsys):
+    r = _recipe(tmp_path, "  - convert: {to: mqa}\n  - lint: {}\n")
+    dst = tmp_path / "out"
+    assert main(["apply", str(r), str(tiny_model), str(dst), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "1. convert: mqa: 2 -> 1 KV heads (mean)" in out
+    assert not dst.exists()
+
+
+def test_impossible_step_refused_before_any_work(tmp_path, tiny_model, capsys):
+    r = _recipe(tmp_path, "  - rope: {type: yarn, factor: 2}\n  - convert: {to: gqa, groups: 3}\n")
+    dst = tmp_path / "out"
+    assert main(["apply", str(r), str(tiny_model), str(dst)]) == 2
+    err = capsys.readouterr().err
+    assert "line 5" in err and "groups=3" in err
+    assert not dst.exists()
+    assert not list(tmp_path.glob(".out.kvtool-*"))
+
+
+def test_failing_lint_gate_exits_1_and_leaves_no_dst(tmp_path, tiny_model, tiny_llama_config, capsys):
+    write_config(tiny_model, {**tiny_llama_config, "num_key_value_heads": 3})  # KV102: 4 heads, 3 KV heads
+    r = _recipe(tmp_path, "  - lint: {}\n")
+    dst = tmp_path / "out"
+    assert main(["apply", str(r), str(tiny_model), str(dst)]) == 1
+    assert "step 1 (lint) failed" in capsys.readouterr().err
+    assert not dst.exists()
+    failed = json.loads((tmp_path / "out.kvtool-failed.json").read_text())
+    assert failed["passed"] is False
+    assert any(f["code"] == "KV102" for f in failed["steps"][0]["details"]["findings"])
