@@ -61,17 +61,18 @@ class LayerKV:
     def tokens_cached(self, seq_len: int) -> int:
         return seq_len if self.window is None else min(seq_len, self.window)
 
-    def paged_tokens(self, seq_len: int, block_size: int, batched_tokens: int) -> int:
+    def paged_tokens(self, seq_len: int, block_size: int, batched_tokens: int, *, hybrid: bool = True) -> int:
         """Token slots vLLM reserves for this layer for one sequence of seq_len tokens.
 
         Full layers: whole blocks for every token. Sliding layers: the last window-1 tokens plus one
         scheduler step (batched_tokens, chunked prefill), plus one block because the window need not
         start on a block boundary. Chunked-local layers: the chunk plus one scheduler step.
+        hybrid=False is vLLM with its hybrid KV-cache manager disabled: every layer is sized as full.
         """
         if self.kind == "none" or seq_len <= 0:
             return 0
         bs = max(1, block_size)
-        if self.window is None:
+        if self.window is None or not hybrid:
             return cdiv(seq_len, bs) * bs
         if self.layer_type == "chunked_attention":
             return cdiv(min(self.window + batched_tokens, seq_len), bs) * bs

@@ -75,19 +75,19 @@ class ModelSpec:
 
     @property
     def num_layers(self) -> int | None:
-        return _int(self.get("num_layers"))
+        return _pos(self.get("num_layers"))
 
     @property
     def num_heads(self) -> int | None:
-        return _int(self.get("num_heads"))
+        return _pos(self.get("num_heads"))
 
     @property
     def num_kv_heads(self) -> int | None:
-        return _int(self.get("num_kv_heads"))
+        return _pos(self.get("num_kv_heads"))
 
     @property
     def hidden_size(self) -> int | None:
-        return _int(self.get("hidden_size"))
+        return _pos(self.get("hidden_size"))
 
     @property
     def head_dim_explicit(self) -> bool:
@@ -95,7 +95,7 @@ class ModelSpec:
 
     @property
     def head_dim(self) -> int | None:
-        hd = _int(self.get("head_dim"))
+        hd = _pos(self.get("head_dim"))
         if hd:
             return hd
         h, n = self.hidden_size, self.num_heads
@@ -131,16 +131,22 @@ class ModelSpec:
 
     @property
     def max_position(self) -> int | None:
-        return _int(self.get("max_position"))
+        return _pos(self.get("max_position"))
 
     @property
     def sliding_window(self) -> int | None:
-        return _int(self.get("sliding_window"))
+        return _pos(self.get("sliding_window"))
 
     @property
     def dtype(self) -> str | None:
         d = self.get("dtype")
         return d if isinstance(d, str) else None
+
+
+def _pos(v: Any) -> int | None:
+    """A positive int, else None: sizes that are zero, negative or mistyped are findings, not arithmetic."""
+    i = _int(v)
+    return i if i is not None and i > 0 else None
 
 
 def _int(v: Any) -> int | None:

@@ -70,7 +70,8 @@ LAYER_TYPES = ["full_attention", "sliding_attention", "chunked_attention", "line
 
 COMMON: dict[str, dict] = {
     "model_type": {"type": "string"},
-    "architectures": {"type": ["array", "null"], "items": {"type": "string"}},
+    # vLLM and SGLang pick the model class from architectures[0]: an empty list cannot be served
+    "architectures": {"type": ["array", "null"], "items": {"type": "string"}, "minItems": 1},
     "transformers_version": {"type": ["string", "null"]},
     # dimensions
     **{k: POS_INT for k in (

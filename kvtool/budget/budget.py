@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kvtool import kvcache
+from kvtool.budget.estimate import estimate
 from kvtool.budget.gpus import Gpu
 from kvtool.budget.variants import Variant
 from kvtool.errors import UsageError
@@ -32,6 +33,7 @@ class BudgetOptions:
     gpu_memory_utilization: float = 0.9
     reserve_bytes: int = 0
     max_num_batched_tokens: int | None = None
+    hybrid_kv_cache: bool = True  # False: vLLM's --disable-hybrid-kv-cache-manager (windows not exploited)
     what_if: tuple[Variant, ...] = ()
 
 
@@ -71,6 +73,7 @@ class Figures:
 class Budget:
     model: str
     model_type: str | None
+    position: str  # rope | alibi | learned | none (the architecture table's, or alibi from the config)
     options: BudgetOptions
     max_model_len: int
     max_model_len_source: str
@@ -89,7 +92,7 @@ class Budget:
         """Weights split evenly over the tensor-parallel GPUs (rounded up)."""
         if self.weight_bytes is None:
             return None
-        return -(-self.weight_bytes // self.options.tensor_parallel_size)
+        return kvcache.cdiv(self.weight_bytes, self.options.tensor_parallel_size)
 
     @property
     def weights_fit(self) -> bool | None:
@@ -146,7 +149,7 @@ def figures(spec, name: str, kv_heads: int | None, kv_dtype: str, eb: float, opt
     rows: list[LayerRow] = []
     for layer in kvcache.layers(spec, kv_heads=kv_heads):
         per_gpu = layer.on_gpu(tp)
-        tokens = layer.paged_tokens(seq_len, opts.block_size, step)
+        tokens = layer.paged_tokens(seq_len, opts.block_size, step, hybrid=opts.hybrid_kv_cache)
         rows.append(LayerRow(layer, per_gpu, layer.bytes_per_token(eb), per_gpu.bytes_per_token(eb), tokens,
                              tokens * layer.bytes_per_token(eb), tokens * per_gpu.bytes_per_token(eb)))
     f = Figures(name, kv_heads, kv_dtype, eb, rows, refusal)
@@ -174,8 +177,6 @@ def _fill_pool(f: Figures, pool: float | None, block_size: int) -> None:
 
 
 def compute(ckpt, spec, opts: BudgetOptions) -> Budget:
-    from kvtool.budget.estimate import estimate
-
     notes: list[str] = []
     if not spec.layer_types:
         raise UsageError("cannot tell the number of layers (num_hidden_layers or its equivalent is missing)",
@@ -197,7 +198,7 @@ def compute(ckpt, spec, opts: BudgetOptions) -> Budget:
 
     weight_bytes = weight_params = None
     weight_source = None
-    if getattr(ckpt, "has_weights", False):
+    if ckpt.has_weights:
         stored = ckpt.weight_bytes
         weight_bytes, weight_source = served_weight_bytes(ckpt), "safetensors"
         if weight_bytes != stored:
@@ -215,7 +216,7 @@ def compute(ckpt, spec, opts: BudgetOptions) -> Budget:
         if weight_bytes is None:
             raise UsageError("cannot size the weights: no safetensors and the config lacks hidden_size, "
                              "num_hidden_layers or vocab_size", field="--gpu-memory")
-        pool = budget - -(-weight_bytes // opts.tensor_parallel_size)  # = weight_bytes_per_gpu
+        pool = budget - kvcache.cdiv(weight_bytes, opts.tensor_parallel_size)  # = Budget.weight_bytes_per_gpu
 
     current = figures(spec, "current", None, kv_dtype, eb, opts, seq_len, step)
     _fill_pool(current, pool, opts.block_size)
@@ -227,6 +228,13 @@ def compute(ckpt, spec, opts: BudgetOptions) -> Budget:
         _fill_pool(f, pool, opts.block_size)
         variants.append(f)
 
+    windowed = {r.layer.layer_type for r in current.layers if r.layer.window is not None}
+    if windowed and not opts.hybrid_kv_cache:
+        notes.append("--disable-hybrid-kv-cache-manager: sliding-window / chunked layers are sized like full ones")
+    elif "chunked_attention" in windowed:
+        notes.append("some vLLM versions turn the hybrid KV-cache manager off for chunked local attention unless "
+                     "VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE=1; --disable-hybrid-kv-cache-manager "
+                     "sizes that case")
     stateful = sum(1 for r in current.layers if r.layer.layer_type in ("mamba", "linear_attention"))
     if stateful:
         notes.append(f"{stateful} Mamba / linear-attention layers keep a fixed-size state per sequence instead of "
@@ -234,7 +242,7 @@ def compute(ckpt, spec, opts: BudgetOptions) -> Budget:
     if current.tp_refusal:
         notes.append("per-GPU figures for a refused tensor-parallel size assume the heads are split as evenly as possible")
     return Budget(
-        model=ckpt.source, model_type=spec.model_type, options=opts, max_model_len=seq_len,
+        model=ckpt.source, model_type=spec.model_type, position=spec.position, options=opts, max_model_len=seq_len,
         max_model_len_source=source, batched_tokens=step, weight_bytes=weight_bytes, weight_source=weight_source,
         weight_params=weight_params, kv_budget_per_gpu=budget, kv_pool_per_gpu=pool, current=current,
         variants=variants, notes=notes,

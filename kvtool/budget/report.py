@@ -8,6 +8,7 @@ from kvtool.budget.budget import Budget, Figures, LayerRow
 from kvtool.units import fmt_bytes
 
 GIB = 2**30
+POSITION_NAMES = {"rope": "RoPE", "alibi": "ALiBi", "learned": "learned", "none": "none in attention"}
 
 
 # --- JSON ------------------------------------------------------------------------------------
@@ -59,7 +60,7 @@ def as_dict(b: Budget) -> dict:
     d = _figures_dict(cur, None)
     d.pop("name")
     d.update({
-        "model": b.model, "model_type": b.model_type,
+        "model": b.model, "model_type": b.model_type, "position_encoding": b.position,
         "max_model_len": b.max_model_len, "max_model_len_source": b.max_model_len_source,
         "batch": o.batch, "block_size": o.block_size, "max_num_batched_tokens": b.batched_tokens,
         "tensor_parallel_size": o.tensor_parallel_size,
@@ -141,10 +142,10 @@ def _table(header: list[str], rows: list[list[str]], right: set[int]) -> list[st
 
 
 def _heads_label(f: Figures) -> str:
-    kv = [r.layer for r in f.layers if r.layer.kind != "none"]
-    if not kv:
-        return "-"
-    return "MLA" if kv[0].kind == "MLA" else str(kv[0].kv_heads)
+    if any(r.layer.kind == "MLA" for r in f.layers):
+        return "MLA"
+    heads = _kv_heads(f)
+    return "-" if heads is None else str(heads)
 
 
 def _pct(x: float | None) -> str:
@@ -157,7 +158,7 @@ def render_text(b: Budget) -> str:
     o, cur = b.options, b.current
     tp = o.tensor_parallel_size
     per = f" per GPU (TP {tp})" if tp > 1 else ""
-    lines = [f"{b.model}  ({b.model_type or 'unknown model_type'})"]
+    lines = [f"{b.model}  ({b.model_type or 'unknown model_type'}, positions: {POSITION_NAMES.get(b.position, b.position)})"]
     lines.append(f"  KV cache dtype   {cur.kv_dtype} ({cur.elem_bytes:g} B/element), block size {o.block_size}, "
                  f"max_model_len {b.max_model_len:,} ({b.max_model_len_source})")
     lines.append("")
@@ -189,7 +190,9 @@ def render_text(b: Budget) -> str:
         kv.append(("GPU budget", budget))
         kv.append(("KV pool" + per, fmt_bytes(b.kv_pool_per_gpu) if b.weights_fit else
                    f"none: weights need {fmt_bytes(b.weight_bytes_per_gpu)}, budget is {fmt_bytes(b.kv_budget_per_gpu)}"))
-        if b.weights_fit:
+        if b.weights_fit and cur.max_concurrent_sequences is None:
+            kv.append(("max sequences", "not limited by a KV cache (no layer keeps one)"))
+        elif b.weights_fit:
             kv.append(("max sequences", f"{cur.max_concurrent_sequences:,} of {b.max_model_len:,} tokens "
                                         f"(concurrency {cur.max_concurrency:,.2f})"))
             kv.append(("KV pool tokens", f"{cur.kv_pool_tokens:,} (every KV layer holding every token)"))

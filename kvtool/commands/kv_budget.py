@@ -25,6 +25,7 @@ def register(app: typer.Typer) -> None:
         gpu_memory_utilization: float = typer.Option(0.9, "--gpu-memory-utilization", help="Fraction of GPU memory vLLM may use."),
         reserve: Optional[str] = typer.Option(None, "--reserve", help="Memory per GPU held back for activations / CUDA graphs (e.g. 2GiB; default 0)."),
         max_num_batched_tokens: Optional[int] = typer.Option(None, "--max-num-batched-tokens", help="Scheduler step for sliding-window sizing (default: vLLM's, 8192 on >=70 GiB non-A100 GPUs, else 2048)."),
+        disable_hybrid: bool = typer.Option(False, "--disable-hybrid-kv-cache-manager", help="Size sliding-window and chunked layers like full ones, as vLLM does with this flag (or with KV connectors that lack hybrid support)."),
         what_if: Optional[str] = typer.Option(None, "--what-if", help="Variants side by side: gqa:N, mqa, mha, a KV dtype, or +-joined, e.g. gqa:8,mqa,fp8,gqa:4+fp8."),
         output_format: str = typer.Option("text", "--format", help="text | json"),
         plot: Optional[str] = typer.Option(None, "--plot", help="Write KV GiB vs context length to this .png (needs matplotlib)."),
@@ -66,7 +67,7 @@ def register(app: typer.Typer) -> None:
             max_model_len=max_model_len, batch=batch or 1, batch_given=batch is not None,
             kv_cache_dtype=kv_cache_dtype, block_size=block_size, tensor_parallel_size=tensor_parallel_size,
             gpu=gpu, gpu_memory_utilization=gpu_memory_utilization, reserve_bytes=reserve_bytes,
-            max_num_batched_tokens=max_num_batched_tokens,
+            max_num_batched_tokens=max_num_batched_tokens, hybrid_kv_cache=not disable_hybrid,
             what_if=tuple(variants.parse(what_if, num_heads=spec.num_heads, is_mla=spec.is_mla)),
         )
         b = compute(ckpt, spec, opts)

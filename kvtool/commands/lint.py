@@ -2,42 +2,86 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import List, Optional
 
 import typer
 
-from kvtool.errors import EXIT_FINDINGS, EXIT_INPUT, EXIT_OK
+from kvtool.errors import EXIT_FINDINGS, EXIT_INPUT, EXIT_OK, UsageError
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("lint", help="Validate config.json and safetensors headers of one or more checkpoints (no weights loaded).")
+    @app.command("lint", help="Validate config.json and safetensors headers of one or more checkpoints (no weights "
+                              "loaded). Exit 0: clean; 1: findings at failing severity; 2: bad input or usage. "
+                              "Defaults come from [tool.kvtool] in the nearest pyproject.toml.")
     def lint(
         paths: List[str] = typer.Argument(..., help="Model folders, config.json files or hub ids."),
-        output_format: str = typer.Option("text", "--format", "--output-format", help="text | json | sarif | github"),
+        output_format: Optional[str] = typer.Option(None, "--format", "--output-format",
+                                                    help="text | json | sarif | github (default: text)."),
         select: Optional[str] = typer.Option(None, help="Comma-separated codes or prefixes to enable (default: all)."),
         ignore: Optional[str] = typer.Option(None, help="Comma-separated codes or prefixes to disable."),
-        strict: bool = typer.Option(False, "--strict", help="Warnings fail too (exit 1)."),
-        tensor_parallel_size: Optional[int] = typer.Option(None, "--tensor-parallel-size", "-tp", help="Check vLLM's divisibility rules for this TP size."),
+        strict: Optional[bool] = typer.Option(None, "--strict/--no-strict", help="Warnings fail too (exit 1)."),
+        tensor_parallel_size: Optional[int] = typer.Option(None, "--tensor-parallel-size", "-tp",
+                                                           help="Check vLLM's divisibility rules for this TP size."),
+        config: Optional[Path] = typer.Option(None, "--config", help="Read [tool.kvtool] from this pyproject.toml."),
+        isolated: bool = typer.Option(False, "--isolated", help="Ignore every pyproject.toml."),
     ) -> int:
+        from kvtool.config_file import find_pyproject, load_settings
         from kvtool.lint import lint_one
         from kvtool.output import FORMATS, render
         from kvtool.rules.registry import LintOptions, Selection
 
-        if output_format not in FORMATS:
-            raise typer.BadParameter(f"unknown format {output_format!r}; choose from {', '.join(FORMATS)}", param_hint="--format")
-        sel = Selection(
-            select=tuple(_split(select)) or ("KV",),
-            ignore=tuple(_split(ignore)),
-        )
-        opts = LintOptions(tensor_parallel_size=tensor_parallel_size, selection=sel, strict=strict)
+        if config is not None and isolated:
+            raise UsageError("--config and --isolated exclude each other")
+        if config is not None and not config.is_file():
+            raise UsageError("no such file", file=str(config), field="--config")
+        settings = load_settings(None if isolated else (config or find_pyproject()))
+        fmt = output_format or settings.format or "text"
+        if fmt not in FORMATS:
+            raise UsageError(f"unknown format {fmt!r}; choose from {', '.join(FORMATS)}", field="--format")
+        tp = tensor_parallel_size if tensor_parallel_size is not None else settings.tensor_parallel_size
+        if tp is not None and tp < 1:
+            raise UsageError(f"must be a positive integer, got {tp}", field="--tensor-parallel-size")
+        chosen = tuple(c.upper() for c in _split(select)) or settings.select or ("KV",)
+        dropped = tuple(c.upper() for c in _split(ignore)) if ignore is not None else (settings.ignore or ())
+        _check_selectors([*chosen, *dropped, *(c for cs in settings.per_file_ignores.values() for c in cs)])
+        is_strict = strict if strict is not None else bool(settings.strict)
+        opts = LintOptions(tensor_parallel_size=tp, selection=Selection(select=chosen, ignore=dropped),
+                           strict=is_strict)
         reports = [lint_one(p, opts) for p in paths]
-        typer.echo(render(reports, output_format), nl=False)
+        if settings.per_file_ignores:
+            for rep in reports:
+                _apply_per_file_ignores(rep, settings)
+        typer.echo(render(reports, fmt), nl=False)
         if any(r.error for r in reports):
             return EXIT_INPUT
-        if any(r.failing(strict) for r in reports):
+        if any(r.failing(is_strict) for r in reports):
             return EXIT_FINDINGS
         return EXIT_OK
 
 
 def _split(text: str | None) -> list[str]:
     return [t.strip() for t in (text or "").split(",") if t.strip()]
+
+
+def _check_selectors(selectors) -> None:
+    """A selector that matches no rule is a typo: refuse it rather than silently check nothing."""
+    from kvtool.rules import load_all
+    from kvtool.rules.registry import REDIRECTS, RULES
+
+    load_all()
+    known = list(RULES) + list(REDIRECTS)
+    for sel in selectors:
+        if not any(code.startswith(sel) for code in known):
+            raise UsageError(f"{sel!r} matches no rule code (`kvtool rules` lists them)", field="--select/--ignore")
+
+
+def _apply_per_file_ignores(rep, settings) -> None:
+    from kvtool.output.locations import display_path
+
+    kept = []
+    for f in rep.findings:
+        codes = settings.ignored_for(rep.model, display_path(f.file))
+        if not any(f.code.startswith(c) for c in codes):
+            kept.append(f)
+    rep.findings = kept

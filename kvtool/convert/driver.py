@@ -389,6 +389,7 @@ def run_convert(plan: ConvertPlan, dst: str | Path, *, method_obj=None, force: b
         meta = {"kvtool_version": __version__, "kvtool_source_hash": plan.source_hash, "kvtool_method": plan.method,
                 "kvtool_kv_heads": f"{plan.from_kv}->{plan.to_kv}"}
         layer_of = {n: i for i, names in plan.layers.items() for n in names.values()}
+        plan_dtype = {t.name: t.dtype for t in plan.outputs}
         with staged_output(dst, force=force, protect=[plan.src]) as tmp:
             bar = _progress(reader.total_bytes, progress)
             try:
@@ -408,7 +409,11 @@ def run_convert(plan: ConvertPlan, dst: str | Path, *, method_obj=None, force: b
                                 bar.update(reader.info(n).nbytes)
                                 bar.set_postfix_str(f"{len(done)}/{len(plan.outputs)} tensors", refresh=False)
                             continue
-                        writer.add(name, _cast(reader.get(name), out_dtype, None))
+                        info = reader.info(name)
+                        if plan_dtype[name] == info.dtype:  # unchanged bytes: copied file to file, never loaded
+                            writer.copy_from(name, *reader.byte_range(name))
+                        else:
+                            writer.add(name, _cast(reader.get(name), out_dtype, None))
                         done.add(name)
                         bar.update(reader.info(name).nbytes)
                         bar.set_postfix_str(f"{len(done)}/{len(plan.outputs)} tensors", refresh=False)

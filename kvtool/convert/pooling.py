@@ -39,13 +39,15 @@ def pool_heads(t: "torch.Tensor", num_kv_heads: int, target: int, head_dim: int)
     rest = tuple(t.shape[1:])
     if t.shape[0] != num_kv_heads * head_dim:
         raise ValueError(f"{t.shape[0]} rows do not split into {num_kv_heads} heads of {head_dim}")
+    if t.is_meta:  # shape planning: skip the arithmetic (and torch's slow meta kernels)
+        return t.new_empty((target * head_dim, *rest))
     heads = t.reshape(num_kv_heads, head_dim, *rest)
     if target < num_kv_heads:
         if num_kv_heads % target:
             raise ValueError(f"cannot pool {num_kv_heads} KV heads into {target} groups")
         r = num_kv_heads // target
-        grouped = heads.reshape(target, r, head_dim, *rest).to(_acc_dtype(t.dtype))
-        out = grouped.mean(dim=1).to(t.dtype)
+        grouped = heads.reshape(target, r, head_dim, *rest)
+        out = grouped.mean(dim=1, dtype=_acc_dtype(t.dtype)).to(t.dtype)
     else:
         if target % num_kv_heads:
             raise ValueError(f"cannot expand {num_kv_heads} KV heads into {target}")

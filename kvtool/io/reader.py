@@ -28,6 +28,7 @@ class CheckpointReader:
         self.index_path: Path | None = None
         self._infos: dict[str, TensorInfo] = {}
         self._metadata: dict[str, dict[str, str]] = {}
+        self._data_start: dict[str, int] = {}
         self._files: list[str] = []
         self._open_file: str | None = None
         self._handle = None
@@ -67,6 +68,7 @@ class CheckpointReader:
                     raise InputError(f"tensor {name!r} is stored twice (also in {self._infos[name].file})", file=str(path))
                 self._infos[name] = info
             self._metadata[f] = dict(h.metadata)
+            self._data_start[f] = 8 + h.header_size
             self._files.append(f)
         if self.index_path is not None:
             missing = [n for n, f in wm.items() if n not in self._infos or self._infos[n].file != f]
@@ -99,6 +101,12 @@ class CheckpointReader:
     def metadata(self, file: str) -> dict[str, str]:
         """The `__metadata__` of one shard."""
         return dict(self._metadata.get(file, {}))
+
+    def byte_range(self, name: str) -> tuple[Path, int, int]:
+        """(file path, absolute offset, length) of a tensor's raw little-endian bytes."""
+        info = self.info(name)
+        begin, end = info.data_offsets
+        return self.folder / info.file, self._data_start[info.file] + begin, end - begin
 
     @property
     def total_bytes(self) -> int:

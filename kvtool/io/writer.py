@@ -14,6 +14,7 @@ shard's `__metadata__` ("format": "pt" is always set, as transformers requires i
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 from dataclasses import dataclass, field
@@ -134,6 +135,30 @@ def _tensor_bytes(tensor) -> memoryview:
     return memoryview(t.view(torch.uint8).numpy())
 
 
+_COPY_CHUNK = 64 * 2**20
+
+
+def _copy_range(src_fd: int, dst_fd: int, src_off: int, dst_off: int, count: int) -> None:
+    """Copy bytes file to file inside the kernel (copy_file_range), else through a bounded buffer."""
+    if hasattr(os, "copy_file_range"):
+        try:
+            while count > 0:
+                n = os.copy_file_range(src_fd, dst_fd, min(count, 2**30), src_off, dst_off)
+                if n == 0:
+                    raise OSError("unexpected end of the source file")
+                src_off, dst_off, count = src_off + n, dst_off + n, count - n
+            return
+        except OSError as exc:
+            if exc.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.EPERM):
+                raise
+    while count > 0:
+        buf = os.pread(src_fd, min(count, _COPY_CHUNK), src_off)
+        if not buf:
+            raise OSError("unexpected end of the source file")
+        _pwrite_all(dst_fd, memoryview(buf), dst_off)
+        src_off, dst_off, count = src_off + len(buf), dst_off + len(buf), count - len(buf)
+
+
 def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
     while len(data):
         n = os.pwrite(fd, data, offset)
@@ -181,6 +206,43 @@ class ShardWriter:
         else:
             self._add_buffered(name, tensor, st_dtype, shape)
 
+    def copy_from(self, name: str, src_path: str | Path, offset: int, nbytes: int) -> None:
+        """Planned mode: write a tensor's bytes straight from a source file (no tensor in memory).
+
+        `offset` is the absolute position of the tensor data in `src_path`; its dtype and shape
+        must be the planned ones (the caller copies unchanged tensors only)."""
+        if not self._planned:
+            raise RuntimeError("copy_from needs a planned ShardWriter")
+        shard = self._slot(name)
+        if nbytes != self._plan[name].nbytes:
+            raise ValueError(f"tensor {name!r}: {nbytes} bytes to copy, the plan needs {self._plan[name].nbytes}")
+        src_fd = os.open(src_path, os.O_RDONLY)
+        try:
+            _copy_range(src_fd, shard.fd, offset, shard.offsets[name], nbytes)
+        finally:
+            os.close(src_fd)
+        self._done(shard, name)
+
+    def _slot(self, name: str) -> _Shard:
+        """The open shard a planned tensor goes to (opened, header written, on first use)."""
+        if self._finalized:
+            raise RuntimeError("ShardWriter.add after finalize")
+        shard = self._where.get(name)
+        if shard is None:
+            raise ValueError(f"tensor {name!r} was not in the write plan")
+        if name in shard.written:
+            raise ValueError(f"tensor {name!r} written twice")
+        if shard.fd is None:
+            shard.fd = os.open(self.out_dir / shard.file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            _pwrite_all(shard.fd, memoryview(shard.header), 0)
+        return shard
+
+    def _done(self, shard: _Shard, name: str) -> None:
+        shard.written.add(name)
+        if len(shard.written) == len(shard.entries):
+            os.close(shard.fd)
+            shard.fd = None
+
     def _add_planned(self, name, tensor, st_dtype, shape) -> None:
         shard = self._where.get(name)
         if shard is None:
@@ -188,16 +250,9 @@ class ShardWriter:
         want = self._plan[name]
         if (st_dtype, shape) != (want.dtype, want.shape):
             raise ValueError(f"tensor {name!r} is {st_dtype}{list(shape)}, the plan said {want.dtype}{list(want.shape)}")
-        if name in shard.written:
-            raise ValueError(f"tensor {name!r} written twice")
-        if shard.fd is None:
-            shard.fd = os.open(self.out_dir / shard.file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            _pwrite_all(shard.fd, memoryview(shard.header), 0)
+        shard = self._slot(name)
         _pwrite_all(shard.fd, _tensor_bytes(tensor), shard.offsets[name])
-        shard.written.add(name)
-        if len(shard.written) == len(shard.entries):
-            os.close(shard.fd)
-            shard.fd = None
+        self._done(shard, name)
 
     def _add_buffered(self, name, tensor, st_dtype, shape) -> None:
         if name in self._where:

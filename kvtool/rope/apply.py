@@ -186,7 +186,7 @@ def _new_params(name: str, old: dict, req: RopeRequest, factor: float, original:
     for k in STRUCTURAL_KEYS:
         if k in old and k != "partial_rotary_factor":
             new[k] = old[k]
-    if old.get("rope_type") == name:
+    if rt.canonical(str(old.get("rope_type"))) == name:
         # same type again (re-scaling): keep the model's tuned knobs (beta_*, mscale*, truncate, ...)
         for k, v in old.items():
             if k not in RECOMPUTED_KEYS and k not in new and k != "partial_rotary_factor":

@@ -91,8 +91,9 @@ def run(a: RopeArgs) -> int:
         _plot(a.plot, st_before, st_after, f"{spec.model_type}: {plan.new['rope_type']} x{plan.factor:g}")
 
     summary = (f"{plan.new['rope_type']} factor {plan.factor:g} on {plan.layer_type} layers "
-               f"(original {plan.original} -> {int(plan.original * plan.factor)} tokens), "
-               f"attention scaling {st_after.attention:.4f}" if st_after.attention is not None else "")
+               f"(original {plan.original} -> {int(plan.original * plan.factor)} tokens)")
+    if st_after.attention is not None:
+        summary += f", attention scaling {st_after.attention:.4f}"
     if not writes:
         typer.echo(f"preview only (give DST or --in-place to write): {summary}")
         return EXIT_OK

@@ -13,6 +13,7 @@ import numpy as np
 
 from kvtool.errors import UsageError
 from kvtool.rope import types as rt
+from kvtool.rope.freqs import wavelengths
 from kvtool.rope.params import geometry_for, raw_dict, rope_dict
 
 
@@ -99,7 +100,7 @@ def describe(before: RopeState, after: RopeState | None = None, *, original: int
     if before.inv_freq is None or (after is not None and after.inv_freq is None):
         return "\n".join(lines)
     orig = original or (before.params.get("original_max_position_embeddings") or before.max_position)
-    wb = rt.wavelengths(before.inv_freq)
+    wb = wavelengths(before.inv_freq)
     if orig:
         lines.append(f"  {int(np.sum(wb > orig))} of {len(wb)} frequency pairs turn less than once in "
                      f"{orig} tokens (they carry absolute position)")
@@ -108,7 +109,7 @@ def describe(before: RopeState, after: RopeState | None = None, *, original: int
         for i in _rows(len(wb)):
             lines.append(f"  {i:4d}  {_fmt_len(wb[i]):>18}")
     else:
-        wa = rt.wavelengths(after.inv_freq)
+        wa = wavelengths(after.inv_freq)
         lines.append("  pair  before(tokens)    after(tokens)   stretch")
         for i in _rows(len(wb)):
             ratio = wa[i] / wb[i] if np.isfinite(wa[i]) and np.isfinite(wb[i]) else float("nan")
@@ -129,9 +130,9 @@ def plot(path: str, before: RopeState, after: RopeState | None, title: str) -> N
         raise UsageError(f"no frequencies to plot ({before.reason})", field="--plot")
     fig, ax = plt.subplots(figsize=(7, 4))
     idx = np.arange(len(before.inv_freq))
-    ax.semilogy(idx, rt.wavelengths(before.inv_freq), label=f"before: {before.params.get('rope_type')}")
+    ax.semilogy(idx, wavelengths(before.inv_freq), label=f"before: {before.params.get('rope_type')}")
     if after is not None and after.inv_freq is not None:
-        ax.semilogy(idx, rt.wavelengths(after.inv_freq), label=f"after: {after.params.get('rope_type')}")
+        ax.semilogy(idx, wavelengths(after.inv_freq), label=f"after: {after.params.get('rope_type')}")
     orig = before.params.get("original_max_position_embeddings") or before.max_position
     if orig:
         ax.axhline(orig, color="grey", linestyle="--", linewidth=0.8, label=f"original context {orig}")

@@ -1,8 +1,9 @@
 """The RoPE type table: one entry per rope_type that transformers or vLLM know.
 
 Each entry says which keys the type requires and accepts (shared by `kvtool lint`'s KV2xx rules
-and by `kvtool rope`), how to compute its inverse frequencies and attention scaling (pure numpy,
-checked against transformers' ROPE_INIT_FUNCTIONS by the tests), how vLLM derives the served
+and by `kvtool rope`), which function of kvtool/rope/freqs.py computes its inverse frequencies and
+attention scaling (numpy, loaded only when used; checked against transformers' ROPE_INIT_FUNCTIONS
+by the tests), how vLLM derives the served
 context from it, and which type-specific values are invalid. Aliases (`su`, `mrope`) map to the
 entry the engines use for them.
 """
@@ -12,8 +13,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from typing import Callable
-
-import numpy as np
 
 # Keys any rope dict may carry whatever its type (transformers v5 moves these into rope_parameters).
 COMMON_KEYS = frozenset({"rope_type", "type", "rope_theta", "partial_rotary_factor"})
@@ -46,7 +45,7 @@ class RopeKind:
     summary: str
     required: tuple = ()  # each item a key, or a tuple of keys of which one must be present
     optional: frozenset = frozenset()
-    compute: Callable[[dict, Geometry, int | None], tuple[np.ndarray, float]] | None = None
+    compute: Callable | None = None  # (params, Geometry, seq_len) -> (inv_freq array, attention scaling)
     validate: Callable[[dict, Geometry], list[Problem]] | None = None
     # How vLLM derives max_model_len: "as_is" (max_position_embeddings), "multiply" (max x factor),
     # "original" (original_max_position_embeddings x factor).
@@ -75,137 +74,18 @@ class RopeKind:
         return sorted(k for k in params if k not in allowed)
 
 
-# --- shared math --------------------------------------------------------------------------------
 def _num(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
-def base_inv_freq(theta: float, dim: int) -> np.ndarray:
-    return 1.0 / (float(theta) ** (np.arange(0, dim, 2, dtype=np.float64) / dim))
+def _math(name: str) -> Callable:
+    """The numpy implementation in kvtool/rope/freqs.py, imported on first use: lint never loads numpy."""
+    def call(params: dict, g: Geometry, seq_len: int | None = None):
+        from kvtool.rope import freqs
 
-
-def _factor(params: dict, g: Geometry) -> float:
-    f = params.get("factor")
-    if f is None and g.max_position_embeddings and params.get("original_max_position_embeddings"):
-        # yarn / longrope without an explicit factor: the ratio of the two lengths (transformers)
-        return g.max_position_embeddings / params["original_max_position_embeddings"]
-    return float(f if f is not None else 1.0)
-
-
-def yarn_get_mscale(scale: float, mscale: float = 1.0) -> float:
-    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
-
-
-def _default(params: dict, g: Geometry, seq_len: int | None = None):
-    return base_inv_freq(g.theta, g.dim), 1.0
-
-
-def _linear(params: dict, g: Geometry, seq_len: int | None = None):
-    return base_inv_freq(g.theta, g.dim) / _factor(params, g), 1.0
-
-
-def _dynamic(params: dict, g: Geometry, seq_len: int | None = None):
-    alpha = params.get("alpha")
-    if alpha is not None and params.get("factor") is None:
-        # vLLM's NTK-alpha variant (Hunyuan): a fixed base stretch
-        return base_inv_freq(g.theta * float(alpha) ** (g.dim / (g.dim - 2)), g.dim), 1.0
-    factor = _factor(params, g)
-    mpe = g.max_position_embeddings or 1
-    seq = max(seq_len or mpe, mpe)
-    base = g.theta * ((factor * seq / mpe) - (factor - 1)) ** (g.dim / (g.dim - 2))
-    return base_inv_freq(base, g.dim), 1.0
-
-
-def _ntk(params: dict, g: Geometry, seq_len: int | None = None):
-    factor = _factor(params, g)
-    mixed_b = params.get("mixed_b")
-    if mixed_b is None:
-        return base_inv_freq(g.theta * factor, g.dim) / factor ** (2 / g.dim), 1.0
-    a = math.log(factor) / (g.dim / 2) ** mixed_b
-    lam = np.exp(a * np.arange(1, g.dim // 2 + 1, dtype=np.float64) ** mixed_b)
-    return base_inv_freq(g.theta, g.dim) / lam, 1.0
-
-
-def yarn_attention_factor(params: dict, factor: float) -> float:
-    af = params.get("attention_factor")
-    if af is not None:
-        return float(af)
-    mscale, mscale_all = params.get("mscale"), params.get("mscale_all_dim")
-    if mscale and mscale_all:
-        return yarn_get_mscale(factor, mscale) / yarn_get_mscale(factor, mscale_all)
-    return yarn_get_mscale(factor)
-
-
-def yarn_correction_range(params: dict, g: Geometry) -> tuple[float, float]:
-    """Dimensions below `low` keep their frequency; above `high` are interpolated by the factor."""
-    beta_fast = params.get("beta_fast") or 32
-    beta_slow = params.get("beta_slow") or 1
-    orig = params["original_max_position_embeddings"]
-
-    def corr(rot):
-        return (g.dim * math.log(orig / (rot * 2 * math.pi))) / (2 * math.log(g.theta))
-
-    low, high = corr(beta_fast), corr(beta_slow)
-    if params.get("truncate", True):
-        low, high = math.floor(low), math.ceil(high)
-    return max(low, 0), min(high, g.dim - 1)
-
-
-def _yarn(params: dict, g: Geometry, seq_len: int | None = None):
-    factor = _factor(params, g)
-    pos = float(g.theta) ** (np.arange(0, g.dim, 2, dtype=np.float64) / g.dim)
-    extra, inter = 1.0 / pos, 1.0 / (factor * pos)
-    low, high = yarn_correction_range(params, g)
-    if low == high:
-        high += 0.001  # avoid a zero-width ramp
-    ramp = np.clip((np.arange(g.dim // 2, dtype=np.float64) - low) / (high - low), 0, 1)
-    keep = 1 - ramp  # 1: extrapolate (keep the frequency), 0: interpolate (divide by factor)
-    return inter * (1 - keep) + extra * keep, yarn_attention_factor(params, factor)
-
-
-def _deepseek_yarn(params: dict, g: Geometry, seq_len: int | None = None):
-    # vLLM's DeepseekScalingRotaryEmbedding: yarn with truncated ramp bounds and the mscale ratio
-    p = dict(params, truncate=True)
-    inv, _ = _yarn(p, g)
-    factor = _factor(params, g)
-    m = yarn_get_mscale(factor, float(params.get("mscale", 1) or 0)) / yarn_get_mscale(
-        factor, float(params.get("mscale_all_dim", 0) or 0))
-    return inv, m * float(params.get("attn_factor", 1.0))
-
-
-def _longrope(params: dict, g: Geometry, seq_len: int | None = None):
-    orig = params["original_max_position_embeddings"]
-    factor = _factor(params, g)
-    af = params.get("attention_factor")
-    if af is None:
-        af = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(orig))
-    ext = params["long_factor"] if seq_len and seq_len > orig else params["short_factor"]
-    shape = np.arange(0, g.dim, 2, dtype=np.float64) / g.dim
-    return 1.0 / (np.asarray(ext, dtype=np.float64) * float(g.theta) ** shape), float(af)
-
-
-def _llama3(params: dict, g: Geometry, seq_len: int | None = None):
-    inv = base_inv_freq(g.theta, g.dim)
-    factor = float(params["factor"])
-    low, high = float(params["low_freq_factor"]), float(params["high_freq_factor"])
-    orig = params["original_max_position_embeddings"]
-    low_wl, high_wl = orig / low, orig / high
-    wl = 2 * math.pi / inv
-    scaled = np.where(wl > low_wl, inv / factor, inv)
-    with np.errstate(divide="ignore", invalid="ignore"):  # equal factors: empty band, values unused
-        smooth = (orig / wl - low) / (high - low)
-        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
-    medium = ~(wl < high_wl) & ~(wl > low_wl)
-    return np.where(medium, smoothed, scaled), 1.0
-
-
-def _proportional(params: dict, g: Geometry, seq_len: int | None = None):
-    hd = g.head_dim or g.dim
-    prop = float(params.get("partial_rotary_factor", 1.0) or 1.0)
-    angles = int(prop * hd // 2)
-    rot = 1.0 / (float(g.theta) ** (np.arange(0, 2 * angles, 2, dtype=np.float64) / hd))
-    inv = np.concatenate([rot, np.zeros(hd // 2 - angles)]) if hd // 2 > angles else rot
-    return inv / float(params.get("factor", 1.0) or 1.0), 1.0
+        return getattr(freqs, name)(params, g, seq_len)
+    call.__name__ = name
+    return call
 
 
 # --- type-specific validation ---------------------------------------------------------------------
@@ -299,34 +179,34 @@ _YARN_OPTIONAL = frozenset({
 }) | MROPE_KEYS
 
 KINDS: dict[str, RopeKind] = {k.name: k for k in (
-    RopeKind("default", "plain RoPE: theta^(-2i/d)", optional=MROPE_KEYS, compute=_default,
+    RopeKind("default", "plain RoPE: theta^(-2i/d)", optional=MROPE_KEYS, compute=_math("default"),
              context="as_is", scaling=False),
     RopeKind("linear", "position interpolation: every frequency divided by factor", ("factor",),
-             compute=_linear, validate=_check_factor, applicable=True),
+             compute=_math("linear"), validate=_check_factor, applicable=True),
     RopeKind("dynamic", "dynamic NTK: the base grows with the sequence length past max_position_embeddings",
-             (("factor", "alpha"),), compute=_dynamic, validate=_check_dynamic, applicable=True),
+             (("factor", "alpha"),), compute=_math("dynamic"), validate=_check_dynamic, applicable=True),
     RopeKind("yarn", "YaRN: high frequencies kept, low frequencies interpolated, attention rescaled",
-             ("factor", "original_max_position_embeddings"), _YARN_OPTIONAL, compute=_yarn, validate=_check_yarn,
+             ("factor", "original_max_position_embeddings"), _YARN_OPTIONAL, compute=_math("yarn"), validate=_check_yarn,
              context="original", applicable=True),
     RopeKind("deepseek_yarn", "DeepSeek's YaRN (vLLM): truncated ramp, mscale / mscale_all_dim ratio",
              ("factor", "original_max_position_embeddings"),
              frozenset({"beta_fast", "beta_slow", "mscale", "mscale_all_dim", "attn_factor", "extrapolation_factor"}),
-             compute=_deepseek_yarn, validate=_check_yarn, engines=("vllm",)),
+             compute=_math("deepseek_yarn"), validate=_check_yarn, engines=("vllm",)),
     RopeKind("deepseek_llama_scaling", "DeepSeek scaling class under another name (vLLM)",
              ("factor", "original_max_position_embeddings"),
              frozenset({"beta_fast", "beta_slow", "mscale", "mscale_all_dim", "attn_factor", "extrapolation_factor"}),
-             compute=_deepseek_yarn, validate=_check_yarn, engines=("vllm",)),
+             compute=_math("deepseek_yarn"), validate=_check_yarn, engines=("vllm",)),
     RopeKind("longrope", "LongRoPE (Phi-3): per-dimension short / long rescale lists",
              ("short_factor", "long_factor", "original_max_position_embeddings"),
              frozenset({"factor", "attention_factor", "short_mscale", "long_mscale"}),
-             compute=_longrope, validate=_check_longrope, context="as_is", applicable=True),
+             compute=_math("longrope"), validate=_check_longrope, context="as_is", applicable=True),
     RopeKind("llama3", "Llama 3.1: low frequencies / factor, high kept, a smooth band between",
              ("factor", "original_max_position_embeddings", "low_freq_factor", "high_freq_factor"),
-             compute=_llama3, validate=_check_llama3, context="as_is", applicable=True),
+             compute=_math("llama3"), validate=_check_llama3, context="as_is", applicable=True),
     RopeKind("proportional", "proportional RoPE (transformers): rotary part spread over the full head_dim",
-             (), frozenset({"factor"}), compute=_proportional, validate=_check_factor, engines=("transformers",)),
+             (), frozenset({"factor"}), compute=_math("proportional"), validate=_check_factor, engines=("transformers",)),
     RopeKind("ntk", "fixed NTK base stretch (vLLM), optionally mixed", ("factor",), frozenset({"mixed_b"}),
-             compute=_ntk, validate=_check_factor, engines=("vllm",)),
+             compute=_math("ntk"), validate=_check_factor, engines=("vllm",)),
     RopeKind("axial", "axial 2-D RoPE for vision towers (transformers)", engines=("transformers",),
              context="as_is", scaling=False),
     RopeKind("xdrope", "XD-RoPE sections with an NTK alpha (vLLM, Hunyuan-VL)", ("alpha", "xdrope_section"),
@@ -365,7 +245,7 @@ def validate(params: dict, g: Geometry) -> list[Problem]:
     return out
 
 
-def compute(params: dict, g: Geometry, seq_len: int | None = None) -> tuple[np.ndarray, float]:
+def compute(params: dict, g: Geometry, seq_len: int | None = None) -> tuple:
     """(inverse frequencies, attention scaling) for one rope dict; raises ValueError if kvtool has no math."""
     name = params.get("rope_type", params.get("type", "default"))
     kind = kind_of(name)
@@ -393,10 +273,3 @@ def served_context(params: dict, max_position_embeddings: int | None, model_type
     if kind.context == "original" and _num(params.get("original_max_position_embeddings")):
         return int(params["original_max_position_embeddings"] * f)
     return int(max_position_embeddings * f)
-
-
-def wavelengths(inv_freq: np.ndarray) -> np.ndarray:
-    """Tokens per full rotation of each frequency pair (inf for a non-rotating pair)."""
-    with np.errstate(divide="ignore"):
-        return np.where(inv_freq > 0, 2 * math.pi / np.where(inv_freq > 0, inv_freq, 1), np.inf)
-

@@ -90,15 +90,16 @@ define("KV207", "longrope-factor-length", "error",
        `--long-factor-file`).
        """, hint="provide rotary_dim / 2 positive factors in each list", topic="rope")
 
-define("KV208", "llama3-freq-factor-order", "error", "llama3 high_freq_factor is not above low_freq_factor",
+define("KV208", "llama3-freq-factor-order", "error", "llama3 high_freq_factor is below low_freq_factor",
        """
-       What it does: checks high_freq_factor > low_freq_factor for rope_type llama3.
-       Why it matters: the smoothing band between the two wavelengths is divided by
-       (high_freq_factor - low_freq_factor): equal values divide by zero (NaN frequencies),
-       reversed values invert the band.
+       What it does: checks high_freq_factor >= low_freq_factor for rope_type llama3.
+       Why it matters: the two factors bound a band of wavelengths (original / high_freq_factor to
+       original / low_freq_factor) that is interpolated smoothly between "keep" and "divide by
+       factor". Reversed values empty the band and flip the smoothing term's sign: almost always two
+       swapped numbers. Equal values are a deliberate hard cut-off (Llama 4 ships 1.0 / 1.0).
        Example: {"rope_type": "llama3", "low_freq_factor": 4.0, "high_freq_factor": 1.0, ...}
        Fix: Llama 3.1 uses low_freq_factor 1.0 and high_freq_factor 4.0.
-       """, hint="use high_freq_factor > low_freq_factor (Llama 3.1: 1.0 and 4.0)", topic="rope")
+       """, hint="swap the values: high_freq_factor >= low_freq_factor (Llama 3.1: 1.0 and 4.0)", topic="rope")
 
 define("KV209", "llama3-original-not-below-max", "warning",
        "llama3 original_max_position_embeddings is not below max_position_embeddings",
@@ -185,6 +186,19 @@ define("KV215", "rope-param-invalid", "error", "A RoPE parameter has an invalid 
        Fix: restore the value published with the model (yarn defaults: beta_fast 32, beta_slow 1).
        """, hint="restore the parameter to the value published with the model", topic="rope")
 
+define("KV216", "rope-type-one-engine", "warning", "The RoPE type is implemented by only one of transformers / vLLM",
+       """
+       What it does: flags RoPE types that only one engine implements (vLLM only: ntk, deepseek_yarn,
+       deepseek_llama_scaling, xdrope, mllama4; transformers only: proportional, axial).
+       Why it matters: the checkpoint loads in one stack and fails in the other (transformers looks
+       the type up in ROPE_INIT_FUNCTIONS; vLLM raises "Unknown RoPE scaling type"), so evaluation
+       in transformers and serving in vLLM cannot both happen.
+       Example: {"rope_scaling": {"rope_type": "deepseek_yarn", "factor": 40, ...}}: DeepSeek's own
+       configs say "yarn" and let vLLM pick its DeepSeek variant.
+       Fix: use the portable type (yarn instead of deepseek_yarn) unless the model only ever runs on
+       one engine.
+       """, hint="use a type both transformers and vLLM implement (e.g. yarn)", topic="rope")
+
 _PATH_SEP = "."
 
 
@@ -230,6 +244,11 @@ def _check_one(ctx, spec, layer_type, rp) -> None:
         ctx.report(p.code, f"{base}: {p.message}", path=at(p.key))
     if kind is None:
         return
+    if len(kind.engines) == 1:
+        (engine,) = kind.engines
+        other = "vLLM" if engine == "transformers" else "transformers"
+        ctx.report("KV216", f"{base}: rope type {kind.name!r} is implemented by {engine} only; {other} cannot load it",
+                   path=at("rope_type"))
     prf = raw.get("partial_rotary_factor")
     if prf is not None and (not _num(prf) or not 0 < prf <= 1):
         ctx.report("KV215", f"{base}.partial_rotary_factor is {prf!r}; it must be in (0, 1]",

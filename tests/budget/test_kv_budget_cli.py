@@ -198,6 +198,34 @@ def test_json_has_the_documented_keys(capsys):
                 "max_concurrent_sequences", "layers", "what_if", "kv_pool_bytes_per_gpu", "tensor_parallel_size"):
         assert key in d
     assert d["max_concurrent_sequences"] is None and d["fits"] is None
+    assert d["position_encoding"] == "rope"
     assert d["kv_bytes_total"] == d["kv_bytes_per_sequence"] == 131_072 * 2048
     assert d["what_if"][0]["kv_bytes_per_sequence"] == d["kv_bytes_per_sequence"] / 4
     assert d["kv_bytes_total"] < GIB
+
+
+def test_a_model_without_kv_layers_is_not_limited_by_kv(tmp_path, capsys):
+    # Nemotron-H with every attention layer turned into Mamba: nothing to cache per token.
+    cfg = json.loads(open(config("nemotron-h-56b-base-8k")).read())
+    cfg["hybrid_override_pattern"] = cfg["hybrid_override_pattern"].replace("*", "M")
+    write_config(tmp_path / "m", cfg)
+    d = run_json(capsys, str(tmp_path / "m"), "--gpu", "B200", "-tp", "8")
+    assert d["kv_bytes_per_token"] == 0 and d["max_concurrent_sequences"] is None and d["fits"] is True
+    rc, out, _ = run(capsys, str(tmp_path / "m"), "--gpu", "B200", "-tp", "8")
+    assert rc == 0 and "not limited by a KV cache" in out
+
+
+def test_a_config_without_layer_count_exits_2(tmp_path, capsys):
+    write_config(tmp_path / "m", {"model_type": "llama", "hidden_size": 64})
+    rc, _, err = run(capsys, str(tmp_path / "m"))
+    assert rc == 2 and "num_hidden_layers" in err and err.count("\n") == 1
+
+
+def test_alibi_model_reports_its_positions(capsys):
+    # bloom-shrunk (real BLOOM key set, shrunk sizes): 1 layer, 16 heads of 2048 / 16 = 128, ALiBi, MHA.
+    d = run_json(capsys, config("bloom-shrunk"), "--max-model-len", "2048")
+    assert d["position_encoding"] == "alibi"
+    assert [(layer["kind"], layer["kv_heads"], layer["head_dim"]) for layer in d["layers"]] == [("MHA", 16, 128)]
+    assert d["kv_bytes_per_token"] == 2 * 16 * 128 * 2
+    rc, out, _ = run(capsys, config("bloom-shrunk"), "--max-model-len", "2048")
+    assert "positions: ALiBi" in out.splitlines()[0]

@@ -161,6 +161,9 @@ def test_gemma3_1b_five_sliding_one_global(capsys):
     assert d1["kv_bytes_per_sequence"] == 4 * 32_768 * per_layer + 22 * (512 // 16 + 1) * 16 * per_layer
     # The plain formula charges every layer the whole context: over 4x more here.
     assert 26 * 32_768 * per_layer / expected > 4
+    # ... which is what vLLM does with its hybrid KV-cache manager disabled.
+    off = run_json(capsys, config("gemma-3-1b-it"), "--disable-hybrid-kv-cache-manager")
+    assert off["kv_bytes_per_sequence"] == 26 * 32_768 * per_layer
 
 
 def test_gpt_oss_20b_alternating_sliding_128(capsys):

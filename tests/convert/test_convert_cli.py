@@ -269,16 +269,18 @@ def test_ctrl_c_mid_write_leaves_no_destination(tmp_path, monkeypatch):
 
 def test_disk_full_is_a_clean_error(tmp_path, monkeypatch, capsys):
     src = llama(tmp_path / "src")
-    real = os.pwrite
     state = {"n": 0}
 
-    def full(fd, data, offset):
-        state["n"] += 1
-        if state["n"] > 5:
-            raise OSError(errno.ENOSPC, "No space left on device")
-        return real(fd, data, offset)
+    def filling(real):
+        def call(*args):
+            state["n"] += 1
+            if state["n"] > 5:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return real(*args)
+        return call
 
-    monkeypatch.setattr(os, "pwrite", full)
+    monkeypatch.setattr(os, "pwrite", filling(os.pwrite))  # tensors written from memory
+    monkeypatch.setattr(os, "copy_file_range", filling(os.copy_file_range))  # tensors copied file to file
     assert run(src, tmp_path / "out", "--to", "mqa") == 2
     err = capsys.readouterr().err
     assert "no space left on device" in err and err.count("\n") == 1

@@ -236,7 +236,8 @@ def test_show_current_and_preview(tmp_path, capsys):
 
 
 def test_show_wavelengths_match_the_math(tmp_path, capsys):
-    from kvtool.rope.types import Geometry, compute, wavelengths
+    from kvtool.rope.freqs import wavelengths
+    from kvtool.rope.types import Geometry, compute
 
     assert run(DATA / "llama-2-7b-hf.json", "--show") == 0
     rows = [line.split() for line in capsys.readouterr().out.splitlines() if line.strip()[:1].isdigit()]
@@ -273,3 +274,25 @@ def test_rope_command_never_imports_torch_or_transformers(tmp_path):
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
+
+
+def test_copies_when_hard_links_fail(tmp_path, monkeypatch, capsys):
+    src = model(tmp_path, LLAMA)
+
+    def no_links(a, b):
+        raise OSError(18, "Invalid cross-device link")
+
+    monkeypatch.setattr(os, "link", no_links)
+    assert run(src, tmp_path / "dst", "--type", "linear", "--factor", 2) == 0
+    assert "0 other file(s) hard-linked, 3 copied" in capsys.readouterr().out
+    dst = tmp_path / "dst"
+    assert (dst / "model.safetensors").read_bytes() == (src / "model.safetensors").read_bytes()
+    assert os.stat(src / "model.safetensors").st_ino != os.stat(dst / "model.safetensors").st_ino
+
+
+def test_in_place_on_a_lone_config_file(tmp_path):
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(LLAMA))
+    assert run(p, "--in-place", "--type", "dynamic", "--factor", 2) == 0
+    assert json.loads((tmp_path / "config.json.bak").read_text()) == LLAMA
+    assert cfg_of(p)["rope_scaling"] == {"rope_type": "dynamic", "factor": 2.0}

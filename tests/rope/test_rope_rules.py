@@ -97,3 +97,13 @@ def test_real_configs_have_no_rope_errors_except_gptj(path, tmp_path):
         assert [f.code for f in errs] == ["KV201"]
     else:
         assert errs == [], [(f.code, f.message) for f in errs]
+
+
+def test_rope_rules_do_not_load_numpy():
+    # lint's cold start matters (bench target < 0.3 s); the RoPE math is imported only by `kvtool rope`
+    import subprocess
+    import sys
+
+    code = "import sys, kvtool.rules.rope; assert 'numpy' not in sys.modules, 'numpy loaded'"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from kvtool.cli import main
+from kvtool.rope import freqs
 from kvtool.rope import types as rt
 
 torch = pytest.importorskip("torch")
@@ -80,7 +81,7 @@ def test_written_config_builds_the_intended_rotary_embedding(tmp_path, rope_type
     assert rot.attention_scaling == pytest.approx(want_att, rel=1e-9)
     assert rot.rope_type == rope_type
     if rope_type in ("yarn", "llama3", "linear"):
-        assert not np.allclose(want_inv, rt.base_inv_freq(10000.0, 32))  # the scaling is in effect
+        assert not np.allclose(want_inv, freqs.base_inv_freq(10000.0, 32))  # the scaling is in effect
     # transformers found nothing to complain about (no unknown keys, no factor / length mismatch)
     noisy = [r.getMessage() for r in tf_warnings.records if "rope" in r.getMessage().lower()]
     assert noisy == []
@@ -114,8 +115,8 @@ def test_gemma3_nested_rotary_per_layer_type(tmp_path):
     rot = transformers.AutoModelForCausalLM.from_config(conf).model.rotary_emb
     full = rot.full_attention_inv_freq.double().numpy()
     sliding = rot.sliding_attention_inv_freq.double().numpy()
-    np.testing.assert_allclose(full, rt.base_inv_freq(1e6, 32) / 8, rtol=2e-6)
-    np.testing.assert_allclose(sliding, rt.base_inv_freq(1e4, 32), rtol=2e-6)  # untouched
+    np.testing.assert_allclose(full, freqs.base_inv_freq(1e6, 32) / 8, rtol=2e-6)
+    np.testing.assert_allclose(sliding, freqs.base_inv_freq(1e4, 32), rtol=2e-6)  # untouched
 
 
 @pytest.mark.parametrize("rope_type", sorted(OPTIONS))

@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pytest
 
+from kvtool.rope import freqs
 from kvtool.rope import types as rt
 
 DIM = 64
@@ -70,7 +71,7 @@ def test_entry_math_is_finite(name):
     inv, att = rt.compute(EXAMPLES[name], GEOM, seq_len=4 * 4096)  # past the original: dynamic / longrope scale
     assert inv.shape == (DIM // 2,)
     assert np.all(np.isfinite(inv)) and np.all(inv >= 0) and att > 0
-    base = rt.base_inv_freq(GEOM.theta, DIM)
+    base = freqs.base_inv_freq(GEOM.theta, DIM)
     if kind.scaling and name != "proportional":
         # scaling never raises a frequency and lowers the slowest one
         assert np.all(inv <= base * (1 + 1e-12)) and inv[-1] < base[-1]
@@ -123,7 +124,7 @@ def test_served_context_follows_vllm():
 
 
 def test_ntk_and_alpha_reduce_to_default_at_one():
-    base = rt.base_inv_freq(10000.0, DIM)
+    base = freqs.base_inv_freq(10000.0, DIM)
     inv, _ = rt.compute({"rope_type": "ntk", "factor": 1.0}, GEOM)
     np.testing.assert_allclose(inv, base)
     inv, _ = rt.compute({"rope_type": "ntk", "factor": 4.0, "mixed_b": 0.5}, GEOM)

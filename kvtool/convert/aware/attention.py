@@ -73,13 +73,13 @@ def head_contexts(inp: LayerInputs, p: Proj, num_heads: int, head_dim: int) -> t
     """Per-head attention contexts [B, T, H*hd] (what o_proj reads), computed in p's dtype."""
     x = inp.x.to(p.q.dtype)
     B, T, _ = x.shape
-    kv = p.k.shape[0] // head_dim
+    # k and v may have different head counts (diagnostics merge one and keep the other)
+    kh, vh = p.k.shape[0] // head_dim, p.v.shape[0] // head_dim
     q = _linear(x, p.q, p.q_bias).view(B, T, num_heads, head_dim).transpose(1, 2)
-    k = _linear(x, p.k, p.k_bias).view(B, T, kv, head_dim).transpose(1, 2)
-    v = _linear(x, p.v, p.v_bias).view(B, T, kv, head_dim).transpose(1, 2)
+    k = _linear(x, p.k, p.k_bias).view(B, T, kh, head_dim).transpose(1, 2)
+    v = _linear(x, p.v, p.v_bias).view(B, T, vh, head_dim).transpose(1, 2)
     q, k = apply_rope(q, inp.cos, inp.sin), apply_rope(k, inp.cos, inp.sin)
-    rep = num_heads // kv
-    k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+    k, v = k.repeat_interleave(num_heads // kh, dim=1), v.repeat_interleave(num_heads // vh, dim=1)
     s = (q @ k.transpose(-1, -2)) * inp.scaling
     if inp.softcap:
         s = torch.tanh(s / inp.softcap) * inp.softcap

@@ -116,6 +116,11 @@ FIXTURES = {
         "pass_same": llama(rope_scaling={"rope_type": "linear", "factor": 2.0},
                            rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4}),
     },
+    "KV216": {
+        "fail_deepseek_yarn": with_rs(real("deepseek-v3"), type="deepseek_yarn"),
+        "fail_ntk": llama(rope_scaling={"rope_type": "ntk", "factor": 2.0}),
+        "pass_deepseek_v3": real("deepseek-v3"),
+    },
     "KV215": {
         "fail_beta_order": llama(max_position_embeddings=16384, rope_scaling={**YARN, "beta_fast": 1, "beta_slow": 32}),
         "fail_partial_rotary": llama(rope_parameters={"rope_type": "default", "rope_theta": 1e4,

@@ -1,0 +1,46 @@
+"""`kvtool quantize-kv`: calibrated FP8 KV-cache scales written the way vLLM loads them."""
+
+from __future__ import annotations
+
+from typing import List, Optional
+
+import typer
+
+from kvtool.errors import EXIT_OK
+
+DEFAULT_OBSERVER = "absmax:4"  # kept equal to kvtool.quantize.observers.DEFAULT_OBSERVER (a test checks)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("quantize-kv", help="Calibrate FP8 KV-cache scales on text and write SRC + scales to DST "
+                                     "(compressed-tensors kv_cache_scheme; vLLM loads it as is).")
+    def quantize_kv(
+        src: str = typer.Argument(..., help="Source model folder (config.json + safetensors); never modified."),
+        dst: str = typer.Argument(..., help="Output folder (written to a temporary folder, renamed when complete)."),
+        calib_text: List[str] = typer.Option(..., "--calib-text", help="UTF-8 calibration text file (repeatable)."),
+        calib_tokens: int = typer.Option(2048, "--calib-tokens", help="Calibration tokens taken from the text."),
+        seq_len: int = typer.Option(512, "--seq-len", help="Tokens per calibration sequence."),
+        strategy: str = typer.Option("tensor", "--strategy", help="tensor (one scale per layer) | attn_head (one per KV head)."),
+        observer: str = typer.Option(DEFAULT_OBSERVER, "--observer",
+                                     help="absmax[:H] | percentile:P | mse (default absmax:4: absmax with 4x headroom)."),
+        fmt: str = typer.Option("e4m3", "--format", help="FP8 format of the cache: e4m3."),
+        device: str = typer.Option("auto", "--device", help="auto | cuda | cuda:N | cpu."),
+        dtype: str = typer.Option("auto", "--dtype", help="Model dtype for calibration: auto (bf16 on CUDA, fp32 on CPU) | bf16 | fp16 | fp32."),
+        no_eval: bool = typer.Option(False, "--no-eval", help="Skip the quality report."),
+        eval_text: Optional[List[str]] = typer.Option(None, "--eval-text",
+                                                      help="Held-out text for the report (default: kvtool's built-in evaluation text)."),
+        eval_tokens: int = typer.Option(1024, "--eval-tokens", help="Tokens of held-out text for the report."),
+        copy: bool = typer.Option(False, "--copy", help="Copy the source shards instead of hard-linking them."),
+        force: bool = typer.Option(False, "--force", help="Replace a non-empty DST."),
+    ) -> int:
+        from kvtool.quantize.run import QuantizeOptions, check_options, quantize_kv as run
+        from kvtool.quantize.report import render
+
+        opts = QuantizeOptions(calib_texts=list(calib_text), calib_tokens=calib_tokens, seq_len=seq_len,
+                               strategy=strategy, observer=observer, format=fmt, device=device, dtype=dtype,
+                               evaluate=not no_eval, eval_texts=list(eval_text) if eval_text else None,
+                               eval_tokens=eval_tokens, force=force, link=not copy)
+        check_options(opts)
+        result = run(src, dst, opts)
+        typer.echo(render(result), nl=False)
+        return EXIT_OK

@@ -1,0 +1,228 @@
+"""quantize-kv end to end: check inputs, calibrate, write the staged output, report quality."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kvtool.errors import InputError, UsageError
+
+MIN_CALIB_TOKENS = 16
+
+
+@dataclass
+class QuantizeOptions:
+    calib_texts: list[str]
+    calib_tokens: int = 2048
+    seq_len: int = 512
+    strategy: str = "tensor"
+    observer: str = "absmax:4"
+    format: str = "e4m3"
+    device: str = "auto"
+    dtype: str = "auto"
+    evaluate: bool = True
+    eval_texts: list[str] | None = None  # None: the built-in held-out pydoc evaluation text
+    eval_tokens: int = 1024
+    force: bool = False
+    link: bool = True
+
+
+@dataclass
+class QuantizeResult:
+    dst: Path
+    calibration: object
+    scale_tensors: dict
+    linked: list[str]
+    copied: list[str]
+    quality: list = field(default_factory=list)  # EvalReport per row: original, scale 1.0, calibrated
+    config: dict | None = None
+
+
+def read_texts(files: list[str], option: str) -> list[str]:
+    out = []
+    for f in files:
+        p = Path(f)
+        try:
+            out.append(p.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise InputError("no such file", file=f, field=option) from None
+        except UnicodeDecodeError:
+            raise InputError("is not UTF-8 text", file=f, field=option) from None
+        except OSError as exc:
+            raise InputError(exc.strerror or str(exc), file=f, field=option) from None
+    if not any(t.strip() for t in out):
+        raise InputError("the text is empty", file=files[0] if files else None, field=option)
+    return out
+
+
+def check_options(opts: QuantizeOptions) -> None:
+    from kvtool.quantize.calibrate import STRATEGIES
+    from kvtool.quantize.formats import get_format
+    from kvtool.quantize.observers import parse_spec
+
+    if not opts.calib_texts:
+        raise UsageError("give at least one calibration text file", field="--calib-text")
+    if opts.strategy not in STRATEGIES:
+        raise UsageError(f"unknown strategy {opts.strategy!r}; choose from {', '.join(STRATEGIES)}", field="--strategy")
+    if opts.calib_tokens < MIN_CALIB_TOKENS:
+        raise UsageError(f"must be at least {MIN_CALIB_TOKENS}, got {opts.calib_tokens}", field="--calib-tokens")
+    if opts.seq_len < 2:
+        raise UsageError(f"must be at least 2, got {opts.seq_len}", field="--seq-len")
+    if opts.eval_tokens < 2:
+        raise UsageError(f"must be at least 2, got {opts.eval_tokens}", field="--eval-tokens")
+    parse_spec(opts.observer)
+    get_format(opts.format)
+
+
+def tokenize_windows(tokenizer, texts: list[str], n_tokens: int, seq_len: int):
+    """Calibration batches: the first n_tokens of the joined texts in windows of seq_len tokens,
+    each window starting with BOS when the tokenizer adds one (as every served request does)."""
+    import torch
+
+    ids = list(tokenizer("\n\n".join(texts), add_special_tokens=False)["input_ids"])[:n_tokens]
+    probe = list(tokenizer("a", add_special_tokens=True)["input_ids"])
+    bos = tokenizer.bos_token_id if tokenizer.bos_token_id is not None and probe[:1] == [tokenizer.bos_token_id] else None
+    step = seq_len - (1 if bos is not None else 0)
+    wins = [([bos] if bos is not None else []) + ids[i:i + step] for i in range(0, len(ids), step)]
+    # equal-length windows are stacked into batches of up to 8 (the last, shorter one alone)
+    batches, group = [], []
+    for w in wins:
+        if group and (len(group) == 8 or len(w) != len(group[0])):
+            batches.append(torch.tensor(group))
+            group = []
+        group.append(w)
+    if group:
+        batches.append(torch.tensor(group))
+    return batches, len(ids)
+
+
+def text_hash(texts: list[str]) -> str:
+    h = hashlib.sha256()
+    for t in texts:
+        h.update(t.encode("utf-8"))
+        h.update(b"\0")
+    return "sha256:" + h.hexdigest()
+
+
+def prepare(src: str, dst: str, opts: QuantizeOptions):
+    """All checks that need no model: (checkpoint, architecture, spec, new config). Raises exit-2 errors."""
+    from kvtool.architectures import is_known, lookup
+    from kvtool.checkpoint import open_checkpoint
+    from kvtool.io.staging import check_destination
+    from kvtool.quantize.config import with_kv_cache_scheme
+    from kvtool.quantize.observers import parse_spec
+    from kvtool.quantize.write import existing_scales
+    from kvtool.spec import build_spec
+
+    check_options(opts)
+    src_path = Path(src)
+    if not src_path.is_dir():
+        raise InputError("is not a model folder (quantize-kv needs config.json and safetensors weights)", file=src)
+    ckpt = open_checkpoint(src)
+    if ckpt.problems:
+        p = ckpt.problems[0]
+        raise InputError(p.message, file=str(src_path / p.file) if p.file else src, field=p.tensor)
+    if not ckpt.has_weights:
+        raise InputError("no safetensors weights in the model folder", file=src)
+    spec = build_spec(ckpt.config)
+    arch = spec.arch
+    if not is_known(spec.model_type):
+        raise InputError(f"model_type {spec.model_type!r} has no architecture table; kvtool cannot name its "
+                         "attention modules", file=str(ckpt.config_path), field="model_type")
+    if spec.is_mla:
+        raise InputError("MLA attention caches a latent, not K and V; per-K/V FP8 scales do not apply",
+                         file=str(ckpt.config_path), field="model_type")
+    if not spec.num_kv_heads or not spec.num_layers:
+        raise InputError("cannot tell the number of layers / KV heads", file=str(ckpt.config_path),
+                         field=spec.key("num_kv_heads") or "num_key_value_heads")
+    already = existing_scales(ckpt.tensors)
+    if already:
+        raise InputError(f"already carries KV-cache scales (e.g. {already[0]!r}); start from the checkpoint without them",
+                         file=src, field=already[0])
+    check_destination(Path(dst), force=opts.force, protect=[src_path])
+    entry, _ = parse_spec(opts.observer)
+    new_config = with_kv_cache_scheme(ckpt.config, strategy=opts.strategy, observer_name=entry.name,
+                                      config_file=str(ckpt.config_path))
+    return ckpt, arch, spec, new_config
+
+
+def quantize_kv(src: str, dst: str, opts: QuantizeOptions, *, log=print) -> QuantizeResult:
+    import torch
+
+    from kvtool import __version__, kv_scale_names
+    from kvtool.io.staging import staged_output
+    from kvtool.quantize.calibrate import calibrate
+    from kvtool.quantize.formats import get_format
+    from kvtool.quantize.observers import canonical
+    from kvtool.quantize.write import scale_tensors, write_output
+    from kvtool.torch_utils import load_model, load_tokenizer, pick_device, pick_dtype
+
+    ckpt, arch, spec, new_config = prepare(src, dst, opts)
+    calib = read_texts(opts.calib_texts, "--calib-text")
+    eval_texts = read_texts(opts.eval_texts, "--eval-text") if opts.eval_texts else None
+    fmt = get_format(opts.format)
+    device = pick_device(opts.device)
+    dtype = pick_dtype(opts.dtype, device)
+    tok = load_tokenizer(src)
+    batches, n = tokenize_windows(tok, calib, opts.calib_tokens, opts.seq_len)
+    if n < MIN_CALIB_TOKENS:
+        raise InputError(f"the calibration text has {n} tokens; at least {MIN_CALIB_TOKENS} are needed",
+                         file=opts.calib_texts[0], field="--calib-text")
+    # loaded on the CPU: calibration moves one decoder layer at a time to the device
+    model = load_model(src, device=torch.device("cpu"), dtype=dtype)
+    layers_path = arch.weights["layer"].split(".{layer}")[0]
+    result = calibrate(model, batches, layers_path=layers_path, observer=canonical(opts.observer),
+                       strategy=opts.strategy, fmt=fmt, device=device, num_kv_heads=spec.num_kv_heads)
+    if not result.k:
+        raise InputError("no attention layer wrote K/V during calibration", file=src)
+    if n < opts.calib_tokens:
+        result.notes.append(f"the calibration text has only {n} tokens (asked for {opts.calib_tokens})")
+    scales = scale_tensors(result, arch.attn_prefix, per_head=opts.strategy == "attn_head")
+    meta = {kv_scale_names.SCALE_POINT_METADATA_KEY: "post_rope", "kvtool_version": __version__,
+            "kvtool_observer": result.observer, "kvtool_strategy": opts.strategy, "kvtool_format": fmt.name}
+    prov = {
+        "kvtool_version": __version__, "command": "quantize-kv", "source": str(src),
+        "model_type": spec.model_type, "format": fmt.name, "vllm_kv_cache_dtype": fmt.vllm_cache_dtype,
+        "strategy": opts.strategy, "observer": result.observer, "scale_point": "post_rope",
+        "calibration": {"tokens": n, "sequences": result.sequences, "seq_len": opts.seq_len,
+                        "text_sha256": text_hash(calib), "files": [str(f) for f in opts.calib_texts],
+                        "device": result.device, "seconds": round(result.seconds, 2)},
+        "scales": {name: [round(float(x), 8) for x in t.reshape(-1)] for name, t in scales.items()},
+        "amax": {"k": {str(i): [round(float(x), 6) for x in a] for i, a in result.k_amax.items()},
+                 "v": {str(i): [round(float(x), 6) for x in a] for i, a in result.v_amax.items()}},
+    }
+    quality = []
+    if opts.evaluate:
+        quality = quality_report(model, tok, result, eval_texts, opts, device)
+        prov["quality"] = [{"label": r.label, **{k: r.metrics.get(k) for k in
+                            ("ppl", "baseline_ppl", "ppl_ratio", "kld_mean", "top1_agreement", "tokens")}}
+                           for r in quality]
+    del model
+    with staged_output(Path(dst), force=opts.force, protect=[Path(src)]) as tmp:
+        summary = write_output(Path(src), tmp, config=new_config, scales=scales, metadata=meta, provenance=prov,
+                               link=opts.link)
+    return QuantizeResult(dst=Path(dst), calibration=result, scale_tensors=summary.scale_tensors,
+                          linked=summary.linked, copied=summary.copied, quality=quality, config=new_config)
+
+
+def quality_report(model, tok, result, eval_texts, opts: QuantizeOptions, device) -> list:
+    """Original vs FP8 with scale 1.0 vs FP8 calibrated, on held-out text, via kvtool eval."""
+    from kvtool.eval.api import Candidate, evaluate_many
+    from kvtool.eval.fp8 import KVScales
+
+    model.to(device)
+    calibrated = KVScales.from_mapping({i: (result.k[i], result.v[i]) for i in result.k}, source="calibrated")
+    window = min(1024, opts.eval_tokens)
+    t0 = time.perf_counter()
+    rows = evaluate_many(
+        [Candidate(model, "off", label="original"),
+         Candidate(model, "fp8", "one", label="fp8 scale 1.0"),
+         Candidate(model, "fp8", calibrated, label=f"fp8 calibrated ({result.observer}, {result.strategy})")],
+        baseline=model, texts=eval_texts, max_length=window, max_tokens=opts.eval_tokens,
+        device=str(device), tokenizer=tok,
+        text_name=("--eval-text" if eval_texts else "pydoc (built-in held-out evaluation text)"))
+    for r in rows:
+        r.seconds = time.perf_counter() - t0
+    return rows

@@ -1,0 +1,107 @@
+"""The quantize-kv output folder: the source shards unchanged, one new scale shard, an index.
+
+The source's safetensors files are hard-linked into the staging folder when the file system
+allows it (copied otherwise), so every original tensor is byte-for-byte the source's. The scales
+go into `model-kv-scales.safetensors`; `model.safetensors.index.json` maps every tensor to its file
+(transformers and vLLM both read shard names from the index, so the extra shard needs no renaming).
+The folder is staged and renamed into place only when complete; the source is never written.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from kvtool import kv_scale_names
+from kvtool.errors import InputError
+
+SCALE_SHARD = "model-kv-scales.safetensors"
+INDEX_NAME = "model.safetensors.index.json"
+
+
+@dataclass
+class WriteSummary:
+    dst: Path
+    linked: list[str]
+    copied: list[str]
+    scale_shard: str
+    scale_tensors: dict[str, tuple[int, ...]]  # name -> shape
+    side_files: list[str]
+
+
+def existing_scales(names) -> list[str]:
+    return [n for n in names if kv_scale_names.is_kv_scale(n)]
+
+
+def scale_tensors(result, attn_prefix, per_head: bool) -> dict[str, torch.Tensor]:
+    """name -> float32 tensor: [1] per tensor, [kv_heads, 1, 1] per head (compressed-tensors' attn_head shape)."""
+    out: dict[str, torch.Tensor] = {}
+    for role, table in (("k", result.k), ("v", result.v)):
+        for layer, s in sorted(table.items()):
+            t = s.detach().to(torch.float32).cpu().reshape(-1)
+            t = t.reshape(-1, 1, 1) if per_head else t.reshape(1)
+            out[kv_scale_names.canonical_name(attn_prefix(layer), role)] = t.contiguous()
+    return dict(sorted(out.items()))
+
+
+def _link_or_copy(src: Path, dst: Path, link: bool) -> bool:
+    """True when hard-linked."""
+    if link:
+        try:
+            os.link(src, dst)
+            return True
+        except OSError as exc:
+            if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EACCES):
+                raise
+    shutil.copyfile(src, dst)
+    return False
+
+
+def write_output(src: Path, tmp: Path, *, config: dict, scales: dict[str, torch.Tensor], metadata: dict[str, str],
+                 provenance: dict, link: bool = True) -> WriteSummary:
+    """Fill the staging folder `tmp` (created by kvtool.io.staging.staged_output)."""
+    from safetensors.torch import save_file
+
+    from kvtool.io.reader import CheckpointReader
+    from kvtool.io.staging import copy_side_files
+
+    with CheckpointReader(src) as reader:
+        files = reader.files
+        weight_map = {name: reader.info(name).file for name in reader.names()}
+        total_size = reader.total_bytes
+        old_meta: dict = {}
+        if reader.index_path is not None:
+            try:
+                old_meta = dict(json.loads(reader.index_path.read_text(encoding="utf-8")).get("metadata") or {})
+            except (OSError, ValueError, AttributeError):
+                old_meta = {}
+    clash = [n for n in scales if n in weight_map]
+    if clash:
+        raise InputError(f"tensor {clash[0]!r} already exists in the checkpoint", file=str(src))
+    if SCALE_SHARD in files:
+        raise InputError(f"already has a {SCALE_SHARD}; start from the checkpoint without KV scales", file=str(src / SCALE_SHARD))
+    linked, copied = [], []
+    for f in files:
+        target = tmp / f
+        target.parent.mkdir(parents=True, exist_ok=True)
+        (linked if _link_or_copy(src / f, target, link) else copied).append(f)
+    save_file(scales, str(tmp / SCALE_SHARD), metadata={"format": "pt", **metadata})
+    for name in scales:
+        weight_map[name] = SCALE_SHARD
+    scale_bytes = sum(t.numel() * t.element_size() for t in scales.values())
+    meta = {**old_meta, "total_size": total_size + scale_bytes}
+    if "total_parameters" in meta:
+        meta["total_parameters"] = int(meta["total_parameters"]) + sum(t.numel() for t in scales.values())
+    index = {"metadata": meta, "weight_map": dict(sorted(weight_map.items()))}
+    (tmp / INDEX_NAME).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    (tmp / "config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    side = copy_side_files(src, tmp)
+    (tmp / "kvtool.json").write_text(json.dumps(provenance, indent=2) + "\n", encoding="utf-8")
+    return WriteSummary(dst=tmp, linked=linked, copied=copied, scale_shard=SCALE_SHARD,
+                        scale_tensors={n: tuple(t.shape) for n, t in scales.items()}, side_files=side)
