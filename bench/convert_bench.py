@@ -85,8 +85,8 @@ def make_checkpoint(folder: Path, layers: int, hidden: int, heads: int, inter: i
     return sum(p.stat().st_size for p in folder.iterdir())
 
 
-def timed(cmd: list[str]) -> tuple[float, int]:
-    """(wall seconds, peak RSS bytes) of one fresh process, from /usr/bin/time -v."""
+def timed(cmd: list[str]) -> tuple[float, int, float]:
+    """(wall seconds, peak RSS bytes, CPU seconds user + system) of one fresh process (/usr/bin/time -v)."""
     proc = subprocess.run(["/usr/bin/time", "-v", *cmd], capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"command failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stderr[-2000:]}")
@@ -94,7 +94,8 @@ def timed(cmd: list[str]) -> tuple[float, int]:
     h, m, s = wall.groups()
     seconds = int(h or 0) * 3600 + int(m) * 60 + float(s)
     rss_kb = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", proc.stderr).group(1))
-    return seconds, rss_kb * 1024
+    cpu = sum(float(re.search(rf"{k} time \(seconds\): ([\d.]+)", proc.stderr).group(1)) for k in ("User", "System"))
+    return seconds, rss_kb * 1024, cpu
 
 
 def main() -> int:
@@ -127,7 +128,7 @@ def main() -> int:
         }
         timed(tools["cp"](base / "warm"))  # warm the page cache for everyone
         shutil.rmtree(base / "warm")
-        results: dict[str, list[tuple[float, int]]] = {t: [] for t in tools}
+        results: dict[str, list[tuple[float, int, float]]] = {t: [] for t in tools}
         for _ in range(args.repeat):
             for name, cmd in tools.items():
                 out = base / f"out-{name}"
@@ -135,13 +136,15 @@ def main() -> int:
                 shutil.rmtree(out)
         print(f"checkpoint: {size / 1e9:.2f} GB fp16 ({args.layers} layers, hidden {args.hidden}, {args.heads} heads), "
               f"MHA -> GQA-{args.groups}; median wall of {args.repeat}, max peak RSS")
-        print(f"{'tool':8} {'wall s':>8} {'GB/s':>7} {'peak RSS MiB':>13}")
+        print(f"{'tool':8} {'wall s':>8} {'GB/s':>7} {'CPU s':>7} {'peak RSS MiB':>13}")
         summary = {}
         for name, runs in results.items():
             wall = statistics.median(r[0] for r in runs)
             rss = max(r[1] for r in runs)
-            summary[name] = (wall, rss)
-            print(f"{name:8} {wall:8.2f} {size / wall / 1e9:7.2f} {rss / 2**20:13.0f}")
+            cpu = statistics.median(r[2] for r in runs)
+            summary[name] = (wall, rss, cpu)
+            print(f"{name:8} {wall:8.2f} {size / wall / 1e9:7.2f} {cpu:7.2f} {rss / 2**20:13.0f}")
+        print(f"load average during the run: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
         cp, naive, kv = summary["cp"], summary["naive"], summary["kvtool"]
         print(f"kvtool throughput vs cp: {cp[0] / kv[0]:.2f}x (goal >= 0.5)")
         print(f"kvtool vs naive: {naive[0] / kv[0]:.2f}x faster (goal >= 3), peak RSS {kv[1] / naive[1]:.2f}x of naive "

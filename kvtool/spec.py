@@ -116,7 +116,7 @@ class ModelSpec:
         prf = self.get("partial_rotary_factor", 1.0)
         try:
             return int(hd * float(prf))
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):  # junk or non-finite factors are findings elsewhere
             return hd
 
     @property

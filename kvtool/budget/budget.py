@@ -2,7 +2,8 @@
 
 Sizes follow vLLM's paged allocator: every layer reserves whole blocks; a sliding-window layer
 reserves window-1 tokens plus one scheduler step plus one block; a chunked-local layer the chunk plus
-one step; MLA one latent per token replicated on every tensor-parallel GPU. The KV pool is
+one step; MLA one latent per token replicated on every tensor-parallel GPU; models that mix kinds
+get the padding slots of vLLM's equal-size layer groups. The KV pool is
 GPU memory x utilization - weights per GPU - --reserve (vLLM also subtracts the activation peak
 and CUDA-graph memory it profiles at start-up; kvtool cannot know those, --reserve stands in).
 """
@@ -48,6 +49,16 @@ class LayerRow:
     bytes_per_sequence_per_gpu: float
 
 
+@dataclass(frozen=True)
+class Padding:
+    """Layer slots vLLM's hybrid allocator adds so every KV-cache group has the same number of layers."""
+
+    layer_type: str
+    count: int
+    bytes_per_sequence: float
+    bytes_per_sequence_per_gpu: float
+
+
 @dataclass
 class Figures:
     """One model variant (the checkpoint as it is, or a --what-if)."""
@@ -67,6 +78,7 @@ class Figures:
     max_concurrency: float | None = None  # vLLM's "Maximum concurrency for N tokens per request"
     max_concurrent_sequences: int | None = None
     kv_pool_tokens: int | None = None  # tokens the pool holds when every KV layer keeps every token
+    padding: list[Padding] = field(default_factory=list)
 
 
 @dataclass
@@ -152,14 +164,45 @@ def figures(spec, name: str, kv_heads: int | None, kv_dtype: str, eb: float, opt
         tokens = layer.paged_tokens(seq_len, opts.block_size, step, hybrid=opts.hybrid_kv_cache)
         rows.append(LayerRow(layer, per_gpu, layer.bytes_per_token(eb), per_gpu.bytes_per_token(eb), tokens,
                              tokens * layer.bytes_per_token(eb), tokens * per_gpu.bytes_per_token(eb)))
-    f = Figures(name, kv_heads, kv_dtype, eb, rows, refusal)
+    f = Figures(name, kv_heads, kv_dtype, eb, rows, refusal, padding=group_padding(rows, opts.hybrid_kv_cache))
     f.kv_bytes_per_token = sum(r.bytes_per_token for r in rows)
     f.kv_bytes_per_token_per_gpu = sum(r.bytes_per_token_per_gpu for r in rows)
-    f.kv_bytes_per_sequence = sum(r.bytes_per_sequence for r in rows)
-    f.kv_bytes_per_sequence_per_gpu = sum(r.bytes_per_sequence_per_gpu for r in rows)
+    f.kv_bytes_per_sequence = sum(r.bytes_per_sequence for r in rows) + sum(p.bytes_per_sequence for p in f.padding)
+    f.kv_bytes_per_sequence_per_gpu = (sum(r.bytes_per_sequence_per_gpu for r in rows)
+                                       + sum(p.bytes_per_sequence_per_gpu for p in f.padding))
     f.kv_bytes_total = f.kv_bytes_per_sequence * opts.batch
     f.kv_bytes_total_per_gpu = f.kv_bytes_per_sequence_per_gpu * opts.batch
     return f
+
+
+def group_padding(rows: list[LayerRow], hybrid: bool) -> list[Padding]:
+    """Padding layers of vLLM's hybrid KV-cache groups (kv_cache_utils._get_kv_cache_groups_uniform_page_size).
+
+    With more than one kind of KV layer, vLLM splits each kind into groups of equal size: the smallest
+    kind's layer count, or the largest's when it is under 1.5x the smallest. A kind whose count is not a
+    multiple is padded, and a padding slot reserves memory like a real layer of that kind (Gemma-3-1B:
+    4 global layers, so the 22 sliding layers fill 6 groups of 4 and 2 slots are padding).
+    """
+    kinds: dict[tuple, list[LayerRow]] = {}
+    for r in rows:
+        if r.layer.kind == "none":
+            continue
+        windowed = hybrid and r.layer.window is not None
+        key = (r.layer.layer_type if windowed else "full_attention", r.layer.window if windowed else None,
+               r.per_gpu.elements_per_token)
+        kinds.setdefault(key, []).append(r)
+    if len(kinds) <= 1:
+        return []
+    counts = [len(v) for v in kinds.values()]
+    group = max(counts) if max(counts) < 1.5 * min(counts) else min(counts)
+    out = []
+    for members in kinds.values():
+        extra = kvcache.cdiv(len(members), group) * group - len(members)
+        if extra:
+            r = members[0]
+            out.append(Padding(r.layer.layer_type, extra, extra * r.bytes_per_sequence,
+                               extra * r.bytes_per_sequence_per_gpu))
+    return out
 
 
 def _fill_pool(f: Figures, pool: float | None, block_size: int) -> None:
@@ -201,6 +244,9 @@ def compute(ckpt, spec, opts: BudgetOptions) -> Budget:
     if ckpt.has_weights:
         stored = ckpt.weight_bytes
         weight_bytes, weight_source = served_weight_bytes(ckpt), "safetensors"
+        if ckpt.problems:
+            notes.append(f"{len(ckpt.problems)} problem(s) reading the safetensors files or index (first: "
+                         f"{ckpt.problems[0].message}); the weight total may be short, run `kvtool lint`")
         if weight_bytes != stored:
             notes.append(f"float32 tensors counted at 2 bytes: vLLM (--dtype auto) serves a float32 checkpoint "
                          f"in 16 bits ({fmt_bytes(stored)} on disk, {fmt_bytes(weight_bytes)} on the GPU)")
@@ -228,6 +274,9 @@ def compute(ckpt, spec, opts: BudgetOptions) -> Budget:
         _fill_pool(f, pool, opts.block_size)
         variants.append(f)
 
+    if spec.arch.generic:
+        notes.append(f"kvtool has no architecture table for model_type {spec.model_type!r}: read with generic "
+                     "field names, so per-layer differences the config encodes its own way are not seen")
     windowed = {r.layer.layer_type for r in current.layers if r.layer.window is not None}
     if windowed and not opts.hybrid_kv_cache:
         notes.append("--disable-hybrid-kv-cache-manager: sliding-window / chunked layers are sized like full ones")
@@ -235,6 +284,9 @@ def compute(ckpt, spec, opts: BudgetOptions) -> Budget:
         notes.append("some vLLM versions turn the hybrid KV-cache manager off for chunked local attention unless "
                      "VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE=1; --disable-hybrid-kv-cache-manager "
                      "sizes that case")
+    for pad in current.padding:
+        notes.append(f"vLLM groups KV layers by kind in groups of equal size: {pad.count} padding "
+                     f"{pad.layer_type} slot{'s' if pad.count != 1 else ''} reserve memory like real layers")
     stateful = sum(1 for r in current.layers if r.layer.layer_type in ("mamba", "linear_attention"))
     if stateful:
         notes.append(f"{stateful} Mamba / linear-attention layers keep a fixed-size state per sequence instead of "

@@ -1,10 +1,11 @@
 """Parameter count from a config, for budgets on checkpoints without safetensors (an estimate).
 
 Counts embeddings, the LM head (unless tied), attention projections (GQA or MLA, from the spec the
-architecture table resolves) and gated MLPs (gate, up, down: 3 x hidden x intermediate), with MoE
-experts, shared experts and routers where the table maps them. Norms and biases are left out (well
-under 0.1% of a model); the mixers of Mamba / linear-attention layers are not modelled and are
-named in the notes, so the estimate is low for such hybrids.
+architecture table resolves) and gated MLPs (gate, up, down: 3 x hidden x intermediate; GPT-2-style
+two-matrix MLPs are overstated by a third), with MoE experts, shared experts and routers where the
+table maps them. Norms and biases are left out (well under 0.1% of a model); the mixers of Mamba /
+linear-attention layers are not modelled and are named in the notes, so the estimate is low for
+such hybrids.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ def attention_params(spec) -> int:
 
 def mlp_params(spec, layer: int) -> int:
     h = spec.hidden_size or 0
-    inter = _i(spec.get("intermediate_size"))
+    inter = _i(spec.get("intermediate_size")) or 4 * h  # GPT-2 / GPT-J leave n_inner null: 4 x hidden
     experts = _i(spec.get("num_experts"))
     dense_first = _i(spec.get("first_k_dense"))
     if not experts or layer < dense_first:
@@ -77,16 +78,23 @@ def estimate(spec) -> Estimate | None:
         if not ffn_own_layers or lt in ("mlp", "moe"):
             params += mlp_params(spec, i)
     dtype = spec.dtype or "bfloat16"
-    eb = dtype_bytes(dtype, 2)
+    eb = min(dtype_bytes(dtype, 2), 2)  # vLLM (--dtype auto) serves float32 checkpoints in 16 bits
     method, bits = quant_bits(spec.full_config.get("quantization_config"))
     layer_bytes = params * (bits / 8 if bits else eb)
     total = embed + params
-    how = (dtype if spec.dtype else "16-bit assumed: the config names no dtype") + (f", decoder layers {method} at {bits:g} bits/weight" if bits else "")
+    how = dtype if spec.dtype else "16-bit assumed: the config names no dtype"
+    if eb < dtype_bytes(dtype, 2):
+        how += " served in 16 bits"
+    if bits:
+        how += f", decoder layers {method} at {bits:g} bits/weight"
     notes = [f"weights estimated from config.json ({total / 1e9:.2f} B parameters, {how}); no safetensors were read"]
     if method and not bits:
-        notes.append(f"quantization {method!r} has no known bit width; counted at {dtype} (the estimate is high)")
+        notes.append(f"quantization {method!r} has no known bit width; counted at {eb:g} bytes per weight "
+                     "(the estimate is high)")
     if skipped:
         notes.append(f"{skipped} Mamba / linear-attention mixers not counted: the estimate is low")
+    if not _i(spec.get("intermediate_size")):
+        notes.append("the config gives no intermediate size; 4 x hidden assumed")
     return Estimate(total, int(embed * eb + layer_bytes), dtype, notes)
 
 
@@ -98,7 +106,8 @@ def quant_bits(qc) -> tuple[str | None, float | None]:
     bits = qc.get("bits")
     if isinstance(bits, (int, float)) and not isinstance(bits, bool) and bits > 0:
         return method, float(bits)
-    for group in (qc.get("config_groups") or {}).values():  # compressed-tensors
+    groups = qc.get("config_groups")
+    for group in (groups.values() if isinstance(groups, dict) else ()):  # compressed-tensors
         nb = (group.get("weights") or {}).get("num_bits") if isinstance(group, dict) else None
         if isinstance(nb, int) and nb > 0:
             return method, float(nb)

@@ -32,6 +32,8 @@ def _figures_dict(f: Figures, current: Figures | None) -> dict:
         "kv_bytes_total": f.kv_bytes_total, "kv_bytes_total_per_gpu": f.kv_bytes_total_per_gpu,
         "max_concurrency": f.max_concurrency, "max_concurrent_sequences": f.max_concurrent_sequences,
         "kv_pool_tokens": f.kv_pool_tokens, "tensor_parallel_refusal": f.tp_refusal,
+        "padding_layers": [{"layer_type": p.layer_type, "count": p.count, "bytes_per_sequence": p.bytes_per_sequence,
+                            "bytes_per_sequence_per_gpu": p.bytes_per_sequence_per_gpu} for p in f.padding],
     }
     if current is not None:
         d["saving_vs_current"] = _saving(f, current)
@@ -120,8 +122,10 @@ def _layer_groups(f: Figures, tp: int) -> list[list[str]]:
     table = []
     for key, idx in groups.items():
         r = rows[key]
-        heads = "-" if r.layer.kind == "none" else (
-            f"{r.layer.kv_heads}" if tp == 1 or r.layer.kind == "MLA" else f"{r.layer.kv_heads} ({r.per_gpu.kv_heads}/GPU)")
+        if r.layer.kind in ("none", "MLA"):
+            heads = {"none": "-", "MLA": "latent"}[r.layer.kind]
+        else:
+            heads = str(r.layer.kv_heads) if tp == 1 else f"{r.layer.kv_heads} ({r.per_gpu.kv_heads}/GPU)"
         table.append([
             _ranges(idx), str(len(idx)), r.layer.layer_type, _kind(r), heads,
             "-" if not r.layer.head_dim else str(r.layer.head_dim),
@@ -129,6 +133,9 @@ def _layer_groups(f: Figures, tp: int) -> list[list[str]]:
             f"{r.bytes_per_token_per_gpu:,.0f}", f"{r.tokens_allocated:,}",
             fmt_bytes(r.bytes_per_sequence_per_gpu * len(idx)),
         ])
+    for p in f.padding:
+        table.append(["padding", str(p.count), p.layer_type, "vLLM group pad", "", "", "", "", "",
+                      fmt_bytes(p.bytes_per_sequence_per_gpu)])
     return table
 
 

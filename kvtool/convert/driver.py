@@ -404,7 +404,10 @@ def run_convert(plan: ConvertPlan, dst: str | Path, *, method_obj=None, force: b
                             raw = {f: reader.get(n) for f, n in names.items()}
                             out = _merge_layer(plan, i, raw, method_obj.merge_layer)
                             for f, n in names.items():
-                                writer.add(n, _cast(out[f], out_dtype, raw[f].dtype))
+                                if out[f] is raw[f] and plan_dtype[n] == reader.info(n).dtype:
+                                    writer.copy_from(n, *reader.byte_range(n))  # untouched by the method
+                                else:
+                                    writer.add(n, _cast(out[f], out_dtype, raw[f].dtype))
                                 done.add(n)
                                 bar.update(reader.info(n).nbytes)
                                 bar.set_postfix_str(f"{len(done)}/{len(plan.outputs)} tensors", refresh=False)

@@ -7,7 +7,7 @@ reads KV head h // (H / KV) (transformers' repeat_kv). Going up (KV divides G, e
 new head j is a copy of old head j // (G / KV): the model computes exactly the same function.
 
 Means are taken in float64 for 32/64-bit tensors and float32 for 16-bit ones, then cast back;
-this makes expand-then-pool bit-exact (the mean of r equal values is that value).
+this makes expand-then-pool bit-exact (r equal values sum exactly in the wider dtype, and r*x / r is x).
 """
 
 from __future__ import annotations

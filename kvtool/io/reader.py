@@ -1,8 +1,11 @@
 """Lazy tensor reader over a model folder (one model.safetensors, several, or a sharded index).
 
 Names, dtypes and shapes come from the safetensors headers (no data read). Tensor data is read
-on demand with safetensors' `safe_open`, keeping only one shard open at a time, so memory stays
-bounded by the tensor being read, never by the model. `get_slice` reads only the rows asked for.
+on demand with positional reads at the offsets the header gives, keeping one shard file open at a
+time, so memory stays bounded by the tensor being read, never by the model; `get_slice` reads only
+the rows asked for. (safetensors' `safe_open` would memory-map the shard: every page read then
+stays resident, and counted in RSS, until the shard is closed, so peak memory grows with the bytes
+read. A plain read into a fresh buffer is freed with the tensor.)
 """
 
 from __future__ import annotations
@@ -20,6 +23,22 @@ if TYPE_CHECKING:  # torch is imported lazily: this module is importable without
 INDEX_NAME = "model.safetensors.index.json"
 
 
+def st_to_torch_dtype(st: str):
+    """safetensors dtype string -> torch dtype."""
+    import torch
+
+    table = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+             "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+             "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2}
+    for st_name, attr in (("U16", "uint16"), ("U32", "uint32"), ("U64", "uint64"), ("F8_E8M0", "float8_e8m0fnu")):
+        if hasattr(torch, attr):
+            table[st_name] = getattr(torch, attr)
+    try:
+        return table[st]
+    except KeyError:
+        raise InputError(f"tensors of dtype {st} cannot be loaded") from None
+
+
 class CheckpointReader:
     """Read tensors of a model folder lazily; use as a context manager (closes the open shard)."""
 
@@ -31,8 +50,7 @@ class CheckpointReader:
         self._data_start: dict[str, int] = {}
         self._files: list[str] = []
         self._open_file: str | None = None
-        self._handle = None
-        self._ctx = None
+        self._fh = None
         self._scan()
 
     # --- headers ---------------------------------------------------------------------------
@@ -113,40 +131,57 @@ class CheckpointReader:
         return sum(i.nbytes for i in self._infos.values())
 
     # --- data access -----------------------------------------------------------------------
-    def _file_handle(self, file: str):
+    def _file(self, file: str):
         if self._open_file != file:
             self.close()
-            from safetensors import safe_open
-
             path = self.folder / file
             try:
-                self._ctx = safe_open(str(path), framework="pt", device="cpu")
-                self._handle = self._ctx.__enter__()
-            except Exception as exc:  # safetensors raises its own error types
-                self._ctx = self._handle = None
-                raise InputError(f"cannot open safetensors file: {exc}", file=str(path)) from None
+                self._fh = open(path, "rb", buffering=0)
+            except OSError as exc:
+                raise InputError(f"cannot open: {exc.strerror or exc}", file=str(path)) from None
             self._open_file = file
-        return self._handle
+        return self._fh
+
+    def _read(self, info: TensorInfo, begin: int, nbytes: int, shape: tuple[int, ...]) -> "torch.Tensor":
+        import torch
+
+        dtype = st_to_torch_dtype(info.dtype)
+        if nbytes == 0:
+            return torch.empty(shape, dtype=dtype)
+        buf = bytearray(nbytes)
+        view = memoryview(buf)
+        fh = self._file(info.file)
+        fh.seek(self._data_start[info.file] + begin)
+        got = 0
+        while got < nbytes:
+            n = fh.readinto(view[got:])
+            if not n:
+                raise InputError(f"tensor {info.name!r}: file ends early", file=str(self.folder / info.file))
+            got += n
+        return torch.frombuffer(buf, dtype=dtype).reshape(shape)
 
     def get(self, name: str) -> "torch.Tensor":
         """The whole tensor, on CPU, in its stored dtype."""
         info = self.info(name)
-        return self._file_handle(info.file).get_tensor(name)
+        begin, end = info.data_offsets
+        return self._read(info, begin, end - begin, info.shape)
 
     def get_slice(self, name: str, start: int, stop: int) -> "torch.Tensor":
         """Rows [start, stop) of the first dimension; only those bytes are read."""
         info = self.info(name)
         if not info.shape:
             raise InputError(f"tensor {name!r} is a scalar and has no rows", file=str(self.folder / info.file))
-        return self._file_handle(info.file).get_slice(name)[start:stop]
+        rows = info.shape[0]
+        start, stop, _ = slice(start, stop).indices(rows)
+        stop = max(start, stop)
+        row_bytes = (info.nbytes // rows) if rows else 0
+        return self._read(info, info.data_offsets[0] + start * row_bytes, (stop - start) * row_bytes,
+                          (stop - start, *info.shape[1:]))
 
     def close(self) -> None:
-        if self._ctx is not None:
-            try:
-                self._ctx.__exit__(None, None, None)
-            except Exception:  # noqa: BLE001 - closing a read-only mapping cannot lose data
-                pass
-        self._ctx = self._handle = None
+        if self._fh is not None:
+            self._fh.close()
+        self._fh = None
         self._open_file = None
 
     def __enter__(self) -> "CheckpointReader":

@@ -45,9 +45,8 @@ def check_kv_heads(ctx) -> None:
     if kv > h:
         ctx.report("KV101", f"{kv_key} = {kv} exceeds {spec.key('num_heads')} = {h}", path=kv_key)
     elif h % kv:
-        valid = [d for d in range(1, h + 1) if h % d == 0]
-        ctx.report("KV102", f"{spec.key('num_heads')} = {h} is not divisible by {kv_key} = {kv} (valid: {valid})",
-                   path=kv_key)
+        ctx.report("KV102", f"{spec.key('num_heads')} = {h} is not divisible by {kv_key} = {kv} "
+                            f"(valid: {_divisors(h)})", path=kv_key)
 
 
 define("KV103", "tp-query-heads", "error",
@@ -111,6 +110,14 @@ def _pos_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and v > 0
 
 
+# Lists of valid sizes in messages stop here: real head counts and TP sizes are far below it.
+LIST_LIMIT = 1024
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, min(n, LIST_LIMIT) + 1) if n % d == 0]
+
+
 def _tp_fits(tp: int, h: int | None, kv: int | None) -> bool:
     """vLLM's rule: query heads split evenly; KV heads split evenly or replicated evenly."""
     if h and h % tp:
@@ -133,7 +140,7 @@ def check_tensor_parallel(ctx) -> None:
     kv = kv if _pos_int(kv) else None
     if h is None and kv is None:
         return
-    fits = [n for n in range(1, (h or kv) + 1) if _tp_fits(n, h, kv)]
+    fits = [n for n in range(1, min(h or kv, LIST_LIMIT) + 1) if _tp_fits(n, h, kv)]
     h_key = spec.key("num_heads") or "num_attention_heads"
     if h and h % tp:
         ctx.report("KV103", f"{h_key} = {h} is not divisible by --tensor-parallel-size {tp} "

@@ -63,7 +63,7 @@ define("KV412", "moe-shared-experts-invalid", "error",
        """, hint="set the shared-expert count to an integer >= 0", topic="moe")
 
 define("KV413", "moe-layer-frequency-invalid", "error",
-       "A MoE layer-placement field (moe_layer_freq, first_k_dense_replace, decoder_sparse_step, mlp_only_layers) is out of range",
+       "A MoE layer-placement field (moe_layer_freq, first_k_dense_replace, ...) is out of range",
        """
        What it does: checks the fields that decide which layers are MoE: moe_layer_freq and
        decoder_sparse_step are positive integers, first_k_dense_replace lies in

@@ -52,12 +52,32 @@ def _alibi(ctx) -> str | None:
     return None
 
 
+def _rope_settings(ctx) -> list[str]:
+    """RoPE keys that would change something. A re-saved config carries every attribute of its class
+    (falcon writes rope_theta 10000 and, in v5, a default rope_parameters), which is not a defect."""
+    cfg, arch = ctx.config, ctx.spec.arch
+    default_theta = arch.defaults.get("rope_theta", 10000.0)
+    out = []
+    for k in ROPE_KEYS:
+        v = cfg.get(k)
+        if v in (None, {}, []):
+            continue
+        if k == "rope_theta" and v == default_theta:
+            continue
+        if k in ("rope_scaling", "rope_parameters") and isinstance(v, dict):
+            kind = v.get("rope_type", v.get("type", "default"))
+            if kind == "default" and v.get("rope_theta", default_theta) == default_theta:
+                continue
+        out.append(k)
+    return out
+
+
 @checker("positions")
 def check_alibi_rope(ctx) -> None:
     flag = _alibi(ctx)
     if flag is None:
         return
-    present = [k for k in ROPE_KEYS if ctx.config.get(k) not in (None, {}, [])]
+    present = _rope_settings(ctx)
     if present:
         p = ctx.spec.prefixed(present[0])
         ctx.report("KV505", f"the model uses ALiBi ({flag}) but the config sets {', '.join(present)}; "

@@ -9,6 +9,8 @@ from kvtool.rules.registry import checker, define
 # quantization_config keys that declare a quantized KV cache: compressed-tensors / llm-compressor
 # (kv_cache_scheme) and NVIDIA ModelOpt (kv_cache_quant_algo).
 SCHEME_KEYS = ("kv_cache_scheme", "kv_cache_quant_algo")
+# Projection tensors that show an attention module is stored (plain, compressed-tensors packed, GPTQ).
+WEIGHT_SUFFIXES = ("weight", "weight_packed", "qweight")
 
 define("KV801", "kv-scales-missing", "error",
        "quantization_config declares a KV-cache scheme but attention layers lack k_scale / v_scale",
@@ -48,6 +50,21 @@ define("KV803", "kv-scales-pre-rope", "warning",
        post-RoPE keys).
        """, hint="recalibrate K scales after RoPE (kvtool quantize-kv)", topic="quantization")
 
+define("KV804", "kv-cache-scheme-unsupported", "error",
+       "quantization_config.kv_cache_scheme asks for a KV-cache quantization vLLM cannot run",
+       """
+       What it does: checks a compressed-tensors kv_cache_scheme against what vLLM's
+       CompressedTensorsKVCacheMethod accepts: num_bits 8 with type "float" (FP8), strategy
+       "tensor" (one scale per layer) or "attn_head" (one per KV head), and symmetric true.
+       Why it matters: vLLM raises NotImplementedError at start-up for anything else, after the
+       weights have been downloaded.
+       Example: "kv_cache_scheme": {"num_bits": 4, "type": "int", "strategy": "channel", "symmetric": false}
+       Fix: recalibrate with an FP8 per-tensor (or per-head) symmetric scheme (`kvtool quantize-kv`).
+       """, hint="use num_bits 8, type float, strategy tensor or attn_head, symmetric true", topic="quantization")
+
+# What vLLM's CompressedTensorsKVCacheMethod.validate_kv_cache_scheme accepts.
+SUPPORTED_SCHEME = {"num_bits": (8,), "type": ("float",), "strategy": ("tensor", "attn_head"), "symmetric": (True,)}
+
 
 def _scheme(cfg: dict) -> tuple[str, object] | None:
     q = cfg.get("quantization_config")
@@ -69,7 +86,7 @@ def _attention_prefixes(ctx) -> list[str]:
         if lt not in KV_CACHE_TYPES:
             continue
         prefix = spec.arch.attn_prefix(i)
-        if any(f"{prefix}.{loc}.{suffix}" in tensors for loc in locals_ for suffix in ("weight", "weight_packed", "qweight")):
+        if any(f"{prefix}.{loc}.{suffix}" in tensors for loc in locals_ for suffix in WEIGHT_SUFFIXES):
             out.append(prefix)
     return out
 
@@ -106,6 +123,19 @@ def check_kv_scales(ctx) -> None:
 
 
 @checker("quantization")
+def check_scheme_supported(ctx) -> None:
+    q = ctx.spec.full_config.get("quantization_config")
+    scheme = q.get("kv_cache_scheme") if isinstance(q, dict) else None
+    if not isinstance(scheme, dict):
+        return
+    bad = [f"{k} = {scheme.get(k)!r}" for k, ok in SUPPORTED_SCHEME.items() if scheme.get(k) not in ok]
+    if bad:
+        ctx.report("KV804", f"quantization_config.kv_cache_scheme has {', '.join(bad)}; vLLM supports FP8 "
+                            "(num_bits 8, type float), strategy tensor or attn_head, symmetric true",
+                   path="quantization_config.kv_cache_scheme")
+
+
+@checker("quantization")
 def check_scale_point(ctx) -> None:
     ckpt = ctx.checkpoint
     if not ckpt.headers:
@@ -126,4 +156,5 @@ def check_scale_point(ctx) -> None:
             pre.append(n)
     if pre:
         ctx.report("KV803", f"{len(pre)} K scale(s) are projection-output scales taken before RoPE (e.g. {pre[0]}) "
-                            "and no post-RoPE k_scale is stored", path=pre[0], file=ctx.file_of(ckpt.tensors[pre[0]].file))
+                            "and no post-RoPE k_scale is stored", path=pre[0],
+                   file=ctx.file_of(ckpt.tensors[pre[0]].file))

@@ -13,6 +13,8 @@ from kvtool.rules.registry import checker, define
 # Storage dtypes of packed quantized weights (GPTQ/AWQ int32 words, bitsandbytes / NVFP4 bytes):
 # their shapes are not the logical matrix shape.
 PACKED_DTYPES = ("U8", "I32", "U32", "F4", "I16")
+# Layer counts above this are not real models (the layer-type resolver uses the same bound).
+MAX_LAYERS = 100_000
 # Layers beyond num_hidden_layers that checkpoints legitimately carry (multi-token prediction).
 EXTRA_LAYER_KEYS = ("num_nextn_predict_layers",)
 
@@ -190,8 +192,8 @@ def _expected_shapes(spec) -> dict[str, tuple[int, int, str]]:
 def check_projection_shapes(ctx) -> None:
     spec, tensors = ctx.spec, ctx.checkpoint.tensors
     n = spec.num_layers
-    if not tensors or not n:
-        return
+    if not tensors or not n or n > MAX_LAYERS or spec.arch.generic:
+        return  # the generic table only guesses names and head layout (e.g. per-layer heads in nemotron-nas)
     expected = _expected_shapes(spec)
     transposed = bool(spec.arch.weights.get("transposed"))  # Conv1D layouts (GPT-2) store [in, out]
     for local, (rows, cols, why) in expected.items():
@@ -228,7 +230,7 @@ def check_layer_count(ctx) -> None:
     spec, tensors = ctx.spec, ctx.checkpoint.tensors
     n = spec.num_layers
     pat = _layer_pattern(spec)
-    if not tensors or not n or pat is None or _incomplete(ctx.checkpoint):
+    if not tensors or not n or n > MAX_LAYERS or pat is None or _incomplete(ctx.checkpoint):
         return  # a damaged or partial checkpoint is reported by the reader rules
     found = {int(m.group(1)) for name in tensors if (m := pat.match(name))}
     if not found:
@@ -257,7 +259,8 @@ def check_embeddings(ctx) -> None:
     if embed is not None and _is_int(vocab) and embed.shape and embed.dtype not in PACKED_DTYPES:
         if embed.shape[0] != vocab:
             key = spec.key("vocab_size") or "vocab_size"
-            ctx.report("KV603", f"{key} = {vocab} but {embed.name} has {embed.shape[0]} rows (shape {list(embed.shape)})",
+            ctx.report("KV603", f"{key} = {vocab} but {embed.name} has {embed.shape[0]} rows "
+                                f"(shape {list(embed.shape)})",
                        path=key, file=ctx.file_of(embed.file))
     if embed is None or not w.get("lm_head"):
         return  # without the embedding the table's names may not fit these weights

@@ -121,6 +121,7 @@ def test_missing_model_and_missing_length(tmp_path, capsys):
     assert rc == 2 and "--max-model-len" in err
     ok = run_json(capsys, str(tmp_path / "nolen2"), "--max-model-len", "100")
     assert ok["max_model_len"] == 100
+    assert any("no architecture table for model_type 'kvtool_unknown'" in n for n in ok["notes"])
 
 
 def test_input_is_never_modified(tiny, tmp_path, capsys):
@@ -229,3 +230,30 @@ def test_alibi_model_reports_its_positions(capsys):
     assert d["kv_bytes_per_token"] == 2 * 16 * 128 * 2
     rc, out, _ = run(capsys, config("bloom-shrunk"), "--max-model-len", "2048")
     assert "positions: ALiBi" in out.splitlines()[0]
+
+
+@pytest.mark.parametrize("dtype, quant, layer_bytes", [
+    ("float32", None, 2),  # served in 16 bits, like the weights vLLM loads
+    ("bfloat16", {"quant_method": "gptq", "bits": 4}, 0.5),
+    ("bfloat16", {"quant_method": "fp8"}, 1),
+    ("bfloat16", {"quant_method": "compressed-tensors", "config_groups": {"g": {"weights": {"num_bits": 8}}}}, 1),
+])
+def test_weight_estimate_without_safetensors(tmp_path, capsys, dtype, quant, layer_bytes):
+    cfg = dict(TINY, torch_dtype=dtype)
+    if quant:
+        cfg["quantization_config"] = quant
+    write_config(tmp_path / "m", cfg)
+    d = run_json(capsys, str(tmp_path / "m"))
+    # 2 layers x (attention 64x64 + 2 x 64x32 + 64x64, gated MLP 3 x 64x128); embeddings and head 2 x 128x64.
+    layers = 2 * (2 * 64 * 64 + 2 * 64 * 32 + 3 * 64 * 128)
+    embed = 2 * 128 * 64
+    assert d["weight_params_estimate"] == layers + embed
+    assert d["weight_bytes"] == int(embed * 2 + layers * layer_bytes)
+    assert d["weight_source"] == "estimate"
+
+
+def test_unreadable_shard_is_reported_in_the_notes(tiny, capsys):
+    (tiny / "b.safetensors").write_bytes(b"\x00\x01")  # truncated: no header
+    d = run_json(capsys, str(tiny))
+    assert d["weight_bytes"] == 128 * 64 * 2 + 64 * 64 * 2  # what could be read
+    assert any("the weight total may be short" in n for n in d["notes"])

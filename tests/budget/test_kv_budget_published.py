@@ -154,16 +154,21 @@ def test_gemma3_1b_five_sliding_one_global(capsys):
     # vLLM reserves window-1 tokens + one scheduler step (2048 by default) + one block on sliding layers.
     sliding_tokens = (cdiv(min(512 - 1 + 2048, 32_768), 16) + 1) * 16
     assert sliding_tokens == 2576
-    expected = 4 * 32_768 * per_layer + 22 * sliding_tokens * per_layer
+    # vLLM's hybrid allocator groups layers in 4s (the 4 global layers): the 22 sliding layers fill
+    # 6 groups = 24 slots, 2 of them padding that reserves memory like a sliding layer.
+    expected = 4 * 32_768 * per_layer + 24 * sliding_tokens * per_layer
     assert d["kv_bytes_per_sequence"] == expected
+    assert d["padding_layers"] == [{"layer_type": "sliding_attention", "count": 2,
+                                    "bytes_per_sequence": 2 * sliding_tokens * per_layer,
+                                    "bytes_per_sequence_per_gpu": 2 * sliding_tokens * per_layer}]
     # Decode-only step: the window plus one block.
     d1 = run_json(capsys, config("gemma-3-1b-it"), "--max-num-batched-tokens", "1")
-    assert d1["kv_bytes_per_sequence"] == 4 * 32_768 * per_layer + 22 * (512 // 16 + 1) * 16 * per_layer
+    assert d1["kv_bytes_per_sequence"] == 4 * 32_768 * per_layer + 24 * (512 // 16 + 1) * 16 * per_layer
     # The plain formula charges every layer the whole context: over 4x more here.
     assert 26 * 32_768 * per_layer / expected > 4
     # ... which is what vLLM does with its hybrid KV-cache manager disabled.
     off = run_json(capsys, config("gemma-3-1b-it"), "--disable-hybrid-kv-cache-manager")
-    assert off["kv_bytes_per_sequence"] == 26 * 32_768 * per_layer
+    assert off["kv_bytes_per_sequence"] == 26 * 32_768 * per_layer and off["padding_layers"] == []
 
 
 def test_gpt_oss_20b_alternating_sliding_128(capsys):

@@ -107,3 +107,31 @@ def test_what_if_grammar():
     for bad in ("gqa:0", "gqa:64", "gqa:6", "auto", "fp4"):
         with pytest.raises(UsageError):
             parse(bad, num_heads=32, is_mla=False)
+
+
+def _rows(kinds: list[tuple[str, int | None]]) -> list:
+    from kvtool.budget.budget import LayerRow
+
+    rows = []
+    for i, (lt, window) in enumerate(kinds):
+        lay = kvcache.LayerKV(i, lt, "GQA", 8, 128, window, 2048, 32)
+        rows.append(LayerRow(lay, lay, 4096, 4096, 100, 409_600, 409_600))
+    return rows
+
+
+@pytest.mark.parametrize("full, sliding, padding", [
+    (4, 22, 2),    # Gemma-3-1B: groups of 4, 22 sliding -> 24 slots
+    (3, 15, 0),    # Gemma-3-270M: 5:1, no padding
+    (10, 52, 8),   # Gemma-3-27B: groups of 10, 52 sliding -> 60 slots
+    (12, 12, 0),   # gpt-oss-20b alternating
+    (13, 12, 1),   # gpt-oss-20b + an EAGLE full layer: 12 < 1.5 x 13, groups of 13
+    (0, 32, 0),    # Mistral v0.1: one kind only
+])
+def test_vllm_group_padding(full, sliding, padding):
+    from kvtool.budget.budget import group_padding
+
+    rows = _rows([("full_attention", None)] * full + [("sliding_attention", 4096)] * sliding)
+    pads = group_padding(rows, hybrid=True)
+    assert sum(p.count for p in pads) == padding
+    assert all(p.layer_type == "sliding_attention" and p.bytes_per_sequence == p.count * 409_600 for p in pads)
+    assert group_padding(rows, hybrid=False) == []  # one group when the hybrid allocator is off

@@ -243,7 +243,7 @@ def test_exception_mid_write_leaves_no_destination(tmp_path, monkeypatch, capsys
 
     def failing_add(self, name, tensor):
         calls.append(name)
-        if len(calls) == 7:
+        if len(calls) == 3:  # k and v of each layer go through add; the rest is copied file to file
             raise RuntimeError("simulated crash")
         return real_add(self, name, tensor)
 

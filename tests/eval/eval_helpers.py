@@ -94,7 +94,7 @@ def reference_nll(model, ids, max_length: int, stride: int) -> tuple[float, int]
     """(NLL sum, tokens) of the plain transformers loop from the HF perplexity guide (labels = -100 masking)."""
     import torch
 
-    seq = torch.tensor(ids)[None]
+    seq = torch.tensor(ids)[None].to(model.device)
     n = seq.shape[1]
     total, count, prev_end = 0.0, 0, 0
     with torch.no_grad():

@@ -11,6 +11,7 @@ import torch
 from kvtool.errors import UsageError
 from kvtool.eval.api import Candidate, evaluate, evaluate_many
 
+from conftest import DEVICE
 from eval_helpers import reference_nll, tiny_llama
 
 L, S = 64, 32
@@ -20,14 +21,14 @@ L, S = 64, 32
 def tiny_model(tiny_llama_path):
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(tiny_llama_path, dtype=torch.float32).eval()
+    return AutoModelForCausalLM.from_pretrained(tiny_llama_path, dtype=torch.float32).to(DEVICE).eval()
 
 
 def test_equals_plain_transformers_loop(tiny_llama_path, tiny_model, smollm2_tokenizer):
     from kvtool.testing.text import evaluation_text
 
     n = L + 5 * S  # aligned: the HF guide's last window needs no slide
-    r = evaluate(tiny_llama_path, max_length=L, stride=S, max_tokens=n, device="cpu")
+    r = evaluate(tiny_llama_path, max_length=L, stride=S, max_tokens=n, device=DEVICE, dtype="fp32")
     ids = smollm2_tokenizer(evaluation_text())["input_ids"][:n]
     total, count = reference_nll(tiny_model, ids, L, S)
     assert r.tokens == count == n - 1
@@ -71,7 +72,7 @@ def test_as_dict_has_the_documented_keys(tiny_model, smollm2_tokenizer):
     for key in ("ppl", "baseline_ppl", "ppl_ratio", "kld_mean", "top1_agreement", "tokens", "device", "dtype",
                 "window", "stride", "passed", "ppl_se", "log_ppl_ratio", "dp_mean", "dp_rms", "kv_cache_dtype"):
         assert key in d, key
-    assert d["device"] == "cpu" and d["window"] == L and d["stride"] == S and d["tokens"] == 99
+    assert d["device"].startswith(DEVICE.split(":")[0]) and d["window"] == L and d["stride"] == S and d["tokens"] == 99
     json.dumps(d)
 
 
@@ -83,7 +84,7 @@ def test_different_tokenizers_are_refused(tmp_path, tiny_llama_path, smollm2_pat
     vocab["Ġthe"], vocab["Ġa"] = vocab["Ġa"], vocab["Ġthe"]  # same size, different ids
     (other / "tokenizer.json").write_text(json.dumps(tok))
     with pytest.raises(UsageError, match="different tokenizers"):
-        evaluate(other, tiny_llama_path, max_length=L, stride=S, max_tokens=100)
+        evaluate(other, tiny_llama_path, max_length=L, stride=S, max_tokens=100, device=DEVICE)
 
 
 @pytest.mark.parametrize("kwargs,field", [

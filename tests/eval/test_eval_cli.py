@@ -9,9 +9,10 @@ import torch
 
 from kvtool.cli import main
 
+from conftest import DEVICE
 from eval_helpers import tiny_llama
 
-FAST = ["--max-length", "64", "--stride", "32", "--max-tokens", "160", "--device", "cpu"]
+FAST = ["--max-length", "64", "--stride", "32", "--max-tokens", "160", "--device", DEVICE, "--dtype", "fp32"]
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +30,7 @@ def test_model_against_itself_passes(tiny_llama_path, capsys):
     d = _json(capsys)
     assert rc == 0 and d["passed"] is True
     assert d["kld_mean"] == 0.0 and d["ppl_ratio"] == 1.0 and d["top1_agreement"] == 1.0
-    assert d["tokens"] == 159 and d["device"] == "cpu" and d["dtype"] == "float32"
+    assert d["tokens"] == 159 and d["device"].startswith(DEVICE.split(":")[0]) and d["dtype"] == "float32"
     assert d["window"] == 64 and d["stride"] == 32 and d["baseline_ppl"] == d["ppl"]
     assert [g["option"] for g in d["gates"]] == ["--max-ppl-increase", "--max-kld", "--min-top1"]
 
@@ -55,7 +56,7 @@ def test_text_output_and_text_files(tiny_llama_path, tmp_path, capsys):
     a.write_text("The quick brown fox jumps over the lazy dog. " * 20)
     b.write_text("Pack my box with five dozen liquor jugs. " * 20)
     rc = main(["eval", str(tiny_llama_path), "--baseline", str(tiny_llama_path), "--text", str(a), "--text", str(b),
-               "--max-length", "64", "--stride", "48", "--kv-cache-dtype", "fp8", "--kv-scales", "one"])
+               "--max-length", "64", "--stride", "48", "--kv-cache-dtype", "fp8", "--kv-scales", "one", "--device", DEVICE])
     out = capsys.readouterr().out
     assert rc == 0
     assert f"{a}, {b}" in out and "fp8_e4m3 emulated, scales: one" in out and "kld" in out
@@ -67,7 +68,8 @@ def test_kv_scales_one_equals_api(tiny_llama_path, capsys):
     p = str(tiny_llama_path)
     main(["eval", p, "--baseline", p, *FAST, "--kv-cache-dtype", "fp8", "--kv-scales", "one", "--format", "json"])
     d = _json(capsys)
-    r = evaluate(p, p, max_length=64, stride=32, max_tokens=160, kv_cache_dtype="fp8", kv_scales={})
+    r = evaluate(p, p, max_length=64, stride=32, max_tokens=160, kv_cache_dtype="fp8", kv_scales={}, device=DEVICE,
+                 dtype="fp32")
     assert d["kv_cache_dtype"] == "fp8_e4m3" and d["kld_mean"] == pytest.approx(r.kld_mean, rel=1e-9)
 
 

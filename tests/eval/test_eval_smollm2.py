@@ -11,6 +11,7 @@ import pytest
 from kvtool.cli import main
 from kvtool.eval.api import Candidate, evaluate, evaluate_many
 
+from conftest import DEVICE
 from eval_helpers import mean_pooled_mqa, reference_nll, with_kv_scales
 
 pytestmark = pytest.mark.slow
@@ -37,7 +38,7 @@ def mqa_copy(tmp_path_factory, smollm2_path):
 def test_mean_pooled_mqa_fails_the_gate(mqa_copy, smollm2_path, eval_text_file, capsys):
     rc = main(["eval", str(mqa_copy), "--baseline", str(smollm2_path), "--text", str(eval_text_file),
                "--max-length", str(L), "--stride", str(S), "--max-tokens", str(N), "--format", "json",
-               "--max-ppl-increase", "2%", "--min-top1", "0.95"])
+               "--max-ppl-increase", "2%", "--min-top1", "0.95", "--device", DEVICE, "--dtype", "fp32"])
     out, err = capsys.readouterr()
     d = json.loads(out)
     assert rc == 1 and d["passed"] is False
@@ -79,6 +80,6 @@ def test_fp8_emulation_and_checkpoint_scales(tmp_path, smollm2_model, smollm2_pa
 def test_gemma3_fp8(gemma3_path):
     """Sliding-window layers, q/k norms and head_dim 256 go through the same hook."""
     rows = evaluate_many([Candidate(gemma3_path, "off"), Candidate(gemma3_path, "fp8", "one")], baseline=gemma3_path,
-                         max_length=L, stride=S, max_tokens=N, device="cpu")
+                         max_length=L, stride=S, max_tokens=N, device=DEVICE, dtype="fp32")
     assert rows[0].kld_mean == 0.0 and rows[0].top1_agreement == 1.0
     assert 0 < rows[1].kld_mean < 0.1 and rows[1].top1_agreement > 0.8

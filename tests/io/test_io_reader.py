@@ -44,3 +44,23 @@ def test_missing_tensor_and_bad_index(tmp_path):
 def test_empty_folder_is_an_input_error(tmp_path):
     with pytest.raises(InputError, match="no safetensors"):
         CheckpointReader(tmp_path)
+
+
+def test_every_common_dtype_and_row_slices_round_trip(tmp_path):
+    from safetensors.torch import save_file
+
+    ts = {"bf16": torch.randn(5, 3).to(torch.bfloat16), "f16": torch.randn(4).half(), "i64": torch.arange(6).reshape(2, 3),
+          "bool": torch.tensor([True, False, True]), "f8": torch.randn(4, 2).to(torch.float8_e4m3fn),
+          "empty": torch.zeros(0, 4), "scalar": torch.tensor(2.5)}
+    save_file(ts, tmp_path / "model.safetensors")
+    with CheckpointReader(tmp_path) as r:
+        for n, t in ts.items():
+            got = r.get(n)
+            assert got.dtype == t.dtype and got.shape == t.shape
+            assert torch.equal(got.view(torch.uint8) if n == "f8" else got, t.view(torch.uint8) if n == "f8" else t)
+        assert torch.equal(r.get_slice("bf16", 1, 4), ts["bf16"][1:4])
+        assert r.get_slice("bf16", 4, 99).shape == (1, 3)
+        assert r.get_slice("empty", 0, 0).shape == (0, 4)
+        path, offset, n = r.byte_range("i64")
+        raw = path.read_bytes()[offset:offset + n]
+        assert torch.equal(torch.frombuffer(bytearray(raw), dtype=torch.int64).reshape(2, 3), ts["i64"])

@@ -98,3 +98,23 @@ def test_oversized_tensor_gets_its_own_shard(tmp_path):
         w.add(n, t)
     res = w.finalize()
     assert [res.weight_map[k] for k in ("small.a", "big", "small.b")] == res.files
+
+
+def test_copy_from_writes_source_bytes_without_loading(tmp_path):
+    src_dir, out = tmp_path / "src", tmp_path / "out"
+    src_dir.mkdir(), out.mkdir()
+    ts = _tensors()
+    from safetensors.torch import save_file
+
+    save_file(ts, src_dir / "model.safetensors")
+    with CheckpointReader(src_dir) as r:
+        w = ShardWriter(out, max_shard_size=800, plan=_plan(ts))
+        for n in ts:
+            w.copy_from(n, *r.byte_range(n))
+        res = w.finalize()
+    back = {}
+    for f in res.files:
+        back.update(load_file(out / f))
+    assert all(torch.equal(back[n], t) for n, t in ts.items())
+    with pytest.raises(RuntimeError, match="planned"):
+        ShardWriter(out).copy_from("a.weight", src_dir / "model.safetensors", 0, 4)

@@ -41,7 +41,7 @@ def test_tokenizer_larger_than_vocab(tmp_path) -> None:
 
 def test_alibi_models_with_rope_keys() -> None:
     mpt = json.loads((FIXTURES / "KV505" / "pass_mpt" / "config.json").read_text())
-    (f,) = only({**mpt, "rope_theta": 10000.0}, "KV505")
+    (f,) = only({**mpt, "rope_theta": 500000.0}, "KV505")
     assert "attn_config.alibi" in f.message and "rope_theta" in f.message
     bloom = {"model_type": "bloom", "n_embed": 16, "n_head": 4, "n_layer": 2, "vocab_size": 32,
              "rope_scaling": {"type": "linear", "factor": 2.0}}
@@ -55,3 +55,12 @@ def test_context_keys_warning_names_smallest() -> None:
     cmdr = json.loads((FIXTURES / "KV506" / "fail_command_r_real" / "config.json").read_text())
     (f,) = only(cmdr, "KV506")
     assert f.severity == "warning" and "vLLM uses the smallest, 8192" in f.message and f.path == "model_max_length"
+
+
+def test_resaved_alibi_config_with_default_rope_attributes_is_clean() -> None:
+    falcon_rw = {"model_type": "falcon", "hidden_size": 16, "num_attention_heads": 4, "num_hidden_layers": 2,
+                 "vocab_size": 32, "alibi": True, "multi_query": False, "rope_theta": 10000.0, "rope_scaling": None,
+                 "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}
+    assert not only(falcon_rw, "KV505")
+    (f,) = only({**falcon_rw, "rope_theta": 500000.0}, "KV505")
+    assert "alibi" in f.message and f.path == "rope_theta"

@@ -2,7 +2,7 @@
 
 A fail fixture must produce its code; a pass fixture must not. A folder may hold kvtool-lint.json
 with lint options (e.g. {"tensor_parallel_size": 4}). Fixtures of the KV1xx, KV3xx-KV8xx rules are
-written by tests/data/rules/build.py.
+written by tests/data/rules/build.py; the other rule owners add theirs in the same layout.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from kvtool.rules import load_all
 from kvtool.rules.registry import RULES, LintOptions
 
 FIXTURES = Path(__file__).resolve().parents[1] / "data" / "rules"
-# Topics whose rules must all have fixtures here (rule owners of other topics add theirs in the same layout).
-REQUIRED_TOPICS = {"heads", "sliding", "mla", "moe", "dtype", "vocab", "positions", "weights", "security",
-                   "quantization"}
+# Rules without model-folder fixtures, and why: KV000 reports a kvtool bug (no input should trigger it);
+# recipe rules (KV96x) lint recipe YAML files, not model folders, so this layout does not fit them.
+EXEMPT_TOPICS = {"internal", "recipe"}
 
 
 def _cases() -> list[tuple[str, str]]:
@@ -49,12 +49,12 @@ def test_fixture(code: str, case: str) -> None:
         assert code not in codes, [f.message for f in report.findings if f.code == code]
 
 
-def test_every_rule_of_these_topics_has_fail_and_pass_fixtures() -> None:
+def test_every_rule_has_fail_and_pass_fixtures() -> None:
     load_all()
     cases = _cases()
     missing = []
     for code, rule in sorted(RULES.items()):
-        if rule.topic not in REQUIRED_TOPICS:
+        if rule.topic in EXEMPT_TOPICS:
             continue
         kinds = {n[:4] for c, n in cases if c == code}
         if kinds != {"fail", "pass"}:

@@ -28,7 +28,7 @@ BASES = [LLAMA, DEEPSEEK, json.loads((FIXTURES / "KV301" / "pass" / "config.json
 TP = st.one_of(st.none(), st.integers(1, 16))
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(base=st.sampled_from(BASES), edits=st.dictionaries(st.sampled_from(KEYS), ODD, min_size=1, max_size=4), tp=TP)
 def test_no_checker_crashes(base, edits, tp) -> None:
     config = {**base, **edits}

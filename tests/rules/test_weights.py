@@ -103,3 +103,11 @@ def test_fused_layouts_of_other_tables(tmp_path, config, prefix, embed) -> None:
     assert not [f for f in _lint(tmp_path / "ok", config, t) if f.code == "KV601"]
     t[f"{prefix}.{fused}.weight"] = _z(rows + 4, 16)
     assert [f for f in _lint(tmp_path / "bad", config, t) if f.code == "KV601"]
+
+
+def test_unknown_model_types_are_not_shape_checked(tmp_path) -> None:
+    # nemotron-nas varies KV heads per layer (block_configs): the generic table cannot know the shapes
+    cfg = {"model_type": "nemotron-nas", "hidden_size": 16, "num_attention_heads": 4, "num_hidden_layers": 1,
+           "vocab_size": 32, "block_configs": [{"attention": {"n_heads_in_group": 4}}]}
+    t = {"model.embed_tokens.weight": _z(32, 16), "model.layers.0.self_attn.k_proj.weight": _z(4, 16)}
+    assert not [f for f in _lint(tmp_path, cfg, t) if f.code == "KV601"]

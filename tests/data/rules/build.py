@@ -310,6 +310,12 @@ def build() -> None:
     fx("KV801", "pass_legacy_kv_scale", lambda d: write(d, q, llama_tensors(LLAMA, extra=scales(LLAMA, {"kv": "kv_scale"}))))
     fx("KV802", "fail", lambda d: write(d, LLAMA, llama_tensors(LLAMA, extra=scales(LLAMA, {"k": "k_scale", "v": "v_scale"}))))
     fx("KV802", "pass", lambda d: write(d, LLAMA, llama_tensors(LLAMA)))
+    int4 = c(LLAMA, quantization_config={**KV_SCHEME, "kv_cache_scheme": {
+        "num_bits": 4, "type": "int", "strategy": "channel", "symmetric": False}})
+    fx("KV804", "fail_int4_channel", lambda d: write(d, int4))
+    fx("KV804", "pass_fp8_tensor", lambda d: write(d, q))
+    fx("KV804", "pass_fp8_attn_head", lambda d: write(d, c(LLAMA, quantization_config={
+        **KV_SCHEME, "kv_cache_scheme": {**KV_SCHEME["kv_cache_scheme"], "strategy": "attn_head"}})))
     fx("KV803", "fail_output_scale", lambda d: write(d, q, llama_tensors(LLAMA, extra=scales(
         LLAMA, {"k": "k_proj.output_scale", "v": "v_proj.output_scale"}))))
     fx("KV803", "fail_metadata", lambda d: write(d, q, llama_tensors(LLAMA, extra=scales(
