@@ -28,15 +28,20 @@ app = typer.Typer(
 )
 
 
-@app.callback()
-def _root(
-    version: bool = typer.Option(False, "--version", help="Print the kvtool version and exit."),
-) -> None:
-    if version:
+def _print_version(value: bool) -> None:
+    if value:
         from kvtool import __version__
 
         typer.echo(f"kvtool {__version__}")
         raise typer.Exit(0)
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", help="Print the kvtool version and exit.",
+                                 callback=_print_version, is_eager=True),
+) -> None:
+    """Make LLM checkpoints safe and cheap to serve."""
 
 
 for _name in COMMAND_MODULES:

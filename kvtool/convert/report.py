@@ -48,7 +48,7 @@ def render_plan(plan, dst) -> str:
 
     n_shards = len(_split(plan.outputs, plan.max_shard_size))
     lines.append(f"  output       {fmt_bytes(plan.output_bytes)} in {n_shards} shard(s) of at most "
-                 f"{fmt_bytes(plan.max_shard_size)}; source {fmt_bytes(plan.ckpt.weight_bytes)}")
+                 f"{plan.max_shard_size / 1e9:g} GB; source {fmt_bytes(plan.ckpt.weight_bytes)}")
     changed = [k for k in plan.new_config if plan.new_config.get(k) != plan.ckpt.config.get(k)]
     lines.append(f"  config.json  {', '.join(f'{k}: {plan.ckpt.config.get(k)!r} -> {plan.new_config[k]!r}' for k in changed) or 'unchanged'}")
     for w in plan.warnings:

@@ -155,6 +155,8 @@ def evaluate_many(candidates: Sequence[Candidate | Any], baseline=None, *, texts
     dev = pick_device(device) if not device_map else None
     torch_dtype = pick_dtype(dtype, dev if dev is not None else pick_device("auto"))
     pool = _ModelPool(dev, torch_dtype, device_map)
+    if not progress:
+        _quiet_transformers()
     base = pool.get(baseline, tokenizer) if baseline is not None else None
     runs = [(c, pool.get(c.model, tokenizer)) for c in cands]
 
@@ -285,6 +287,16 @@ class _ModelPool:
             devs = sorted({str(d) for d in dm.values()})
             return f"{self.device_map}({','.join(devs)})"
         return str(m.input_device)
+
+
+def _quiet_transformers() -> None:
+    """No 'Loading weights' bars on stderr when kvtool's own progress bar is off."""
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+    except ImportError:
+        pass
 
 
 def _unbounded(tok) -> None:

@@ -10,8 +10,9 @@ GENERATION_IDS = SPECIAL_IDS + ("decoder_start_token_id",)
 define("KV503", "vocab-smaller-than-tokenizer", "error",
        "The tokenizer produces ids at or beyond vocab_size",
        """
-       What it does: compares vocab_size with the number of ids tokenizer.json can produce (model
-       vocabulary plus added tokens).
+       What it does: compares vocab_size with the number of ids the tokenizer can produce
+       (tokenizer.json's vocabulary plus added tokens, and tokenizer_config.json's
+       added_tokens_decoder).
        Why it matters: an id >= vocab_size indexes past the embedding matrix: a CUDA device-side
        assert in transformers, an out-of-range error or garbage logits in serving engines. A
        vocab_size larger than the tokenizer is fine (padding, e.g. TinyLlama's 32003 or rounded-up
@@ -36,15 +37,29 @@ def _is_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
+def _tokenizer_ids(ckpt) -> tuple[int, str] | None:
+    """(number of ids the tokenizer can emit, the file that says so), or None when unknown."""
+    best = None
+    if ckpt.tokenizer_vocab_size:
+        best = (ckpt.tokenizer_vocab_size, "tokenizer.json")
+    added = (ckpt.tokenizer_config or {}).get("added_tokens_decoder")
+    if isinstance(added, dict):
+        ids = [int(k) for k in added if isinstance(k, str) and k.isdigit()]
+        if ids and (best is None or max(ids) + 1 > best[0]):
+            best = (max(ids) + 1, "tokenizer_config.json added_tokens_decoder")
+    return best
+
+
 @checker("vocab")
 def check_tokenizer_size(ctx) -> None:
     spec = ctx.spec
-    vocab, tok = spec.get("vocab_size"), ctx.checkpoint.tokenizer_vocab_size
+    vocab, tok = spec.get("vocab_size"), _tokenizer_ids(ctx.checkpoint)
     if not (_is_int(vocab) and vocab > 0 and tok):
         return
-    if tok > vocab:
+    n, source = tok
+    if n > vocab:
         key = spec.key("vocab_size") or "vocab_size"
-        ctx.report("KV503", f"{key} = {vocab} but tokenizer.json produces ids up to {tok - 1} ({tok} ids)", path=key)
+        ctx.report("KV503", f"{key} = {vocab} but {source} has ids up to {n - 1} ({n} ids)", path=key)
 
 
 @checker("vocab")

@@ -6,11 +6,9 @@ comparisons with a plain transformers loop still hold; the default is the CPU.
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
-DEVICE = os.environ.get("KVTOOL_TEST_DEVICE", "cpu")
+from eval_helpers import DEVICE
 
 
 @pytest.fixture(autouse=True)

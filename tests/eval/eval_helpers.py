@@ -7,6 +7,8 @@ import os
 import shutil
 from pathlib import Path
 
+# KVTOOL_TEST_DEVICE=cuda (scripts/gpu_check.sh) runs the eval tests on a GPU, still in float32
+DEVICE = os.environ.get("KVTOOL_TEST_DEVICE", "cpu")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 

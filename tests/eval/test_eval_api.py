@@ -11,8 +11,7 @@ import torch
 from kvtool.errors import UsageError
 from kvtool.eval.api import Candidate, evaluate, evaluate_many
 
-from conftest import DEVICE
-from eval_helpers import reference_nll, tiny_llama
+from eval_helpers import DEVICE, reference_nll, tiny_llama
 
 L, S = 64, 32
 
@@ -106,3 +105,10 @@ def test_text_shorter_than_two_tokens(tiny_model, smollm2_tokenizer):
 
     with pytest.raises(InputError, match="at least 2"):
         evaluate(tiny_model, tokenizer=smollm2_tokenizer, texts="a")
+
+
+def test_device_map_path_gives_the_same_result(tiny_llama_path):
+    # accelerate's dispatch (what --device-map auto uses on multi-GPU nodes), here onto the CPU
+    plain = evaluate(tiny_llama_path, max_length=L, stride=S, max_tokens=128, device="cpu", dtype="fp32")
+    mapped = evaluate(tiny_llama_path, max_length=L, stride=S, max_tokens=128, device_map="cpu", dtype="fp32")
+    assert mapped.device == "cpu(cpu)" and mapped.ppl == pytest.approx(plain.ppl, rel=1e-6)

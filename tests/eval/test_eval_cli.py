@@ -9,8 +9,7 @@ import torch
 
 from kvtool.cli import main
 
-from conftest import DEVICE
-from eval_helpers import tiny_llama
+from eval_helpers import DEVICE, tiny_llama
 
 FAST = ["--max-length", "64", "--stride", "32", "--max-tokens", "160", "--device", DEVICE, "--dtype", "fp32"]
 

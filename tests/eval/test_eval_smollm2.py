@@ -11,8 +11,7 @@ import pytest
 from kvtool.cli import main
 from kvtool.eval.api import Candidate, evaluate, evaluate_many
 
-from conftest import DEVICE
-from eval_helpers import mean_pooled_mqa, reference_nll, with_kv_scales
+from eval_helpers import DEVICE, mean_pooled_mqa, reference_nll, with_kv_scales
 
 pytestmark = pytest.mark.slow
 L, S, N = 128, 64, 256  # N = L + 2 S: the HF guide's windows, no slide-back
@@ -62,7 +61,8 @@ def test_fp8_emulation_and_checkpoint_scales(tmp_path, smollm2_model, smollm2_pa
         Candidate(with_scales, "auto", "one", label="checkpoint, --kv-scales one"),
         Candidate(wrong, "auto", "checkpoint", label="wrong scales"),
         Candidate(with_scales, "off", label="emulation off"),
-    ], baseline=smollm2_model, tokenizer=smollm2_tokenizer, max_length=L, stride=S, max_tokens=N)
+    ], baseline=smollm2_model, tokenizer=smollm2_tokenizer, max_length=L, stride=S, max_tokens=N, device=DEVICE,
+        dtype="fp32")
     one, ckpt, given, ckpt_one, bad, off = rows
     # FP8 changes PPL by a small, non-zero amount
     assert 0 < abs(one.metrics["log_ppl_ratio"]) < 0.05 and 0 < one.kld_mean < 0.05

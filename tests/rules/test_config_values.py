@@ -36,7 +36,7 @@ def test_tokenizer_larger_than_vocab(tmp_path) -> None:
     tok = {"model": {"type": "BPE", "vocab": {"a": 0, "b": 1}}, "added_tokens": [{"id": 35, "content": "<x>"}]}
     (tmp_path / "tokenizer.json").write_text(json.dumps(tok))
     (f,) = [x for x in lint_one(str(tmp_path), LintOptions()).findings if x.code == "KV503"]
-    assert "vocab_size = 32" in f.message and "35" in f.message
+    assert "vocab_size = 32 but tokenizer.json has ids up to 35" in f.message
 
 
 def test_alibi_models_with_rope_keys() -> None:
@@ -64,3 +64,11 @@ def test_resaved_alibi_config_with_default_rope_attributes_is_clean() -> None:
     assert not only(falcon_rw, "KV505")
     (f,) = only({**falcon_rw, "rope_theta": 500000.0}, "KV505")
     assert "alibi" in f.message and f.path == "rope_theta"
+
+
+def test_added_tokens_decoder_beyond_vocab(tmp_path) -> None:
+    write_config(tmp_path, LLAMA)
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(
+        {"added_tokens_decoder": {"0": {"content": "<unk>"}, "33": {"content": "<|im_end|>"}}}))
+    (f,) = [x for x in lint_one(str(tmp_path), LintOptions()).findings if x.code == "KV503"]
+    assert "added_tokens_decoder has ids up to 33" in f.message
