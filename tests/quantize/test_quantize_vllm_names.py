@@ -66,7 +66,7 @@ def _result(layers: int, heads: int) -> CalibrationResult:
 def test_every_written_name_maps_to_an_attention_layers_scale(model_type, per_head):
     arch = lookup(model_type)
     layers, heads = 4, 2
-    written = scale_tensors(_result(layers, heads), arch.attn_prefix, per_head=per_head)
+    written = scale_tensors(_result(layers, heads if per_head else 1), arch.attn_prefix, per_head=per_head)
     params = vllm_params(arch, layers)
     assert len(written) == 2 * layers
     targets = {}
