@@ -54,6 +54,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=2048, help="stream length (rounded to L + k*S)")
     ap.add_argument("--batch-size", type=int, default=1, help="kvtool windows per forward (the reference uses 1)")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
 
@@ -65,6 +66,8 @@ def main() -> None:
     from kvtool.testing.text import evaluation_text
     from kvtool.torch_utils import pick_device, pick_dtype
 
+    if args.threads:
+        torch.set_num_threads(args.threads)
     path = args.model or str(smollm2_dir())
     dev = pick_device(args.device)
     dt = pick_dtype(args.dtype, dev)

@@ -113,7 +113,7 @@ def layers(spec, *, kv_heads: int | None = None) -> list[LayerKV]:
         elif lt == "chunked_attention":
             window = spec.get("attention_chunk_size")
         if spec.is_mla:
-            latent = int(spec.get("kv_lora_rank", 0)) + int(spec.get("qk_rope_head_dim", 0) or 0)
+            latent = _dim(spec.get("kv_lora_rank")) + _dim(spec.get("qk_rope_head_dim"))
             out.append(LayerKV(i, lt, "MLA", 1, latent, window, latent, h))
             continue
         if not kvh or not hd:
@@ -121,6 +121,11 @@ def layers(spec, *, kv_heads: int | None = None) -> list[LayerKV]:
             continue
         out.append(LayerKV(i, lt, attention_kind(h, kvh), kvh, hd, window, 2 * kvh * hd, h))
     return out
+
+
+def _dim(v) -> int:
+    """A positive int config size, else 0: junk (NaN, 1e308, strings) is lint's to report, not arithmetic's."""
+    return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else 0
 
 
 def bytes_per_token(spec, elem_bytes: float, *, kv_heads: int | None = None) -> float:

@@ -80,6 +80,8 @@ def _lint_dict(config: dict) -> ModelReport:
 # an infinite partial_rotary_factor overflowed int().
 @example({**BASES[10], "n_embd": -768})
 @example({**BASES[4], "partial_rotary_factor": float("inf")})
+@example({**BASES[3], "kv_lora_rank": float("inf")})  # MLA latent width: int(inf) in the KV summary
+@example({**BASES[3], "qk_rope_head_dim": 1e308})
 def test_lint_never_crashes_and_reports_are_well_formed(config):
     report = _lint_dict(config)
     out = json.loads(json.dumps(report.as_dict(), default=str))

@@ -31,6 +31,13 @@ def register(app: typer.Typer) -> None:
         max_kld: Optional[float] = typer.Option(None, "--max-kld", help="--eval gate: fail above this mean KL divergence."),
         progress: Optional[bool] = typer.Option(None, "--progress/--no-progress",
                                                 help="Progress bar on stderr (default: when stderr is a terminal)."),
+        calib_text: Optional[str] = typer.Option(None, "--calib-text",
+                                                 help="--method aware: calibration text file (default: built-in English)."),
+        calib_tokens: Optional[int] = typer.Option(None, "--calib-tokens", help="--method aware: calibration tokens (2048)."),
+        refine_steps: Optional[int] = typer.Option(None, "--refine-steps",
+                                                   help="--method aware: optimizer steps per layer after the merge (0)."),
+        grouping: Optional[str] = typer.Option(None, "--grouping",
+                                               help="--method aware: contiguous | similarity (which KV heads share a group)."),
     ) -> int:
         from kvtool.convert.methods import get_method
         from kvtool.convert.report import render_plan, render_result
@@ -43,6 +50,9 @@ def register(app: typer.Typer) -> None:
         if shard_bytes <= 0:
             raise UsageError("must be positive", field="--max-shard-size")
         options = _parse_options(method_opt)
+        # the calibrated method's own flags; any other method refuses them by name
+        options.update({k: v for k, v in (("calib_text", calib_text), ("calib_tokens", calib_tokens),
+                                          ("refine_steps", refine_steps), ("grouping", grouping)) if v is not None})
         method_obj = get_method(method, **options)  # unknown method / option: exit 2 before any work
         if not dry_run and not dst:
             raise UsageError("DST is required (or use --dry-run)", field="DST")
@@ -82,10 +92,22 @@ def _parse_options(items: list[str]) -> dict:
 
 
 def _device_and_eval(eval_flag: bool | None) -> tuple[str, bool]:
+    """("cuda" | "cpu", whether to evaluate). torch is imported only when an NVIDIA driver is present
+    or --eval was asked for: the mean method itself never needs it."""
+    if eval_flag is False:
+        return "cpu", False
+    if eval_flag is None and not _nvidia_driver():
+        return "cpu", False
     import torch
 
     cuda = torch.cuda.is_available()
     return ("cuda" if cuda else "cpu"), (cuda if eval_flag is None else eval_flag)
+
+
+def _nvidia_driver() -> bool:
+    import os
+
+    return os.path.exists("/proc/driver/nvidia/version") or os.path.exists("/dev/nvidia0")
 
 
 def _eval_api():

@@ -95,7 +95,10 @@ def render_text(r) -> str:
     kv = r.kv_cache_dtype
     if r.kv_scales:
         s = r.kv_scales
-        kv += f" emulated, scales: {s['source']} ({s['layers']} layers, {s['min_scale']:.4g}..{s['max_scale']:.4g})"
+        if s["layers"] == 0:
+            kv += " emulated, scale 1.0 in every layer (vLLM's default without scales)"
+        else:
+            kv += f" emulated, {s['source']} scales for {s['layers']} layers ({s['min_scale']:.4g}..{s['max_scale']:.4g})"
     lines.append(f"device    {r.device}, {r.dtype}, KV cache {kv}")
     lines.append(f"ppl       {m['ppl']:.4f} ± {m['ppl_se']:.4f}")
     if r.baseline:
@@ -105,7 +108,8 @@ def render_text(r) -> str:
         lines.append(f"top-1     {m['top1_agreement']:.4f} ± {m['top1_se']:.4f}")
         lines.append(f"p(correct) change: mean {m['dp_mean']:+.5f} ± {m['dp_se']:.5f}, rms {m['dp_rms']:.5f}")
     rate = m["tokens"] / r.seconds if r.seconds > 0 else float("nan")
-    lines.append(f"time      {r.seconds:.1f} s ({rate:,.0f} tokens/s per model)")
+    lines.append(f"time      {r.seconds:.1f} s ({rate:,.0f} scored tokens/s, {r.forwards_per_window} model "
+                 f"forward(s) per window)")
     for g in r.gates:
         lines.append(f"gate      {g.line()}")
     if r.gates:

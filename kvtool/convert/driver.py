@@ -233,16 +233,21 @@ def make_plan(src: str | Path, *, to: str, groups: int | None = None, method: st
     return plan
 
 
-def _plan_tensors(plan: ConvertPlan, tensors: dict) -> None:
-    """Output shapes of every tensor (attention ones by running the layout on meta tensors)."""
-    import torch
+def _planned_shape(plan: ConvertPlan, fld: str, shape: tuple) -> tuple:
+    """Output shape of one attention tensor: merge methods keep q / o and give K/V G heads."""
+    H, G, hd = plan.num_heads, plan.to_kv, plan.head_dim
+    if fld in ("k", "v", "k_bias", "v_bias"):
+        return (G * hd, *shape[1:])
+    if fld in ("qkv", "qkv_bias"):
+        return ((H + 2 * G) * hd, *shape[1:])
+    if fld == "k_norm" and plan.arch.weights.get("k_norm_scope", "head") == "all":
+        return (G * hd,) if len(shape) == 1 else (G, *shape[1:])
+    return tuple(shape)
 
-    new_shapes: dict[str, tuple] = {}
-    for i, names in plan.layers.items():
-        meta = {f: torch.empty(tensors[n].shape, device="meta") for f, n in names.items()}
-        out = _merge_layer(plan, i, meta, merge=lambda layer, w: _shape_merge(w))
-        for f, n in names.items():
-            new_shapes[n] = tuple(out[f].shape)
+
+def _plan_tensors(plan: ConvertPlan, tensors: dict) -> None:
+    """The write plan: every tensor in source order, with its output shape and dtype."""
+    new_shapes = {n: _planned_shape(plan, f, tensors[n].shape) for names in plan.layers.values() for f, n in names.items()}
     for name, info in tensors.items():
         shape = new_shapes.get(name, info.shape)
         dt = info.dtype
@@ -251,12 +256,6 @@ def _plan_tensors(plan: ConvertPlan, tensors: dict) -> None:
         plan.outputs.append(PlannedTensor(name, dt, tuple(shape)))
         if tuple(shape) != tuple(info.shape):
             plan.touched.append((name, tuple(info.shape), tuple(shape)))
-
-
-def _shape_merge(w):
-    from kvtool.convert.pooling import mean_pool
-
-    return mean_pool(w)  # every method keeps these shapes (checked after each real merge)
 
 
 # --- one layer ---------------------------------------------------------------------------------
@@ -379,7 +378,8 @@ def run_convert(plan: ConvertPlan, dst: str | Path, *, method_obj=None, force: b
     dst = Path(dst)
     check_destination(dst, force=force, protect=[plan.src])
     method_obj = method_obj or get_method(plan.method, **(method_options or {}))
-    out_dtype = _torch_dtype(plan.out_dtype) if plan.out_dtype else None
+    torch_api = getattr(method_obj, "array_api", "torch") == "torch"
+    out_dtype = _torch_dtype(plan.out_dtype) if plan.out_dtype and torch_api else None
     prov = None
     with CheckpointReader(plan.src) as reader:
         job = MergeJob(src=plan.src, spec=plan.spec, arch=plan.arch, target_groups=plan.to_kv, device=device,
@@ -389,37 +389,38 @@ def run_convert(plan: ConvertPlan, dst: str | Path, *, method_obj=None, force: b
         meta = {"kvtool_version": __version__, "kvtool_source_hash": plan.source_hash, "kvtool_method": plan.method,
                 "kvtool_kv_heads": f"{plan.from_kv}->{plan.to_kv}"}
         layer_of = {n: i for i, names in plan.layers.items() for n in names.values()}
-        plan_dtype = {t.name: t.dtype for t in plan.outputs}
+        io = _NumpyIO(reader, plan) if getattr(method_obj, "array_api", "torch") == "numpy" else _TorchIO(reader, plan)
         with staged_output(dst, force=force, protect=[plan.src]) as tmp:
             bar = _progress(reader.total_bytes, progress)
             try:
                 with ShardWriter(tmp, plan.max_shard_size, meta, plan=plan.outputs) as writer:
                     done: set[str] = set()
+
+                    def wrote(n: str) -> None:
+                        done.add(n)
+                        bar.update(reader.info(n).nbytes)
+                        bar.set_postfix_str(f"{len(done)}/{len(plan.outputs)} tensors", refresh=False)
+
                     for name in reader.names():
                         if name in done:
                             continue
                         if name in layer_of:
                             i = layer_of[name]
                             names = plan.layers[i]
-                            raw = {f: reader.get(n) for f, n in names.items()}
+                            raw = {f: io.read(n) for f, n in names.items()}
                             out = _merge_layer(plan, i, raw, method_obj.merge_layer)
                             for f, n in names.items():
-                                if out[f] is raw[f] and plan_dtype[n] == reader.info(n).dtype:
+                                if out[f] is raw[f] and io.out_dtype(n) == reader.info(n).dtype:
                                     writer.copy_from(n, *reader.byte_range(n))  # untouched by the method
                                 else:
-                                    writer.add(n, _cast(out[f], out_dtype, raw[f].dtype))
-                                done.add(n)
-                                bar.update(reader.info(n).nbytes)
-                                bar.set_postfix_str(f"{len(done)}/{len(plan.outputs)} tensors", refresh=False)
+                                    io.write(writer, n, out[f])
+                                wrote(n)
                             continue
-                        info = reader.info(name)
-                        if plan_dtype[name] == info.dtype:  # unchanged bytes: copied file to file, never loaded
+                        if io.out_dtype(name) == reader.info(name).dtype:  # unchanged: file to file, never loaded
                             writer.copy_from(name, *reader.byte_range(name))
                         else:
-                            writer.add(name, _cast(reader.get(name), out_dtype, None))
-                        done.add(name)
-                        bar.update(reader.info(name).nbytes)
-                        bar.set_postfix_str(f"{len(done)}/{len(plan.outputs)} tensors", refresh=False)
+                            io.cast_through(writer, name)
+                        wrote(name)
                     result = writer.finalize()
             finally:
                 bar.close()
@@ -430,20 +431,56 @@ def run_convert(plan: ConvertPlan, dst: str | Path, *, method_obj=None, force: b
     return ConvertResult(plan=plan, dst=dst, files=result.files, side_files=side, provenance=prov)
 
 
-def _cast(t, out_dtype, stored_dtype):
-    """Cast floating tensors to the output dtype; otherwise keep the stored dtype."""
-    import torch
+class _NumpyIO:
+    """Attention tensors as float numpy arrays; storage dtypes handled by kvtool.io.arrays."""
 
-    t = t.detach()
-    if t.device.type != "cpu":
-        t = t.to("cpu")
-    if not t.is_floating_point():
-        return t
-    if out_dtype is not None and t.dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
-        return t.to(out_dtype)
-    if stored_dtype is not None and t.dtype != stored_dtype:
-        return t.to(stored_dtype)
-    return t
+    def __init__(self, reader, plan: ConvertPlan):
+        self.reader, self.dtypes = reader, {t.name: t.dtype for t in plan.outputs}
+
+    def out_dtype(self, name: str) -> str:
+        return self.dtypes[name]
+
+    def read(self, name: str):
+        from kvtool.io.arrays import to_float
+
+        return to_float(self.reader.get_array(name), self.reader.info(name).dtype)
+
+    def write(self, writer, name: str, array) -> None:
+        from kvtool.io.arrays import from_float
+
+        st = self.dtypes[name]
+        writer.add_array(name, from_float(array, st), st)
+
+    def cast_through(self, writer, name: str) -> None:
+        from kvtool.io.arrays import cast
+
+        st_in, st_out = self.reader.info(name).dtype, self.dtypes[name]
+        writer.add_array(name, cast(self.reader.get_array(name), st_in, st_out), st_out)
+
+
+class _TorchIO:
+    """Attention tensors as CPU torch tensors in their stored dtype (methods that compute with torch)."""
+
+    def __init__(self, reader, plan: ConvertPlan):
+        self.reader, self.dtypes = reader, {t.name: t.dtype for t in plan.outputs}
+
+    def out_dtype(self, name: str) -> str:
+        return self.dtypes[name]
+
+    def read(self, name: str):
+        return self.reader.get(name)
+
+    def write(self, writer, name: str, tensor) -> None:
+        from kvtool.io.reader import st_to_torch_dtype
+
+        t = tensor.detach()
+        if t.device.type != "cpu":
+            t = t.to("cpu")
+        want = st_to_torch_dtype(self.dtypes[name])
+        writer.add(name, t.to(want) if t.dtype != want else t)
+
+    def cast_through(self, writer, name: str) -> None:
+        self.write(writer, name, self.reader.get(name))
 
 
 class _NoBar:

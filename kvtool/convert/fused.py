@@ -10,24 +10,33 @@ Rows are what differ between layouts (trailing dims, e.g. `hidden` of a weight, 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 
-if TYPE_CHECKING:
+# Works on torch tensors and numpy arrays alike (the mean method runs on numpy, without torch).
+Array = Any
+
+
+def _cat(parts: list, axis: int) -> Array:
+    if type(parts[0]).__module__.startswith("numpy"):
+        import numpy as np
+
+        return np.concatenate(parts, axis=axis)
     import torch
+
+    return torch.cat(parts, dim=axis).contiguous()
 
 
 def _per_head_layout(layout: str, kv: int) -> bool:
     return layout in ("bloom", "neox") or (layout == "bigcode" and kv != 1)
 
 
-def split_qkv(layout: str, t: "torch.Tensor", H: int, KV: int, hd: int):
+def split_qkv(layout: str, t: Array, H: int, KV: int, hd: int):
     """-> (q [H*hd, ...], k [KV*hd, ...], v [KV*hd, ...])."""
     rest = tuple(t.shape[1:])
     if t.shape[0] != (H + 2 * KV) * hd:
         raise ValueError(f"fused qkv has {t.shape[0]} rows, expected (H + 2*KV) * head_dim = {(H + 2 * KV) * hd}")
     if layout in ("concat", "bigcode") and not _per_head_layout(layout, KV):
-        q, k, v = t.split((H * hd, KV * hd, KV * hd), dim=0)
-        return q, k, v
+        return t[:H * hd], t[H * hd:(H + KV) * hd], t[(H + KV) * hd:]
     if layout in ("falcon", "grouped"):
         r = H // KV
         g = t.reshape(KV, r + 2, hd, *rest)
@@ -43,22 +52,20 @@ def split_qkv(layout: str, t: "torch.Tensor", H: int, KV: int, hd: int):
     raise ValueError(f"unknown qkv layout {layout!r}")
 
 
-def fuse_qkv(layout: str, q: "torch.Tensor", k: "torch.Tensor", v: "torch.Tensor", H: int, KV: int, hd: int):
+def fuse_qkv(layout: str, q: Array, k: Array, v: Array, H: int, KV: int, hd: int):
     """Inverse of split_qkv for KV heads (the new count)."""
-    import torch
-
     rest = tuple(q.shape[1:])
     if layout in ("concat", "bigcode") and not _per_head_layout(layout, KV):
-        return torch.cat([q, k, v], dim=0).contiguous()
+        return _cat([q, k, v], 0)
     if layout in ("falcon", "grouped"):
         r = H // KV
         qg = q.reshape(KV, r, hd, *rest)
         kg = k.reshape(KV, 1, hd, *rest)
         vg = v.reshape(KV, 1, hd, *rest)
-        return torch.cat([qg, kg, vg], dim=1).reshape((H + 2 * KV) * hd, *rest).contiguous()
+        return _cat([qg, kg, vg], 1).reshape((H + 2 * KV) * hd, *rest)
     if _per_head_layout(layout, KV):
         if KV != H:
             raise ValueError(f"layout {layout!r} cannot hold {KV} KV heads for {H} query heads")
         parts = [x.reshape(H, 1, hd, *rest) for x in (q, k, v)]
-        return torch.cat(parts, dim=1).reshape(3 * H * hd, *rest).contiguous()
+        return _cat(parts, 1).reshape(3 * H * hd, *rest)
     raise ValueError(f"unknown qkv layout {layout!r}")

@@ -5,6 +5,7 @@ o [hidden]); q_norm / k_norm weights with their scope: "head" ([hd], shared by e
 untouched by pooling) or "all" ([H*hd] / [KV*hd], one weight per channel of the projection, as in
 olmo2). Query head h reads KV head h // (H / KV) (transformers' `repeat_kv`). Merge methods take
 and return this; the convert driver splits fused tensors into it and re-fuses the result.
+Tensors are torch tensors, or float numpy arrays for methods with `array_api = "numpy"`.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ class AttentionWeights:
         want = {"q": (H * hd, None), "k": (KV * hd, None), "v": (KV * hd, None), "o": (None, H * hd)}
         for name, (rows, cols) in want.items():
             t = getattr(self, name)
-            if t.dim() != 2 or (rows is not None and t.shape[0] != rows) or (cols is not None and t.shape[1] != cols):
+            if t.ndim != 2 or (rows is not None and t.shape[0] != rows) or (cols is not None and t.shape[1] != cols):
                 raise ValueError(f"layer {self.layer}: {name} has shape {list(t.shape)}, expected "
                                  f"[{rows if rows is not None else 'hidden'}, {cols if cols is not None else 'hidden'}]"
                                  f" for {H} heads, {KV} KV heads, head_dim {hd}")

@@ -59,6 +59,9 @@ class MergeMethod:
     option_names: ClassVar[tuple[str, ...]] = ()
     # True when the result is only an approximation of the source (shown in the plan and kvtool.json).
     approximate: ClassVar[bool] = True
+    # "torch": AttentionWeights hold CPU torch tensors in the stored dtype. "numpy": float32 numpy
+    # arrays (float64 for F64 checkpoints), and torch is never imported (the mean method).
+    array_api: ClassVar[str] = "torch"
 
     def __init__(self, **options: Any):
         unknown = sorted(set(options) - set(self.option_names))

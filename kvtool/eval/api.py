@@ -65,6 +65,7 @@ class EvalReport:
     kv_scales: dict | None  # {source, layers, min_scale, max_scale} when emulated
     seconds: float
     gates: list[GateResult] = field(default_factory=list)
+    forwards_per_window: int = 1  # models run on each window in this evaluation (baseline included)
 
     def __getattr__(self, name: str):  # r.ppl, r.kld_mean ... read through to the metrics
         metrics = self.__dict__.get("metrics") or {}
@@ -98,6 +99,7 @@ class EvalReport:
             "device": self.device, "dtype": self.dtype, "window": self.window, "stride": self.stride,
             "batch_size": self.batch_size, "text": self.text, "kv_cache_dtype": self.kv_cache_dtype,
             "kv_scales": self.kv_scales, "seconds": round(self.seconds, 3),
+            "forwards_per_window": self.forwards_per_window,
             "tokens_per_s": round(self.tokens / self.seconds, 1) if self.seconds > 0 else None,
             "gates": [g.as_dict() for g in self.gates], "passed": self.passed,
         })
@@ -205,7 +207,8 @@ def evaluate_many(candidates: Sequence[Candidate | Any], baseline=None, *, texts
             windows=len(ws), device=device_name, dtype=str(torch_dtype).replace("torch.", ""), window=max_length,
             stride=stride, batch_size=bs, text=text_name or ("pydoc (built-in evaluation text)" if texts is None else "text"),
             kv_cache_dtype="fp8_e4m3" if emu else str(torch_dtype).replace("torch.", ""),
-            kv_scales=emu[1].describe() if emu else None, seconds=seconds)
+            kv_scales=emu[1].describe() if emu else None, seconds=seconds,
+            forwards_per_window=len(runs) + (base is not None))
         if gates:
             r.apply_gates(gates)
         reports.append(r)
@@ -282,11 +285,11 @@ class _ModelPool:
         return _Loaded(spec, model, tok, ckpt.root, ckpt.config)
 
     def device_name(self, m: _Loaded) -> str:
+        if not self.device_map:
+            return str(m.input_device)
         dm = getattr(m.model, "hf_device_map", None)
-        if self.device_map and isinstance(dm, dict):
-            devs = sorted({str(d) for d in dm.values()})
-            return f"{self.device_map}({','.join(devs)})"
-        return str(m.input_device)
+        devs = sorted({str(d) for d in dm.values()}) if isinstance(dm, dict) else [str(m.input_device)]
+        return f"{self.device_map}({','.join(devs)})"
 
 
 def _quiet_transformers() -> None:

@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Iterator
 from kvtool.errors import InputError
 from kvtool.safetensors_header import TensorInfo, read_header
 
-if TYPE_CHECKING:  # torch is imported lazily: this module is importable without it
+if TYPE_CHECKING:  # torch and numpy are imported lazily: this module is importable without them
+    import numpy as np
     import torch
 
 INDEX_NAME = "model.safetensors.index.json"
@@ -142,13 +143,10 @@ class CheckpointReader:
             self._open_file = file
         return self._fh
 
-    def _read(self, info: TensorInfo, begin: int, nbytes: int, shape: tuple[int, ...]) -> "torch.Tensor":
-        import torch
-
-        dtype = st_to_torch_dtype(info.dtype)
-        if nbytes == 0:
-            return torch.empty(shape, dtype=dtype)
+    def _read_bytes(self, info: TensorInfo, begin: int, nbytes: int) -> bytearray:
         buf = bytearray(nbytes)
+        if nbytes == 0:
+            return buf
         view = memoryview(buf)
         fh = self._file(info.file)
         fh.seek(self._data_start[info.file] + begin)
@@ -158,25 +156,53 @@ class CheckpointReader:
             if not n:
                 raise InputError(f"tensor {info.name!r}: file ends early", file=str(self.folder / info.file))
             got += n
-        return torch.frombuffer(buf, dtype=dtype).reshape(shape)
+        return buf
+
+    def _rows(self, info: TensorInfo, start: int, stop: int) -> tuple[int, int, tuple[int, ...]]:
+        if not info.shape:
+            raise InputError(f"tensor {info.name!r} is a scalar and has no rows", file=str(self.folder / info.file))
+        rows = info.shape[0]
+        start, stop, _ = slice(start, stop).indices(rows)
+        stop = max(start, stop)
+        row_bytes = (info.nbytes // rows) if rows else 0
+        return info.data_offsets[0] + start * row_bytes, (stop - start) * row_bytes, (stop - start, *info.shape[1:])
+
+    def _torch(self, info: TensorInfo, begin: int, nbytes: int, shape: tuple[int, ...]) -> "torch.Tensor":
+        import torch
+
+        dtype = st_to_torch_dtype(info.dtype)
+        if nbytes == 0:
+            return torch.empty(shape, dtype=dtype)
+        return torch.frombuffer(self._read_bytes(info, begin, nbytes), dtype=dtype).reshape(shape)
+
+    def _numpy(self, info: TensorInfo, begin: int, nbytes: int, shape: tuple[int, ...]) -> "np.ndarray":
+        import numpy as np
+
+        from kvtool.io.arrays import storage_dtype
+
+        return np.frombuffer(self._read_bytes(info, begin, nbytes), dtype=storage_dtype(info.dtype)).reshape(shape)
 
     def get(self, name: str) -> "torch.Tensor":
         """The whole tensor, on CPU, in its stored dtype."""
         info = self.info(name)
         begin, end = info.data_offsets
-        return self._read(info, begin, end - begin, info.shape)
+        return self._torch(info, begin, end - begin, info.shape)
 
     def get_slice(self, name: str, start: int, stop: int) -> "torch.Tensor":
         """Rows [start, stop) of the first dimension; only those bytes are read."""
         info = self.info(name)
-        if not info.shape:
-            raise InputError(f"tensor {name!r} is a scalar and has no rows", file=str(self.folder / info.file))
-        rows = info.shape[0]
-        start, stop, _ = slice(start, stop).indices(rows)
-        stop = max(start, stop)
-        row_bytes = (info.nbytes // rows) if rows else 0
-        return self._read(info, info.data_offsets[0] + start * row_bytes, (stop - start) * row_bytes,
-                          (stop - start, *info.shape[1:]))
+        return self._torch(info, *self._rows(info, start, stop))
+
+    def get_array(self, name: str) -> "np.ndarray":
+        """The whole tensor as a writable numpy storage array (BF16 as uint16: see kvtool.io.arrays); no torch."""
+        info = self.info(name)
+        begin, end = info.data_offsets
+        return self._numpy(info, begin, end - begin, info.shape)
+
+    def get_array_slice(self, name: str, start: int, stop: int) -> "np.ndarray":
+        """Rows [start, stop) as a numpy storage array."""
+        info = self.info(name)
+        return self._numpy(info, *self._rows(info, start, stop))
 
     def close(self) -> None:
         if self._fh is not None:

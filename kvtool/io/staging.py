@@ -42,8 +42,6 @@ def check_destination(dst: Path, *, force: bool, protect: Iterable[Path] = ()) -
         rp = Path(p).resolve()
         if rdst == rp or rdst in rp.parents:
             raise UsageError("destination is the input checkpoint (or a folder containing it); choose another", file=str(dst))
-        if rp in rdst.parents and not force:
-            pass  # writing inside the source folder is odd but harmless: the input files are untouched
     if dst.exists() and not dst.is_dir():
         raise UsageError("destination exists and is not a folder", file=str(dst))
     if dst.is_dir() and any(dst.iterdir()) and not force:

@@ -125,7 +125,14 @@ def _build_header(shard: _Shard, metadata: dict[str, str]) -> None:
 
 
 def _tensor_bytes(tensor) -> memoryview:
-    """A zero-copy byte view of a CPU tensor (little-endian, as safetensors stores it)."""
+    """A zero-copy byte view of a CPU tensor or numpy array (little-endian, as safetensors stores it)."""
+    import numpy as np
+
+    if isinstance(tensor, np.ndarray):
+        a = np.ascontiguousarray(tensor)
+        if a.dtype.byteorder == ">":
+            a = a.astype(a.dtype.newbyteorder("<"))
+        return memoryview(a.reshape(-1).view(np.uint8))
     t = tensor.detach()
     if t.device.type != "cpu":
         t = t.to("cpu")
@@ -205,6 +212,17 @@ class ShardWriter:
             self._add_planned(name, tensor, st_dtype, shape)
         else:
             self._add_buffered(name, tensor, st_dtype, shape)
+
+    def add_array(self, name: str, array, st_dtype: str) -> None:
+        """Like `add`, for a numpy storage array whose safetensors dtype is `st_dtype` (BF16 as uint16)."""
+        from kvtool.io.arrays import storage_dtype
+
+        if array.dtype.itemsize != storage_dtype(st_dtype).itemsize:
+            raise ValueError(f"tensor {name!r}: a {array.dtype} array cannot hold {st_dtype}")
+        if self._planned:
+            self._add_planned(name, array, st_dtype, tuple(array.shape))
+        else:
+            self._add_buffered(name, array, st_dtype, tuple(array.shape))
 
     def copy_from(self, name: str, src_path: str | Path, offset: int, nbytes: int) -> None:
         """Planned mode: write a tensor's bytes straight from a source file (no tensor in memory).

@@ -21,9 +21,10 @@ QUANT_METHOD = "compressed-tensors"
 # The compressed-tensors release whose serialised format this matches (checked against its
 # QuantizationConfig / QuantizationArgs models; the `version` key is informational for loaders).
 CT_FORMAT_VERSION = "0.20.0"
-# kvtool observer -> the llm-compressor observer that computes the same statistic, if any
+# kvtool observer -> the llm-compressor observer computing the same statistic, if any (its "minmax"
+# is an exponential moving average; "static_minmax" is the running maximum kvtool keeps)
 # (compressed-tensors' QuantizationArgs forbids unknown keys, so kvtool's details go to kvtool.json).
-CT_OBSERVER = {"absmax": "minmax", "mse": "mse"}
+CT_OBSERVER = {"absmax": "static_minmax", "mse": "mse"}
 
 # Why other quantization methods are refused (anything not listed gets the generic reason).
 REFUSALS = {

@@ -147,6 +147,14 @@ class AbsMaxObserver(Observer):
         return self.amax() * float(self.arg or 1.0) / self.fmt.max
 
 
+@register("absmax-pow2", arg="H", default=2.0, check=lambda h: 1.0 <= h <= 448.0,
+          help="headroom factor, 1 <= H <= 448; scale = H * amax / fmax rounded up to a power of two")
+class AbsMaxPow2Observer(Observer):
+    def _scale(self) -> torch.Tensor:
+        s = self.amax() * float(self.arg or 2.0) / self.fmt.max
+        return torch.exp2(torch.ceil(torch.log2(s.clamp_min(torch.finfo(torch.float32).tiny))))
+
+
 class _ValuesObserver(Observer):
     """Keeps |x| per head for the current layer (the calibration holds one layer at a time)."""
 

@@ -22,7 +22,7 @@ from kvtool import __version__
 from kvtool.checkpoint import open_checkpoint
 from kvtool.errors import GateFailed, InputError, KvtoolError
 from kvtool.recipes.load import Recipe, Step, load_recipe
-from kvtool.recipes.plan import plan_recipe, target_groups
+from kvtool.recipes.plan import plan_recipe
 from kvtool.spec import build_spec
 
 
@@ -71,15 +71,19 @@ def run_convert_step(ctx: RunContext, step: Step) -> StepResult:
     from kvtool.units import parse_size
 
     o = step.options
-    spec = build_spec(open_checkpoint(ctx.current, read_weights=False).config)
-    groups = target_groups(spec, o)
     method = o.get("method", "mean")
-    plan = make_plan(ctx.current, to=o["to"], groups=groups if o["to"] == "gqa" else None, method=method,
+    plan = make_plan(ctx.current, to=o["to"], groups=o.get("groups") if o["to"] == "gqa" else None, method=method,
                      dtype=o.get("dtype", "keep"), max_shard_size=parse_size(o.get("max_shard_size", "5GB")))
     options: dict = {}
     if method == "aware":
         calib = o.get("calibration") or {}
-        options["calib_text"] = _texts(ctx, calib, "calibration")
+        files = _texts(ctx, calib, "calibration")
+        if len(files) > 1:  # the aware method reads one file: join them
+            joined = ctx.work / "text" / f"step{step.index}-calib.txt"
+            joined.parent.mkdir(parents=True, exist_ok=True)
+            joined.write_text("\n\n".join(Path(f).read_text(encoding="utf-8") for f in files), encoding="utf-8")
+            files = [str(joined)]
+        options["calib_text"] = files[0]
         if "tokens" in calib:
             options["calib_tokens"] = calib["tokens"]
         for key in ("refine_steps", "grouping"):
@@ -138,6 +142,28 @@ def run_rope_step(ctx: RunContext, step: Step) -> StepResult:
                                "rope": {k: {"rope_type": v.rope_type, **v.params} for k, v in spec.rope.items()}})
 
 
+def run_quantize_kv_step(ctx: RunContext, step: Step) -> StepResult:
+    from kvtool.quantize.run import QuantizeOptions, quantize_kv
+
+    o = step.options
+    calib = o.get("calibration") or {}
+    opts = QuantizeOptions(calib_texts=_texts(ctx, calib, "calibration"), device=_device(ctx),
+                           evaluate=False)  # the recipe's own eval step judges quality
+    if "tokens" in calib:
+        opts.calib_tokens = calib["tokens"]
+    if "seq_len" in calib:
+        opts.seq_len = calib["seq_len"]
+    for key in ("strategy", "observer", "format"):
+        if key in o:
+            setattr(opts, key, o[key])
+    out = ctx.new_folder(step)
+    res = quantize_kv(str(ctx.current), str(out), opts, log=lambda *a, **k: None)
+    cal = res.calibration
+    return StepResult(step.index, step.kind, dict(o), str(out),
+                      details={"observer": getattr(cal, "observer", None), "scale_tensors": len(res.scale_tensors),
+                               "tokens": getattr(cal, "tokens", None)})
+
+
 EVAL_GATES = {"max_ppl_increase": "--max-ppl-increase", "max_kld": "--max-kld", "min_top1": "--min-top1"}
 
 
@@ -169,6 +195,7 @@ def run_eval_step(ctx: RunContext, step: Step) -> StepResult:
 RUNNERS: dict[str, Callable[[RunContext, Step], StepResult]] = {
     "convert": run_convert_step,
     "rope": run_rope_step,
+    "quantize-kv": run_quantize_kv_step,
     "lint": run_lint_step,
     "eval": run_eval_step,
 }

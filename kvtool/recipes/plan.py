@@ -41,17 +41,6 @@ def _text_paths(recipe: Recipe, step: Step, section: dict | None, *, required: b
             raise _fail(recipe, step, f"text file {t!r} not found (resolved to {recipe.resolve(t)})")
 
 
-def target_groups(spec, options: dict) -> int:
-    to = options["to"]
-    if to == "mqa":
-        return 1
-    if to == "mha":
-        return spec.num_heads
-    if "groups" not in options:
-        raise ValueError("`to: gqa` needs `groups` (the number of KV heads after conversion)")
-    return int(options["groups"])
-
-
 def plan_convert(recipe: Recipe, step: Step, state: PlanState) -> str:
     spec = build_spec(state.config)
     arch = spec.arch
@@ -61,23 +50,25 @@ def plan_convert(recipe: Recipe, step: Step, state: PlanState) -> str:
                     + (f" (alternative: {alt})" if alt else ""))
     if not state.has_weights:
         raise _fail(recipe, step, "the source has no safetensors weights to convert")
+    from kvtool.convert.config_edit import kv_field_is_boolean, rewrite_config
+    from kvtool.convert.driver import resolve_target
+
     h, kv = spec.num_heads, spec.num_kv_heads
+    if not h or not kv:
+        raise _fail(recipe, step, "cannot read the query / KV head counts from the config")
+    o = step.options
     try:
-        g = target_groups(spec, step.options)
-    except ValueError as exc:
-        raise _fail(recipe, step, str(exc)) from None
-    if step.options["to"] == "mha":
-        valid_ok = True
+        g = resolve_target(o["to"], o.get("groups") if o["to"] == "gqa" else None, h, kv,
+                           flag_field=kv_field_is_boolean(arch, spec.config))
+        if o.get("method") == "aware":
+            _text_paths(recipe, step, o.get("calibration"), required=True)
+        new_inner = rewrite_config(spec.config, arch, num_heads=h, new_kv_heads=g)
+    except UsageError as exc:
+        raise _fail(recipe, step, exc.message) from None
+    if spec.wrapper_key:
+        state.config[spec.wrapper_key] = new_inner
     else:
-        valid_ok = bool(h and kv and g >= 1 and h % g == 0 and kv % g == 0)
-    if not valid_ok:
-        valid = [d for d in range(1, (kv or 0) + 1) if kv and h and kv % d == 0 and h % d == 0]
-        raise _fail(recipe, step, f"groups={g} must divide the {h} query heads and the current {kv} KV heads (valid: {valid})")
-    if step.options.get("method") == "aware":
-        _text_paths(recipe, step, step.options.get("calibration"), required=True)
-    for key in arch.kv_head_fields or (spec.key("num_kv_heads"),):
-        if key:
-            state.config[key] = g
+        state.config = new_inner
     return f"{step.options['to']}: {kv} -> {g} KV heads ({step.options.get('method', 'mean')})"
 
 

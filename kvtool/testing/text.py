@@ -1,7 +1,9 @@
 """English text for calibration and evaluation: CPython's `pydoc_data.topics` (~465 KB of prose).
 
 The topics are split into two disjoint parts by a fixed rule (sorted topic names; every fourth
-topic is evaluation text, the rest calibration), so calibration never sees evaluation tokens.
+topic is evaluation text, the rest calibration), so no topic is in both. Some topics repeat
+paragraphs of others: ~3.4% of the evaluation text (13 long paragraphs) also occurs in the
+calibration text (tests/testing bounds it).
 """
 
 from __future__ import annotations

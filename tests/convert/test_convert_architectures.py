@@ -88,13 +88,16 @@ def _assert_same_tensors(a_dir, b_dir):
 
 
 @pytest.mark.parametrize("model_type", SUPPORTED)
-def test_convert_architecture(tmp_path_factory, model_type):
+def test_convert_architecture(tmp_path_factory, capsys, model_type):
     src = _source(tmp_path_factory, model_type, 2)
     work = src.parent
     src_logits = _check_loads(src)
 
     # MQA: pooled rows equal the direct mean of each group's heads.
+    capsys.readouterr()
     mqa = _convert(src, work / "mqa", "--to", "mqa")
+    approximate_norm = "k_norm spans all KV heads" in capsys.readouterr().err
+    assert approximate_norm == (model_type in ("olmo2", "cohere"))  # the all-channel k_norm is said to be approximate
     _check_loads(mqa)
     s, m = ct.state(src), ct.state(mqa)
     for layer in range(2):

@@ -239,15 +239,15 @@ def test_exception_mid_write_leaves_no_destination(tmp_path, monkeypatch, capsys
 
     src = llama(tmp_path / "src", layers=3)
     before = checksums(src)
-    real_add, calls = writer.ShardWriter.add, []
+    real_slot, calls = writer.ShardWriter._slot, []
 
-    def failing_add(self, name, tensor):
+    def failing_slot(self, name):  # every tensor, written from memory or copied, passes here
         calls.append(name)
-        if len(calls) == 3:  # k and v of each layer go through add; the rest is copied file to file
+        if len(calls) == 7:
             raise RuntimeError("simulated crash")
-        return real_add(self, name, tensor)
+        return real_slot(self, name)
 
-    monkeypatch.setattr(writer.ShardWriter, "add", failing_add)
+    monkeypatch.setattr(writer.ShardWriter, "_slot", failing_slot)
     assert run(src, tmp_path / "out", "--to", "mqa") == 2
     assert "simulated crash" in capsys.readouterr().err
     assert not (tmp_path / "out").exists() and leftovers(tmp_path) == []
@@ -259,10 +259,10 @@ def test_ctrl_c_mid_write_leaves_no_destination(tmp_path, monkeypatch):
 
     src = llama(tmp_path / "src")
 
-    def interrupted(self, name, tensor):
+    def interrupted(self, name):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(writer.ShardWriter, "add", interrupted)
+    monkeypatch.setattr(writer.ShardWriter, "_slot", interrupted)
     assert run(src, tmp_path / "out", "--to", "mqa") == 130
     assert not (tmp_path / "out").exists() and leftovers(tmp_path) == []
 
@@ -337,3 +337,46 @@ def test_eval_flag_reports_clearly_when_unavailable_or_runs(tmp_path, capsys, mo
     assert main(["convert", str(src), str(tmp_path / "out"), "--to", "mqa", "--eval", "--no-progress"]) == 2
     assert "--eval" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()  # refused before converting
+
+
+def test_mean_method_never_imports_torch(tmp_path):
+    import subprocess
+    import sys
+
+    src = llama(tmp_path / "src", kv=4)
+    code = ("import sys; from kvtool.cli import main; "
+            f"rc = main(['convert', {str(src)!r}, {str(tmp_path / 'out')!r}, '--to', 'mqa', '--dtype', 'bf16', "
+            "'--no-progress']); assert rc == 0, rc; assert 'torch' not in sys.modules, 'torch imported'")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_torch_methods_get_torch_tensors_and_give_the_same_result(tmp_path):
+    """The torch path (used by methods that compute with torch, e.g. the calibrated one) agrees with numpy."""
+    from kvtool.convert import methods
+    from kvtool.convert.pooling import mean_pool
+
+    seen = []
+
+    @methods.register_method("torch-mean-for-test")
+    class TorchMean(methods.MergeMethod):
+        def merge_layer(self, layer, w):
+            seen.append(type(w.k).__module__)
+            return mean_pool(w)
+
+    try:
+        src = llama(tmp_path / "src", kv=4, dtype=np.float32)
+        assert run(src, tmp_path / "a", "--to", "gqa", "--groups", "2", "--method", "torch-mean-for-test", "--dtype", "bf16") == 0
+        assert run(src, tmp_path / "b", "--to", "gqa", "--groups", "2", "--dtype", "bf16") == 0
+    finally:
+        methods._REGISTRY.pop("torch-mean-for-test", None)
+    assert seen and set(seen) == {"torch"}
+    a, b = load(tmp_path / "a"), load(tmp_path / "b")
+    assert all(a[n].dtype == torch.bfloat16 and torch.equal(a[n], b[n]) for n in a)
+
+
+def test_progress_bar_shows_bytes_and_tensors_on_stderr(tmp_path, capsys):
+    src = llama(tmp_path / "src")
+    assert main(["convert", str(src), str(tmp_path / "out"), "--to", "mqa", "--no-eval", "--progress"]) == 0
+    err = capsys.readouterr().err
+    assert "convert: 100%" in err and "21/21 tensors" in err

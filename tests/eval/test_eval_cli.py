@@ -58,7 +58,7 @@ def test_text_output_and_text_files(tiny_llama_path, tmp_path, capsys):
                "--max-length", "64", "--stride", "48", "--kv-cache-dtype", "fp8", "--kv-scales", "one", "--device", DEVICE])
     out = capsys.readouterr().out
     assert rc == 0
-    assert f"{a}, {b}" in out and "fp8_e4m3 emulated, scales: one" in out and "kld" in out
+    assert f"{a}, {b}" in out and "fp8_e4m3 emulated, scale 1.0 in every layer" in out and "kld" in out
 
 
 def test_kv_scales_one_equals_api(tiny_llama_path, capsys):

@@ -22,7 +22,7 @@ def test_new_config_has_exactly_the_keys_llm_compressor_writes():
     assert qc["quantization_status"] == "frozen"
     assert qc["kv_cache_scheme"] == {
         "actorder": None, "block_structure": None, "dynamic": False, "group_size": None, "num_bits": 8,
-        "observer": "minmax", "observer_kwargs": {}, "strategy": "tensor", "symmetric": True, "type": "float"}
+        "observer": "static_minmax", "observer_kwargs": {}, "strategy": "tensor", "symmetric": True, "type": "float"}
     assert {k: v for k, v in out.items() if k != "quantization_config"} == BASE
 
 

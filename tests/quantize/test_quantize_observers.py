@@ -122,3 +122,18 @@ def test_wrong_head_count_is_refused():
     obs = make_observer("absmax", num_heads=3, per_head=True, fmt=E4M3)
     with pytest.raises(ValueError):
         obs.update(torch.zeros(1, 4, 2, 2))
+
+
+def test_absmax_pow2_rounds_the_headroom_scale_up_to_a_power_of_two():
+    obs = make_observer("absmax-pow2:2", num_heads=2, per_head=True, fmt=E4M3)
+    x = torch.zeros(1, 2, 4, 4)
+    x[0, 0, 0, 0] = 10.0  # 2 * 10 / 448 = 0.0446 -> 2^-4 = 0.0625
+    x[0, 1, 0, 0] = 224.0  # 2 * 224 / 448 = 1.0 exactly -> 1.0
+    obs.update(x)
+    assert obs.scale().tolist() == [0.0625, 1.0]
+    # a power-of-two scale maps every normal FP8 value onto the same grid as scale 1.0
+    g = torch.Generator().manual_seed(0)
+    v = torch.randn(1000, generator=g) * 3
+    v = v[(v.abs() >= 2**-6) & (v.abs() <= 448 * 0.0625)]  # normal, unclipped under both scales
+    s = obs.scale()[0]
+    assert torch.equal(roundtrip(v, s, E4M3), roundtrip(v, 1.0, E4M3))

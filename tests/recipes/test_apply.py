@@ -67,7 +67,7 @@ def test_impossible_step_refused_before_any_work(tmp_path, tiny_model, capsys):
     dst = tmp_path / "out"
     assert main(["apply", str(r), str(tiny_model), str(dst)]) == 2
     err = capsys.readouterr().err
-    assert "line 5" in err and "groups=3" in err
+    assert "line 5" in err and "cannot convert to 3 KV heads" in err
     assert not dst.exists()
     assert not list(tmp_path.glob(".out.kvtool-*"))
 

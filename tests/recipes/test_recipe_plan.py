@@ -37,14 +37,14 @@ def test_groups_not_dividing_heads_is_refused_with_line(tmp_path, tiny_llama_con
     with pytest.raises(UsageError) as exc:
         plan_recipe(r, tiny_llama_config, has_weights=True)
     msg = exc.value.line()
-    assert "line 4" in msg and "groups=3" in msg and "valid: [1, 2]" in msg
+    assert "line 4" in msg and "cannot convert to 3 KV heads" in msg and "valid choices: 1, 2, 4" in msg
 
 
 def test_second_convert_sees_the_first(tmp_path, tiny_llama_config):
-    # after MQA there is one KV head, so pooling to 2 groups is impossible
-    r = _recipe(tmp_path, "  - convert: {to: mqa}\n  - convert: {to: gqa, groups: 2}\n")
-    with pytest.raises(UsageError, match="current 1 KV heads"):
-        plan_recipe(r, tiny_llama_config, has_weights=True)
+    r = _recipe(tmp_path, "  - convert: {to: mqa}\n  - convert: {to: mha}\n")
+    plan = plan_recipe(r, tiny_llama_config, has_weights=True)
+    assert plan[0].startswith("mqa: 2 -> 1 KV heads")
+    assert plan[1].startswith("mha: 1 -> 4 KV heads")
 
 
 def test_aware_needs_calibration_text_that_exists(tmp_path, tiny_llama_config):

@@ -24,7 +24,10 @@ LayerFn = Callable[[int, LayerInputs, Proj], Proj]
 
 def calibration_ids(tokenizer, text: str, tokens: int, seq_len: int, source: str) -> torch.Tensor:
     """First `tokens` tokens of text as [tokens // seq_len, seq_len] (whole sequences only)."""
-    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    # a prefix is enough (tokenizing a whole book to use 2k tokens is slow); the whole text if it falls short
+    ids = tokenizer(text[: tokens * 16], add_special_tokens=False)["input_ids"]
+    if len(ids) < tokens and len(text) > tokens * 16:
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     seq_len = min(seq_len, tokens)
     if len(ids) < seq_len or seq_len < 2:
         raise UsageError(f"calibration text has {len(ids)} tokens; at least {max(seq_len, 2)} are needed",
@@ -86,7 +89,8 @@ def run_sequential(model, ids: torch.Tensor, layer_fn: LayerFn, num_heads: int) 
     handles = [m.register_forward_pre_hook(hook, with_kwargs=True) for m in mods]
     try:
         with torch.no_grad():
-            model(input_ids=ids.to(next(model.parameters()).device), use_cache=False)
+            # the decoder only: the LM head's logits over the whole batch are not needed
+            model.base_model(input_ids=ids.to(next(model.parameters()).device), use_cache=False)
     finally:
         for h in handles:
             h.remove()

@@ -21,7 +21,7 @@ class MergeSettings:
     groups: int
     head_dim: int
     grouping: str = "contiguous"  # contiguous | similarity
-    o_ridge: float | None = 1e-2  # None: keep the folded o_proj (no least-squares refit)
+    o_ridge: float | None = 0.1  # None: keep the folded o_proj (no least-squares refit)
     refine_steps: int = 0
 
 
@@ -71,5 +71,11 @@ def merge_layer(inp: LayerInputs, src: Proj, s: MergeSettings) -> tuple[Proj, La
     err_final = _rel_err(ctx @ new.o.T, o_target)
     if s.refine_steps:
         target = o_target if src.o_bias is None else o_target + src.o_bias
-        new, _, err_final = refine(x32, new, target.to(torch.float32), num_heads=H, head_dim=hd, steps=s.refine_steps)
+        new, _, _ = refine(x32, new, target.to(torch.float32), num_heads=H, head_dim=hd, steps=s.refine_steps)
+        new = new.to(torch.float64)
+        # refinement moved q/k/v: re-solve o_proj on all calibration tokens for the new contexts
+        ctx = head_contexts(x32, new.to(torch.float32), H, hd).to(torch.float64)
+        if s.o_ridge is not None:
+            new.o = refit_o(ctx, o_target, new.o, s.o_ridge)
+        err_final = _rel_err(ctx @ new.o.T, o_target)
     return new.to(torch.float32), LayerReport(order, err_merged, err_final)

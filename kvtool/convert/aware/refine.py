@@ -15,8 +15,12 @@ _FIELDS = ("q", "k", "v", "o", "q_bias", "k_bias", "v_bias", "o_bias")
 
 
 def refine(inp: LayerInputs, start: Proj, target: torch.Tensor, *, num_heads: int, head_dim: int, steps: int,
-           lr: float = 2e-3) -> tuple[Proj, float, float]:
-    """Returns (refined projections, loss before, loss after); keeps the start if refinement made it worse."""
+           lr: float = 3e-3, batch: int = 1) -> tuple[Proj, float, float]:
+    """Returns (refined projections, loss before, loss after on all calibration sequences).
+
+    Each step uses `batch` calibration sequences in turn (cheap steps on CPU); the start is kept
+    if refinement made the full calibration loss worse.
+    """
     params = {f: getattr(start, f).detach().to(torch.float32).clone().requires_grad_(True)
               for f in _FIELDS if getattr(start, f) is not None}
     groups = [{"params": [t], "lr": lr * float(t.detach().pow(2).mean().sqrt().clamp_min(1e-8))}
@@ -26,20 +30,24 @@ def refine(inp: LayerInputs, start: Proj, target: torch.Tensor, *, num_heads: in
     inp32 = LayerInputs(inp.x.to(torch.float32), inp.cos, inp.sin, inp.scaling, inp.sliding_window, inp.softcap)
     denom = target.pow(2).mean().clamp_min(1e-30)
 
-    def loss_of(ps):
-        out = attention_output(inp32, Proj(**{f: ps.get(f) for f in _FIELDS}), num_heads, head_dim)
-        return (out - target).pow(2).mean() / denom
+    n = inp32.x.shape[0]
 
+    def loss_of(ps, rows=slice(None)):
+        part = LayerInputs(inp32.x[rows], inp32.cos[rows], inp32.sin[rows], inp.scaling, inp.sliding_window,
+                           inp.softcap)
+        out = attention_output(part, Proj(**{f: ps.get(f) for f in _FIELDS}), num_heads, head_dim)
+        return (out - target[rows]).pow(2).mean() / denom
+
+    with torch.no_grad():
+        first = float(loss_of(params))
     with torch.enable_grad():
-        first = None
-        for _ in range(steps):
+        for step in range(steps):
+            i = (step * batch) % n
             opt.zero_grad(set_to_none=True)
-            loss = loss_of(params)
-            first = float(loss) if first is None else first
-            loss.backward()
+            loss_of(params, slice(i, i + batch)).backward()
             opt.step()
     with torch.no_grad():
         last = float(loss_of(params))
-        if first is None or last > first:
-            return start, first or last, first or last
+    if last >= first:
+        return start, first, first
     return Proj(**{f: (params[f].detach() if f in params else None) for f in _FIELDS}), first, last

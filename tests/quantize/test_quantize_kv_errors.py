@@ -1,0 +1,90 @@
+"""quantize-kv refuses bad input with one line and exit 2, before loading any model, writing nothing."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from kvtool.cli import main
+from tests.conftest import write_config, write_safetensors
+
+
+@pytest.fixture
+def tiny(tmp_path, tiny_llama_config):
+    src = tmp_path / "src"
+    write_config(src, tiny_llama_config)
+    write_safetensors(src / "model.safetensors", {"model.embed_tokens.weight": np.zeros((128, 64), np.float32)})
+    text = tmp_path / "calib.txt"
+    text.write_text("some calibration text " * 50)
+    return src, text
+
+
+def _run(capsys, *args) -> tuple[int, str]:
+    rc = main(["quantize-kv", *map(str, args)])
+    err = capsys.readouterr().err
+    return rc, err
+
+
+def test_missing_calibration_file(capsys, tiny, tmp_path):
+    src, _ = tiny
+    rc, err = _run(capsys, src, tmp_path / "out", "--calib-text", tmp_path / "nope.txt", "--no-eval")
+    assert rc == 2 and "nope.txt" in err and "--calib-text" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("opt, value, field", [
+    ("--observer", "minmax", "--observer"),
+    ("--observer", "percentile:101", "--observer"),
+    ("--strategy", "channel", "--strategy"),
+    ("--format", "e5m2", "--format"),
+    ("--seq-len", "1", "--seq-len"),
+    ("--calib-tokens", "3", "--calib-tokens"),
+])
+def test_bad_options(capsys, tiny, tmp_path, opt, value, field):
+    src, text = tiny
+    rc, err = _run(capsys, src, tmp_path / "out", "--calib-text", text, opt, value)
+    assert rc == 2 and field in err and "Traceback" not in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_missing_source(capsys, tiny, tmp_path):
+    _, text = tiny
+    rc, err = _run(capsys, tmp_path / "absent", tmp_path / "out", "--calib-text", text)
+    assert rc == 2 and "absent" in err
+
+
+def test_refuses_a_gptq_checkpoint_naming_the_field(capsys, tiny, tmp_path, tiny_llama_config):
+    src, text = tiny
+    write_config(src, dict(tiny_llama_config, quantization_config={"quant_method": "gptq", "bits": 4}))
+    before = (src / "config.json").read_text()
+    rc, err = _run(capsys, src, tmp_path / "out", "--calib-text", text)
+    assert rc == 2 and "quantization_config.quant_method" in err and "gptq" in err
+    assert (src / "config.json").read_text() == before
+    assert not (tmp_path / "out").exists()
+
+
+def test_refuses_a_checkpoint_that_already_has_kv_scales(capsys, tiny, tmp_path):
+    src, text = tiny
+    write_safetensors(src / "model.safetensors", {"model.embed_tokens.weight": np.zeros((128, 64), np.float32),
+                                                  "model.layers.0.self_attn.k_proj.k_scale": np.ones((1,), np.float32)})
+    rc, err = _run(capsys, src, tmp_path / "out", "--calib-text", text)
+    assert rc == 2 and "k_proj.k_scale" in err and "already carries" in err
+
+
+def test_refuses_a_non_empty_destination_without_force(capsys, tiny, tmp_path):
+    src, text = tiny
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    rc, err = _run(capsys, src, out, "--calib-text", text)
+    assert rc == 2 and "--force" in err
+    assert (out / "keep.txt").read_text() == "mine"
+
+
+def test_refuses_writing_into_the_source(capsys, tiny):
+    src, text = tiny
+    rc, err = _run(capsys, src, src, "--calib-text", text, "--force")
+    assert rc == 2 and "input checkpoint" in err
+    assert json.loads((src / "config.json").read_text())["model_type"] == "llama"

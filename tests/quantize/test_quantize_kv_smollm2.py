@@ -1,0 +1,192 @@
+"""quantize-kv end to end on the real SmolLM2-135M (30 layers, 3 KV heads): what is written,
+that transformers loads it, that kvtool eval reads the scales back, and the quality report."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+torch = pytest.importorskip("torch")
+
+
+def _snapshot(folder: Path) -> dict:
+    return {p.name: (p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(folder.iterdir())}
+
+
+def _sha(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    from kvtool.cli import main
+    from kvtool.testing.fixtures import FixtureUnavailable, smollm2_dir
+    from kvtool.testing.text import write_text_files
+
+    try:
+        src = smollm2_dir()
+    except FixtureUnavailable as exc:
+        pytest.skip(str(exc))
+    tmp = tmp_path_factory.mktemp("qkv")
+    calib, ev = write_text_files(tmp / "text")
+    before = _snapshot(src)
+    dst = tmp / "out"
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        rc = main(["quantize-kv", str(src), str(dst), "--calib-text", str(calib), "--calib-tokens", "512",
+                   "--seq-len", "256", "--eval-text", str(ev), "--eval-tokens", "512", "--device", "cpu"])
+    return {"rc": rc, "src": src, "dst": dst, "stdout": out.getvalue(), "before": before}
+
+
+def test_exit_zero_and_source_untouched(run):
+    assert run["rc"] == 0, run["stdout"]
+    assert _snapshot(run["src"]) == run["before"]
+
+
+def test_written_scales_names_shapes_dtype_and_metadata(run):
+    from safetensors import safe_open
+
+    from kvtool import kv_scale_names
+
+    with safe_open(str(run["dst"] / "model-kv-scales.safetensors"), framework="pt") as f:
+        names = sorted(f.keys())
+        meta = f.metadata()
+        tensors = {n: f.get_tensor(n) for n in names}
+    assert names == sorted(f"model.layers.{i}.self_attn.{r}_scale" for i in range(30) for r in "kv")
+    for t in tensors.values():
+        assert t.dtype == torch.float32 and tuple(t.shape) == (1,) and float(t) > 0
+    assert meta[kv_scale_names.SCALE_POINT_METADATA_KEY] == "post_rope"
+    assert meta["kvtool_observer"] == "absmax:4" and meta["format"] == "pt"
+    prov = json.loads((run["dst"] / "kvtool.json").read_text())
+    assert prov["scales"]["model.layers.3.self_attn.v_scale"] == [pytest.approx(float(tensors["model.layers.3.self_attn.v_scale"]))]
+    # absmax:4 -> scale = 4 * observed max / 448
+    amax = prov["amax"]["k"]["3"][0]
+    assert float(tensors["model.layers.3.self_attn.k_scale"]) == pytest.approx(4 * amax / 448, rel=1e-5)
+
+
+def test_original_tensors_byte_for_byte_and_index_complete(run):
+    src, dst = run["src"], run["dst"]
+    assert _sha(dst / "model.safetensors") == _sha(src / "model.safetensors")
+    index = json.loads((dst / "model.safetensors.index.json").read_text())
+    from kvtool.checkpoint import open_checkpoint
+
+    ckpt = open_checkpoint(dst)
+    assert not ckpt.problems  # every index entry is in its shard and vice versa
+    files = set(index["weight_map"].values())
+    assert files == {"model.safetensors", "model-kv-scales.safetensors"}
+    assert index["metadata"]["total_size"] == ckpt.weight_bytes
+
+
+def test_config_declares_the_compressed_tensors_kv_cache_scheme(run):
+    src_cfg = json.loads((run["src"] / "config.json").read_text())
+    cfg = json.loads((run["dst"] / "config.json").read_text())
+    qc = cfg.pop("quantization_config")
+    assert cfg == src_cfg
+    assert qc["quant_method"] == "compressed-tensors"
+    assert qc["kv_cache_scheme"]["strategy"] == "tensor" and qc["kv_cache_scheme"]["type"] == "float"
+    for side in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        assert (run["dst"] / side).read_bytes() == (run["src"] / side).read_bytes()
+
+
+def test_transformers_loads_the_output_and_computes_the_same_logits(run):
+    from transformers import AutoModelForCausalLM
+
+    ids = torch.arange(200, 232)[None]
+    a = AutoModelForCausalLM.from_pretrained(str(run["src"]), dtype=torch.float32)
+    b = AutoModelForCausalLM.from_pretrained(str(run["dst"]), dtype=torch.float32)
+    with torch.inference_mode():
+        assert torch.equal(a(ids).logits, b(ids).logits)
+
+
+def test_kvtool_eval_reads_the_scales_back(run):
+    from safetensors import safe_open
+
+    from kvtool.eval.fp8 import declares_fp8_kv, read_checkpoint_scales
+
+    scales = read_checkpoint_scales(run["dst"])
+    assert len(scales) == 30
+    with safe_open(str(run["dst"] / "model-kv-scales.safetensors"), framework="pt") as f:
+        for i in (0, 17, 29):
+            assert torch.equal(scales.k[i], f.get_tensor(f"model.layers.{i}.self_attn.k_scale").reshape(-1))
+            assert torch.equal(scales.v[i], f.get_tensor(f"model.layers.{i}.self_attn.v_scale").reshape(-1))
+    assert declares_fp8_kv(json.loads((run["dst"] / "config.json").read_text()))
+
+
+def test_report_shows_three_rows_side_by_side(run):
+    out = run["stdout"]
+    assert "quality on held-out text" in out
+    for label in ("original", "fp8 scale 1.0", "fp8 calibrated (absmax:4, tensor)"):
+        assert label in out
+    prov = json.loads((run["dst"] / "kvtool.json").read_text())
+    rows = {r["label"]: r for r in prov["quality"]}
+    assert rows["original"]["kld_mean"] == pytest.approx(0.0, abs=1e-9)
+    assert rows["original"]["tokens"] == 511
+
+
+def test_attn_head_writes_one_scale_per_kv_head(run, tmp_path):
+    from safetensors import safe_open
+
+    from kvtool.quantize.run import QuantizeOptions, quantize_kv
+
+    calib = run["dst"].parent / "text" / "calib.txt"
+    res = quantize_kv(str(run["src"]), str(tmp_path / "head"),
+                      QuantizeOptions(calib_texts=[str(calib)], calib_tokens=128, seq_len=64, strategy="attn_head",
+                                      evaluate=False, device="cpu", link=False))
+    assert res.copied == ["model.safetensors"] and not res.linked
+    with safe_open(str(tmp_path / "head" / "model-kv-scales.safetensors"), framework="pt") as f:
+        t = f.get_tensor("model.layers.0.self_attn.k_scale")
+    assert tuple(t.shape) == (3, 1, 1)
+    assert torch.allclose(t.reshape(-1), res.calibration.k_amax[0] * 4 / 448)
+    cfg = json.loads((tmp_path / "head" / "config.json").read_text())
+    assert cfg["quantization_config"]["kv_cache_scheme"]["strategy"] == "attn_head"
+
+
+def test_layer_by_layer_replay_sees_exactly_what_a_full_forward_writes():
+    """calibrate() runs one decoder layer at a time on cached hidden states; its observed K/V maxima
+    must equal those of the ordinary full forward, and be the maximum over all batches."""
+    from kvtool.kv_hooks import kv_hook
+    from kvtool.quantize.calibrate import calibrate
+    from kvtool.quantize.formats import FORMATS
+    from kvtool.testing.fixtures import FixtureUnavailable, smollm2_dir
+    from kvtool.torch_utils import load_model
+
+    try:
+        src = smollm2_dir()
+    except FixtureUnavailable as exc:
+        pytest.skip(str(exc))
+    model = load_model(src, device=torch.device("cpu"), dtype=torch.float32)
+    g = torch.Generator().manual_seed(0)
+    batches = [torch.randint(100, 30000, (2, 24), generator=g), torch.randint(100, 30000, (1, 40), generator=g)]
+    seen: dict = {}
+
+    def fn(layer, k, v):
+        for role, x in (("k", k), ("v", v)):
+            a = x.abs().amax(dim=(0, 2, 3))
+            seen[(layer, role)] = torch.maximum(seen[(layer, role)], a) if (layer, role) in seen else a
+        return k, v
+
+    with torch.inference_mode(), kv_hook(model, fn):
+        for b in batches:
+            model(input_ids=b, use_cache=False)
+    r = calibrate(model, batches, layers_path="model.layers", observer="absmax", strategy="attn_head",
+                  fmt=FORMATS["e4m3"], device=torch.device("cpu"), num_kv_heads=3)
+    assert sorted(r.k) == list(range(30))
+    for i in range(30):
+        assert torch.allclose(r.k_amax[i], seen[(i, "k")], rtol=1e-5), i
+        assert torch.allclose(r.v_amax[i], seen[(i, "v")], rtol=1e-5), i
+        assert torch.allclose(r.k[i], seen[(i, "k")] / 448, rtol=1e-5)
+    # the model is whole again: its own forward still works and gives the same logits as before
+    with torch.inference_mode():
+        out = model(input_ids=batches[0], use_cache=False).logits
+    assert torch.isfinite(out).all()
