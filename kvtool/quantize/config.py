@@ -24,7 +24,7 @@ CT_FORMAT_VERSION = "0.20.0"
 # kvtool observer -> the llm-compressor observer computing the same statistic, if any (its "minmax"
 # is an exponential moving average; "static_minmax" is the running maximum kvtool keeps)
 # (compressed-tensors' QuantizationArgs forbids unknown keys, so kvtool's details go to kvtool.json).
-CT_OBSERVER = {"absmax": "static_minmax", "mse": "mse"}
+CT_OBSERVER = {"absmax": "static_minmax", "absmax-pow2": "static_minmax", "mse": "mse"}
 
 # Why other quantization methods are refused (anything not listed gets the generic reason).
 REFUSALS = {

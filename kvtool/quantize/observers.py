@@ -10,6 +10,12 @@ shape [1] (strategy "tensor") or [kv_heads] (strategy "attn_head").
   never produced: FP8 is a floating-point format, so headroom costs resolution only for values
   below fmax's subnormal limit (amax * H / 28672 for e4m3), while a value above the calibrated
   range is clipped.
+- `absmax-pow2[:H]` (the default, H = 2): H * amax / fmax rounded up to a power of two. With a
+  power-of-two scale s <= 1 every value that is a normal FP8 number under scale 1.0 lands on the
+  same grid point as with scale 1.0 (x / s is exact), values below 2^-6 get a finer grid, and
+  nothing within H..2H times the calibrated maximum is clipped: pointwise, the error is never larger
+  than with vLLM's default scale 1.0 there. With s > 1 (K/V beyond 448 / H) it stops the clipping
+  that scale 1.0 would do. Measured against absmax / mse in README (quantize-kv section).
 - `percentile:P`: the P-th percentile of |x| (clips the top 100-P percent on purpose).
 - `mse`: the scale, among amax/fmax shrunk by 0..79 %, that minimises the squared FP8
   quantization error on the calibration values.
@@ -27,7 +33,7 @@ import torch
 from kvtool.errors import UsageError
 from kvtool.quantize.formats import Fp8Format, roundtrip
 
-DEFAULT_OBSERVER = "absmax:4"
+DEFAULT_OBSERVER = "absmax-pow2:2"
 
 
 class Observer:

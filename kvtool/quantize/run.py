@@ -18,7 +18,7 @@ class QuantizeOptions:
     calib_tokens: int = 2048
     seq_len: int = 512
     strategy: str = "tensor"
-    observer: str = "absmax:4"
+    observer: str = "absmax-pow2:2"
     format: str = "e4m3"
     device: str = "auto"
     dtype: str = "auto"
