@@ -45,10 +45,9 @@ class LintSettings:
 
 
 def _matches(path: str, pattern: str) -> bool:
-    posix = PurePosixPath(Path(path).as_posix())
-    candidates = {str(posix), str(posix).lstrip("./")}
+    posix = str(PurePosixPath(Path(path).as_posix()))  # PurePosixPath drops a leading "./"
     pat = pattern.rstrip("/")
-    return any(fnmatch(c, pat) or fnmatch(c, pat + "/*") or c.startswith(pat + "/") for c in candidates)
+    return fnmatch(posix, pat) or fnmatch(posix, pat + "/*") or posix.startswith(pat + "/")
 
 
 def find_pyproject(start: Path | None = None) -> Path | None:

@@ -218,7 +218,8 @@ def build(arch) -> dict:
     acts = _activations()
     props = merge(class_properties(arch.model_type), COMMON)
     for k in ACT_KEYS:
-        props[k] = {"type": "string", "enum": acts}
+        # remote-code models (the generic fallback) may register activations transformers does not know
+        props[k] = {"type": "string"} if arch.generic else {"type": "string", "enum": acts}
     names = [arch.model_type, *arch.aliases]
     if not arch.generic:
         props["model_type"] = {"enum": names} if len(names) > 1 else {"const": names[0]}

@@ -261,3 +261,9 @@ def test_real_subprocess_and_no_torch_import(tmp_path):
     plain = subprocess.run([sys.executable, "-m", "kvtool", "lint", GOOD], capture_output=True, text=True,
                            cwd=tmp_path, env=env, timeout=120)
     assert plain.returncode == 0 and "0 error(s)" in plain.stdout
+
+
+def test_pyproject_snake_case_keys_and_string_selectors(capsys, _isolated_cwd):
+    write_pyproject(_isolated_cwd, 'tensor_parallel_size = 3\nselect = "KV103, KV104"\n')
+    rc, out, _ = run(capsys, GOOD)
+    assert rc == 1 and "KV103" in out and "KV104" in out

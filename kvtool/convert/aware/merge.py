@@ -21,7 +21,7 @@ class MergeSettings:
     groups: int
     head_dim: int
     grouping: str = "contiguous"  # contiguous | similarity
-    o_ridge: float | None = 0.1  # None: keep the folded o_proj (no least-squares refit)
+    o_ridge: float | None = 2.0  # None: keep the folded o_proj (no least-squares refit)
     refine_steps: int = 0
 
 

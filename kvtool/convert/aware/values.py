@@ -28,16 +28,17 @@ def merge_values(wv: torch.Tensor, o: torch.Tensor, cov: torch.Tensor, *, num_he
 
 
 def refit_o(ctx: torch.Tensor, target: torch.Tensor, o_prior: torch.Tensor, ridge: float) -> torch.Tensor:
-    """argmin_W ||ctx W^T - target||^2 + ridge * mean(diag(ctx^T ctx)) * N * ||W - o_prior||^2.
+    """argmin_W ||ctx W^T - target||^2 + lam ||W - o_prior||^2, lam = ridge * (P / N) * mean(diag(ctx^T ctx)).
 
-    ctx [N, H*hd] contexts of the converted layer, target [N, hidden] the original layer's o_proj
-    input mapped through the original o_proj (no bias). The ridge pulls toward the folded o when
-    calibration tokens are few.
+    ctx [N, P = H*hd] contexts of the converted layer, target [N, hidden] the original layer's
+    output without o bias. The ridge pulls toward the folded o, more strongly when calibration
+    tokens are few relative to the P unknowns per output (a least-squares fit's variance grows as
+    P / N): measured on SmolLM2, a fixed ridge that suits 4096 tokens overfits at 1024.
     """
     ctx = ctx.reshape(-1, ctx.shape[-1]).to(torch.float64)
     target = target.reshape(-1, target.shape[-1]).to(torch.float64)
     a = ctx.T @ ctx
-    lam = ridge * a.diagonal().mean().clamp_min(1e-300)
+    lam = ridge * (ctx.shape[1] / ctx.shape[0]) * a.diagonal().mean().clamp_min(1e-300)
     a = a + lam * torch.eye(a.shape[0], dtype=a.dtype, device=a.device)
     rhs = ctx.T @ target + lam * o_prior.to(torch.float64).T
     return torch.linalg.solve(a, rhs).T
