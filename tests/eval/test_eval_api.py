@@ -11,7 +11,7 @@ import torch
 from kvtool.errors import UsageError
 from kvtool.eval.api import Candidate, evaluate, evaluate_many
 
-from eval_helpers import DEVICE, reference_nll, tiny_llama
+from eval_helpers import DEVICE, reference_nll
 
 L, S = 64, 32
 

@@ -55,9 +55,10 @@ def test_text_output_and_text_files(tiny_llama_path, tmp_path, capsys):
     a.write_text("The quick brown fox jumps over the lazy dog. " * 20)
     b.write_text("Pack my box with five dozen liquor jugs. " * 20)
     rc = main(["eval", str(tiny_llama_path), "--baseline", str(tiny_llama_path), "--text", str(a), "--text", str(b),
-               "--max-length", "64", "--stride", "48", "--kv-cache-dtype", "fp8", "--kv-scales", "one", "--device", DEVICE])
-    out = capsys.readouterr().out
-    assert rc == 0
+               "--max-length", "64", "--stride", "48", "--kv-cache-dtype", "fp8", "--kv-scales", "one", "--device", DEVICE,
+               "--progress"])
+    out, err = capsys.readouterr()
+    assert rc == 0 and "tok/s" in err  # tqdm bar with tokens/s on stderr
     assert f"{a}, {b}" in out and "fp8_e4m3 emulated, scale 1.0 in every layer" in out and "kld" in out
 
 
@@ -131,3 +132,11 @@ def test_dataset_needs_the_datasets_package(tiny_llama_path, capsys, monkeypatch
 def test_cuda_asked_without_gpu(tiny_llama_path, capsys):
     assert main(["eval", str(tiny_llama_path), "--device", "cuda"]) == 2
     assert "no CUDA GPU" in capsys.readouterr().err
+
+
+def test_undefined_values_are_json_null(tiny_llama_path, capsys):
+    # one scored token: no standard error exists; JSON has no NaN, so it is null
+    p = str(tiny_llama_path)
+    rc = main(["eval", p, "--baseline", p, "--max-tokens", "2", "--device", DEVICE, "--format", "json"])
+    d = _json(capsys)
+    assert rc == 0 and d["tokens"] == 1 and d["ppl_se"] is None and d["kld_se"] is None and d["ppl"] > 0
