@@ -1,30 +1,12 @@
-"""Shared test helpers: tiny checkpoints written without torch (numpy + safetensors)."""
+"""Shared fixtures. Helper functions live in tests/kvtest.py (`from kvtest import ...`)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-DATA = REPO / "tests" / "data"
-
-
-def write_config(folder: Path, config: dict) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    p = folder / "config.json"
-    p.write_text(json.dumps(config, indent=2))
-    return p
-
-
-def write_safetensors(path: Path, tensors: dict, metadata: dict | None = None) -> Path:
-    """tensors: name -> numpy array."""
-    from safetensors.numpy import save_file
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, str(path), metadata=metadata)
-    return path
+from kvtest import DATA, REPO, write_config, write_safetensors  # noqa: F401 - re-exported for old imports
 
 
 @pytest.fixture

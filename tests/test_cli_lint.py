@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import write_config, write_safetensors
+from kvtest import write_config, write_safetensors
 from kvtool.cli import main
 
 CONFIGS = Path(__file__).resolve().parent / "data" / "configs"

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from budget_helpers import GIB, config, run, run_json
 
-from conftest import write_config, write_safetensors
+from kvtest import write_config, write_safetensors
 
 TINY = {
     "model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 128,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from budget_helpers import GIB, config, run_json
 
-from conftest import write_config
+from kvtest import write_config
 
 
 def cdiv(a, b):

@@ -88,3 +88,58 @@ def test_refuses_writing_into_the_source(capsys, tiny):
     rc, err = _run(capsys, src, src, "--calib-text", text, "--force")
     assert rc == 2 and "input checkpoint" in err
     assert json.loads((src / "config.json").read_text())["model_type"] == "llama"
+
+
+def test_a_failure_while_writing_leaves_no_destination_and_the_source_intact(tiny, tmp_path, monkeypatch):
+    import errno
+
+    import safetensors.torch
+    import torch
+
+    from kvtool.errors import InputError
+    from kvtool.io.staging import staged_output
+    from kvtool.quantize.write import write_output
+
+    src, _ = tiny
+    before = {p.name: p.read_bytes() for p in src.iterdir()}
+
+    def full_disk(*a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(safetensors.torch, "save_file", full_disk)
+    dst = tmp_path / "out"
+    with pytest.raises(InputError) as e:
+        with staged_output(dst, protect=[src]) as tmp:
+            write_output(src, tmp, config={"model_type": "llama"}, provenance={}, metadata={},
+                         scales={"model.layers.0.self_attn.k_scale": torch.ones(1)})
+    assert "no space left" in e.value.message
+    assert not dst.exists()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".out")] == []  # staging folder removed
+    assert {p.name: p.read_bytes() for p in src.iterdir()} == before
+
+
+def test_write_output_maps_every_tensor_and_links_the_shards(tiny, tmp_path):
+    import torch
+    from safetensors import safe_open
+
+    from kvtool.io.staging import staged_output
+    from kvtool.quantize.write import SCALE_SHARD, write_output
+
+    src, _ = tiny
+    dst = tmp_path / "out"
+    with staged_output(dst, protect=[src]) as tmp:
+        summary = write_output(src, tmp, config={"model_type": "llama"}, provenance={"command": "quantize-kv"},
+                               metadata={"kvtool.kv_scale_point": "post_rope"},
+                               scales={"model.layers.0.self_attn.k_scale": torch.full((1,), 0.5),
+                                       "model.layers.0.self_attn.v_scale": torch.full((2, 1, 1), 0.25)})
+    assert summary.linked == ["model.safetensors"] and summary.copied == []
+    assert (dst / "model.safetensors").stat().st_ino == (src / "model.safetensors").stat().st_ino
+    index = json.loads((dst / "model.safetensors.index.json").read_text())
+    assert index["weight_map"] == {"model.embed_tokens.weight": "model.safetensors",
+                                   "model.layers.0.self_attn.k_scale": SCALE_SHARD,
+                                   "model.layers.0.self_attn.v_scale": SCALE_SHARD}
+    assert index["metadata"]["total_size"] == 128 * 64 * 4 + 4 + 8
+    with safe_open(str(dst / SCALE_SHARD), framework="pt") as f:
+        assert f.metadata()["kvtool.kv_scale_point"] == "post_rope"
+        assert f.get_tensor("model.layers.0.self_attn.v_scale").shape == (2, 1, 1)
+    assert json.loads((dst / "kvtool.json").read_text()) == {"command": "quantize-kv"}

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from conftest import write_config, write_safetensors
+from kvtest import write_config, write_safetensors
 from kvtool.cli import main
 
 

@@ -15,7 +15,7 @@ REPO_RECIPE = "recipes/smollm2-135m-mqa-fp8.yaml"
 
 
 def test_smollm2_recipe_end_to_end(tmp_path, smollm2_path, capsys):
-    from conftest import REPO
+    from kvtest import REPO
 
     recipe = REPO / REPO_RECIPE
     dst = tmp_path / "smollm2-mqa-fp8"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import write_config, write_safetensors
+from kvtest import write_config, write_safetensors
 from kvtool.errors import UsageError
 from kvtool.recipes.load import load_recipe
 from kvtool.recipes.plan import plan_recipe

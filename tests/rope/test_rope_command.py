@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import write_config, write_safetensors
+from kvtest import write_config, write_safetensors
 
 from kvtool.cli import main
 from kvtool.lint import lint_one

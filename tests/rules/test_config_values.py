@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from conftest import write_config
+from kvtest import write_config
 from rules_helpers import FIXTURES, LLAMA, only
 
 from kvtool.lint import lint_one

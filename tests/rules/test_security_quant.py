@@ -8,7 +8,7 @@ import pickle
 
 import numpy as np
 import pytest
-from conftest import write_config, write_safetensors
+from kvtest import write_config, write_safetensors
 from rules_helpers import FIXTURES, LLAMA
 
 from kvtool import kv_scale_names as ksn

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import write_config, write_safetensors
+from kvtest import write_config, write_safetensors
 
 from kvtool.lint import lint_one
 from kvtool.rules.registry import LintOptions

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
 GROUPINGS = ("contiguous", "similarity")
 DEFAULTS = {"calib_text": None, "calib_tokens": 2048, "refine_steps": 0, "grouping": "contiguous",
-            "seq_len": 512, "o_ridge": 2.0}
+            "seq_len": 256, "o_ridge": 2.0}
 
 
 def unsupported_reason(job: "MergeJob") -> str | None:

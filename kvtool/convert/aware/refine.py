@@ -33,8 +33,9 @@ def refine(inp: LayerInputs, start: Proj, target: torch.Tensor, *, num_heads: in
     n = inp32.x.shape[0]
 
     def loss_of(ps, rows=slice(None)):
-        part = LayerInputs(inp32.x[rows], inp32.cos[rows], inp32.sin[rows], inp.scaling, inp.sliding_window,
-                           inp.softcap)
+        # cos/sin often have batch 1 (shared positions): slice them only when they are per sequence
+        cos, sin = (t[rows] if t.shape[0] == n else t for t in (inp32.cos, inp32.sin))
+        part = LayerInputs(inp32.x[rows], cos, sin, inp.scaling, inp.sliding_window, inp.softcap)
         out = attention_output(part, Proj(**{f: ps.get(f) for f in _FIELDS}), num_heads, head_dim)
         return (out - target[rows]).pow(2).mean() / denom
 

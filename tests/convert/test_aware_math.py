@@ -1,0 +1,81 @@
+"""The merge maths on explicit weights: exact where the heads are related by foldable maps."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from kvtool.convert.aware.attention import LayerInputs, Proj, apply_rope, head_contexts  # noqa: E402
+from kvtool.convert.aware.merge import MergeSettings, merge_layer  # noqa: E402
+
+H, KV, HD, D, B, T = 4, 2, 8, 24, 2, 32
+
+
+def _inputs(rotary=HD, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(B, T, D, generator=g, dtype=torch.float64)
+    inv = 1.0 / (100.0 ** (torch.arange(0, rotary, 2, dtype=torch.float64) / max(rotary, 1)))
+    ang = torch.outer(torch.arange(T, dtype=torch.float64), inv)
+    emb = torch.cat((ang, ang), dim=-1)
+    return LayerInputs(x, emb.cos().expand(B, -1, -1), emb.sin().expand(B, -1, -1), HD ** -0.5), g
+
+
+def _complex_scale(k_rows, coef, rotary):
+    """Scale each rotate_half pair (i, i + r/2) of one head's rows by a complex number."""
+    P = rotary // 2
+    z = torch.complex(k_rows[:P], k_rows[P:2 * P]) * coef[:, None]
+    return torch.cat((z.real, z.imag, k_rows[2 * P:]))
+
+
+@pytest.mark.parametrize("rotary", [HD, HD // 2, 0])  # full, partial and no RoPE
+def test_heads_related_by_foldable_maps_merge_exactly(rotary):
+    inp, g = _inputs(rotary)
+    q = torch.randn(H * HD, D, generator=g, dtype=torch.float64)
+    o = torch.randn(D, H * HD, generator=g, dtype=torch.float64)
+    k0 = torch.randn(HD, D, generator=g, dtype=torch.float64)
+    v0 = torch.randn(HD, D, generator=g, dtype=torch.float64)
+    coef = torch.randn(rotary // 2, generator=g, dtype=torch.complex128)
+    k1 = _complex_scale(k0, coef, rotary)
+    k1[rotary:] = torch.randn(HD - rotary, HD - rotary, generator=g, dtype=torch.float64) @ k0[rotary:]
+    v1 = torch.randn(HD, HD, generator=g, dtype=torch.float64) @ v0  # any invertible map folds into o
+    src = Proj(q, torch.cat((k0, k1)), torch.cat((v0, v1)), o)
+    new, rep = merge_layer(inp, src, MergeSettings(H, KV, 1, HD, o_ridge=None))
+    assert new.k.shape == (HD, D) and new.v.shape == (HD, D)
+    want = head_contexts(inp, src, H, HD) @ o.T
+    got = head_contexts(inp, new.to(torch.float64), H, HD) @ new.o.to(torch.float64).T
+    torch.testing.assert_close(got, want, rtol=2e-4, atol=2e-4)
+    assert rep.err_merged < 1e-8
+
+
+def test_complex_scaling_commutes_with_rope():
+    inp, g = _inputs()
+    k = torch.randn(B, 1, T, HD, generator=g, dtype=torch.float64)
+    coef = torch.randn(HD // 2, generator=g, dtype=torch.complex128)
+
+    def scale(t):
+        z = torch.complex(t[..., : HD // 2], t[..., HD // 2:]) * coef
+        return torch.cat((z.real, z.imag), dim=-1)
+
+    torch.testing.assert_close(apply_rope(scale(k), inp.cos, inp.sin), scale(apply_rope(k, inp.cos, inp.sin)))
+
+
+def test_o_refit_and_unrelated_heads_reduce_error():
+    inp, g = _inputs()
+    src = Proj(*(torch.randn(s, generator=g, dtype=torch.float64) * 0.3 for s in
+                 ((H * HD, D), (KV * HD, D), (KV * HD, D), (D, H * HD))))
+    _, folded = merge_layer(inp, src, MergeSettings(H, KV, 1, HD, o_ridge=None))
+    _, refit = merge_layer(inp, src, MergeSettings(H, KV, 1, HD, o_ridge=2.0))
+    assert 0 < refit.err_final < folded.err_final < 1.5
+
+
+def test_refinement_lowers_the_calibration_loss_with_shared_positions():
+    from kvtool.convert.aware.refine import refine
+
+    inp, g = _inputs()
+    inp = LayerInputs(inp.x.float(), inp.cos[:1].float(), inp.sin[:1].float(), inp.scaling)  # batch-1 cos/sin
+    src = Proj(*(torch.randn(s, generator=g) * 0.3 for s in ((H * HD, D), (KV * HD, D), (KV * HD, D), (D, H * HD))))
+    start, _ = merge_layer(inp, src, MergeSettings(H, KV, 1, HD, o_ridge=None))
+    target = head_contexts(inp, src, H, HD) @ src.o.T
+    new, before, after = refine(inp, start, target, num_heads=H, head_dim=HD, steps=30)
+    assert after < before and new.k.shape == start.k.shape
