@@ -1,7 +1,8 @@
 """FP8 KV-cache scale calibration (`kvtool quantize-kv`).
 
 - `formats.py`: the FP8 formats a KV cache can use (e4m3: largest finite value 448).
-- `observers.py`: the observer registry (absmax, headroom, percentile:P, mse) turning observed K/V into scales.
+- `observers.py`: the observer registry (absmax[:H], absmax-pow2[:H] (default), percentile:P, mse) turning
+  observed K/V into scales.
 - `calibrate.py`: runs the decoder layers one at a time on cached hidden states and feeds every
   layer's K (after RoPE and k_norm) and V, where they enter the cache, to one observer per layer and role.
 - `config.py`: the compressed-tensors `quantization_config` (new or merged into an existing one).

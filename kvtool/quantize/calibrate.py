@@ -64,6 +64,22 @@ def _to(obj, device):
     return obj
 
 
+def place_except(module: torch.nn.Module, keep: torch.nn.Module, device) -> None:
+    """Move every parameter and buffer of `module` to `device` except those under `keep`
+    (never the whole model at once: it may not fit on the device)."""
+    for child in module.children():
+        if child is keep:
+            continue
+        if any(m is keep for m in child.modules()):
+            place_except(child, keep, device)
+        else:
+            child.to(device)
+    for name, p in module.named_parameters(recurse=False):
+        p.data = p.data.to(device)
+    for name, b in module.named_buffers(recurse=False):
+        module._buffers[name] = b.to(device)
+
+
 def _capture(model, layers: torch.nn.ModuleList, input_ids: torch.Tensor) -> tuple[torch.Tensor, list[tuple]]:
     """(hidden states entering layer 0, [(args, kwargs) per layer]) for one batch, no layer run."""
     calls: list[tuple | None] = [None] * len(layers)
@@ -109,9 +125,7 @@ def calibrate(model, batches: list[torch.Tensor], *, layers_path: str, observer:
     if offload:
         # everything but the decoder layers goes to the device; layers visit it one at a time
         model.to("cpu")
-        for name, child in model.named_children():
-            child.to(device)
-        layers.to("cpu")
+        place_except(model, layers, device)
         torch.cuda.reset_peak_memory_stats(device)
 
     observers: dict[tuple[int, str], object] = {}

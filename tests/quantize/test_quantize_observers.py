@@ -137,3 +137,27 @@ def test_absmax_pow2_rounds_the_headroom_scale_up_to_a_power_of_two():
     v = v[(v.abs() >= 2**-6) & (v.abs() <= 448 * 0.0625)]  # normal, unclipped under both scales
     s = obs.scale()[0]
     assert torch.equal(roundtrip(v, s, E4M3), roundtrip(v, 1.0, E4M3))
+
+
+def test_place_except_moves_everything_but_the_decoder_layers():
+    from kvtool.quantize.calibrate import place_except
+
+    class Inner(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = torch.nn.Embedding(4, 2)
+            self.layers = torch.nn.ModuleList([torch.nn.Linear(2, 2) for _ in range(2)])
+            self.register_buffer("inv_freq", torch.ones(2))
+
+    class Outer(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = Inner()
+            self.lm_head = torch.nn.Linear(2, 4, bias=False)
+            self.lm_head.weight = self.model.embed.weight  # tied
+
+    m = Outer()
+    place_except(m, m.model.layers, torch.device("meta"))
+    assert m.model.embed.weight.device.type == "meta" and m.model.inv_freq.device.type == "meta"
+    assert m.lm_head.weight.device.type == "meta"
+    assert all(p.device.type == "cpu" for p in m.model.layers.parameters())
