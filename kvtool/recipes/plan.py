@@ -104,7 +104,11 @@ def plan_quantize_kv(recipe: Recipe, step: Step, state: PlanState) -> str:
     if spec.is_mla:
         raise _fail(recipe, step, "MLA models cache a latent, not per-head K/V; FP8 KV scales for MLA are not supported")
     _text_paths(recipe, step, step.options.get("calibration"), required=True)
-    return f"FP8 KV scales ({step.options.get('strategy', 'tensor')}, observer {step.options.get('observer', 'default')})"
+    from kvtool.quantize.run import QuantizeOptions  # no torch at import
+
+    default = QuantizeOptions(calib_texts=[])
+    return (f"FP8 KV scales ({step.options.get('strategy', default.strategy)}, "
+            f"observer {step.options.get('observer', default.observer)})")
 
 
 def plan_lint(recipe: Recipe, step: Step, state: PlanState) -> str:
