@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # pytest -n 2 on 2 cores: two torch thread pools spinning against each other made a SmolLM2
+    # forward ~9x slower than one thread each (measured). Set before any test imports torch;
+    # subprocesses inherit it.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("MKL_NUM_THREADS", "1")
 
 import pytest
 

@@ -18,13 +18,8 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 
 
 @pytest.fixture(scope="module")
-def tokenizer_dir():
-    from kvtool.testing.fixtures import FixtureUnavailable, smollm2_dir
-
-    try:
-        return smollm2_dir()
-    except FixtureUnavailable as exc:
-        pytest.skip(str(exc))
+def tokenizer_dir(smollm2_path):
+    return smollm2_path  # only its tokenizer files are used
 
 
 def _tiny(folder, model_type, tokenizer_dir, kv_heads=2, seed=0):

@@ -13,13 +13,8 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def smollm2():
-    from kvtool.testing.fixtures import FixtureUnavailable, smollm2_dir
-
-    try:
-        return smollm2_dir()
-    except FixtureUnavailable as exc:
-        pytest.skip(str(exc))
+def smollm2(smollm2_path):
+    return smollm2_path  # tests/conftest.py: built once, skipped only if the package is missing
 
 
 def test_smollm2_to_mqa_loads_generates_and_reports_perplexity(smollm2, tmp_path):
