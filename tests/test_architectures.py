@@ -174,9 +174,8 @@ def _tiny_config(model_type):
     return CONFIG_MAPPING[model_type](**kwargs)
 
 
-@pytest.mark.parametrize("arch", [a for a in TF_TABLES if a.model_type not in HUB_NAMES], ids=lambda a: a.model_type)
-def test_weight_names_are_transformers_module_names(arch):
-    """Instantiate the model on the meta device (no memory) and look for every name the table gives."""
+def _meta_model(arch):
+    """(config, model on the meta device, {parameter name: shape}) with the table's naming prefix."""
     torch = pytest.importorskip("torch")
     _quiet()
     from transformers import AutoModel, AutoModelForCausalLM
@@ -187,10 +186,18 @@ def test_weight_names_are_transformers_module_names(arch):
             model = AutoModelForCausalLM.from_config(cfg)
         except ValueError:
             model = AutoModel.from_config(cfg)  # text towers of multimodal models (qwen3_vl_text)
-    names = {n for n, _ in model.named_parameters()}
+    shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
     base = getattr(model, "base_model_prefix", "")
-    if not any(n.startswith(arch.weights["layer"].split("{")[0]) for n in names) and base:
-        names = {f"{base}.{n}" for n in names}  # a bare base model: names lack its prefix
+    if not any(n.startswith(arch.weights["layer"].split("{")[0]) for n in shapes) and base:
+        shapes = {f"{base}.{n}": sh for n, sh in shapes.items()}  # a bare base model: names lack its prefix
+    return cfg, model, shapes
+
+
+@pytest.mark.parametrize("arch", [a for a in TF_TABLES if a.model_type not in HUB_NAMES], ids=lambda a: a.model_type)
+def test_weight_names_are_transformers_module_names(arch):
+    """Instantiate the model on the meta device (no memory) and look for every name the table gives."""
+    cfg, model, shapes = _meta_model(arch)
+    names = set(shapes)
     spec = build_spec(cfg.to_dict())
     layer = next(i for i, t in enumerate(spec.layer_types) if t in ("full_attention", "sliding_attention",
                                                                     "chunked_attention"))
@@ -218,20 +225,7 @@ def test_weight_names_are_transformers_module_names(arch):
                          ids=lambda a: a.model_type)
 def test_projection_shapes_follow_the_spec(arch):
     """heads x head_dim from ModelSpec equals the rows of transformers' q/k/v (or fused qkv) weights."""
-    torch = pytest.importorskip("torch")
-    _quiet()
-    from transformers import AutoModel, AutoModelForCausalLM
-
-    cfg = _tiny_config(arch.model_type)
-    with torch.device("meta"):
-        try:
-            model = AutoModelForCausalLM.from_config(cfg)
-        except ValueError:
-            model = AutoModel.from_config(cfg)
-    shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
-    base = getattr(model, "base_model_prefix", "")
-    if not any(n.startswith(arch.weights["layer"].split("{")[0]) for n in shapes) and base:
-        shapes = {f"{base}.{n}": s for n, s in shapes.items()}
+    cfg, model, shapes = _meta_model(arch)
     spec = build_spec(cfg.to_dict())
     h, kv, hd = spec.num_heads, spec.num_kv_heads, spec.head_dim
     layer = spec.layer_types.index("full_attention") if "full_attention" in spec.layer_types else 0
