@@ -125,6 +125,23 @@ def is_side_file(path: Path) -> bool:
     return not name.endswith(WEIGHT_SUFFIXES)
 
 
+# link() failures that mean "links are not possible here", where a copy is the right fallback
+_NO_LINK_ERRNOS = (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EACCES)
+
+
+def link_or_copy(src: Path, dst: Path, *, link: bool = True) -> bool:
+    """Hard-link src to dst (same bytes, no extra disk), copying when links are impossible; True if linked."""
+    if link:
+        try:
+            os.link(src, dst)
+            return True
+        except OSError as exc:
+            if exc.errno not in _NO_LINK_ERRNOS:
+                raise
+    shutil.copy2(src, dst)
+    return False
+
+
 def copy_side_files(src: str | Path, dst: str | Path) -> list[str]:
     """Copy top-level non-weight files of `src` into `dst`; returns the names copied."""
     src, dst = Path(src), Path(dst)

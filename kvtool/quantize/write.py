@@ -9,10 +9,7 @@ The folder is staged and renamed into place only when complete; the source is ne
 
 from __future__ import annotations
 
-import errno
 import json
-import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +17,7 @@ import torch
 
 from kvtool import kv_scale_names
 from kvtool.errors import InputError
+from kvtool.io.staging import link_or_copy
 
 SCALE_SHARD = "model-kv-scales.safetensors"
 INDEX_NAME = "model.safetensors.index.json"
@@ -50,19 +48,6 @@ def scale_tensors(result, attn_prefix, per_head: bool) -> dict[str, torch.Tensor
     return dict(sorted(out.items()))
 
 
-def _link_or_copy(src: Path, dst: Path, link: bool) -> bool:
-    """True when hard-linked."""
-    if link:
-        try:
-            os.link(src, dst)
-            return True
-        except OSError as exc:
-            if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EACCES):
-                raise
-    shutil.copyfile(src, dst)
-    return False
-
-
 def write_output(src: Path, tmp: Path, *, config: dict, scales: dict[str, torch.Tensor], metadata: dict[str, str],
                  provenance: dict, link: bool = True) -> WriteSummary:
     """Fill the staging folder `tmp` (created by kvtool.io.staging.staged_output)."""
@@ -90,7 +75,7 @@ def write_output(src: Path, tmp: Path, *, config: dict, scales: dict[str, torch.
     for f in files:
         target = tmp / f
         target.parent.mkdir(parents=True, exist_ok=True)
-        (linked if _link_or_copy(src / f, target, link) else copied).append(f)
+        (linked if link_or_copy(src / f, target, link=link) else copied).append(f)
     save_file(scales, str(tmp / SCALE_SHARD), metadata={"format": "pt", **metadata})
     for name in scales:
         weight_map[name] = SCALE_SHARD

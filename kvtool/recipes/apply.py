@@ -20,7 +20,7 @@ from typing import Callable
 
 from kvtool import __version__
 from kvtool.checkpoint import open_checkpoint
-from kvtool.errors import GateFailed, InputError, KvtoolError
+from kvtool.errors import GateFailed, InputError
 from kvtool.recipes.load import Recipe, Step, load_recipe
 from kvtool.recipes.plan import plan_recipe
 from kvtool.spec import build_spec
@@ -307,9 +307,8 @@ def _finish(ctx: RunContext, dst: Path, report: dict, *, force: bool) -> None:
 
 
 def _link_tree(src: Path, dst: Path) -> None:
+    from kvtool.io.staging import link_or_copy
+
     for item in src.iterdir():
         if item.is_file():
-            try:
-                os.link(item, dst / item.name)
-            except OSError:
-                shutil.copy2(item, dst / item.name)
+            link_or_copy(item, dst / item.name)

@@ -160,7 +160,7 @@ def _write_in_place(ckpt, text: str) -> str:
 
 
 def _write_dst(ckpt, dst: Path, text: str) -> str:
-    from kvtool.io.staging import staged_output
+    from kvtool.io.staging import link_or_copy, staged_output
 
     if ckpt.hub:
         raise UsageError("writing needs a local model folder; download it first (huggingface-cli download)",
@@ -185,10 +185,8 @@ def _write_dst(ckpt, dst: Path, text: str) -> str:
                     continue
                 out = tmp / rel
                 out.parent.mkdir(parents=True, exist_ok=True)
-                try:
-                    os.link(p, out)  # weights untouched and no extra disk: same inode
+                if link_or_copy(p, out):  # weights untouched and no extra disk: same inode
                     linked += 1
-                except OSError:
-                    shutil.copy2(p, out)  # another filesystem, or links not allowed
+                else:
                     copied += 1
     return f"{dst}/config.json written; {linked} other file(s) hard-linked, {copied} copied"
