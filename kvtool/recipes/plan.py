@@ -78,17 +78,11 @@ def plan_rope(recipe: Recipe, step: Step, state: PlanState) -> str:
         raise _fail(recipe, step, f"the model uses {spec.position} positions, not RoPE")
     from kvtool.errors import InputError
     from kvtool.recipes.apply import rope_args
-    from kvtool.rope.apply import RopeRequest, plan_rope
+    from kvtool.rope.apply import plan_rope
+    from kvtool.rope.command import request_from_args
 
     try:
-        a = rope_args(step.options, recipe)
-        opts = dict(a.options)
-        from kvtool.rope.command import _factor_list
-
-        opts["short_factor"] = _factor_list(a.short_factor_file, "short_factor_file")
-        opts["long_factor"] = _factor_list(a.long_factor_file, "long_factor_file")
-        req = RopeRequest(rope_type=a.rope_type, factor=a.factor, target_context=a.target_context, original=a.original,
-                          theta=a.theta, options=opts, layer_type=a.layer_type, layout=a.layout)
+        req = request_from_args(rope_args(step.options, recipe))
         state.config = plan_rope(spec, req, source=str(recipe.path)).config
     except (UsageError, InputError) as exc:
         raise _fail(recipe, step, exc.message) from None

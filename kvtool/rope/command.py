@@ -37,6 +37,15 @@ class RopeArgs:
     plot: str | None = None
 
 
+def request_from_args(a: RopeArgs) -> RopeRequest:
+    """The planner's request for parsed options (factor files read and checked here)."""
+    opts = dict(a.options)
+    opts["short_factor"] = _factor_list(a.short_factor_file, "--short-factor-file")
+    opts["long_factor"] = _factor_list(a.long_factor_file, "--long-factor-file")
+    return RopeRequest(rope_type=a.rope_type, factor=a.factor, target_context=a.target_context, original=a.original,
+                       theta=a.theta, options=opts, layer_type=a.layer_type, layout=a.layout)
+
+
 def run(a: RopeArgs) -> int:
     writes = a.dst is not None or a.in_place
     if a.rope_type is None:
@@ -66,12 +75,7 @@ def run(a: RopeArgs) -> int:
             typer.echo(f"plot written to {a.plot}")
         return EXIT_OK
 
-    opts = dict(a.options)
-    opts["short_factor"] = _factor_list(a.short_factor_file, "--short-factor-file")
-    opts["long_factor"] = _factor_list(a.long_factor_file, "--long-factor-file")
-    req = RopeRequest(rope_type=a.rope_type, factor=a.factor, target_context=a.target_context, original=a.original,
-                      theta=a.theta, options=opts, layer_type=a.layer_type, layout=a.layout)
-    plan = plan_rope(spec, req, source=source)
+    plan = plan_rope(spec, request_from_args(a), source=source)
 
     # the command lints its own output: refuse anything the edit made wrong
     before = {(f.code, f.path) for f in lint_findings(ckpt.config, source) if f.severity == "error"}
