@@ -54,9 +54,9 @@ def _texts(ctx: RunContext, section: dict, purpose: str) -> list[str]:
     """Text files for a step: explicit files (relative to the recipe) or a built-in dataset."""
     from kvtool.testing.text import write_text_files
 
-    texts = section.get("text")
-    if texts:
-        return [str(ctx.recipe.resolve(t)) for t in ([texts] if isinstance(texts, str) else texts)]
+    files = ctx.recipe.text_files(section)
+    if files:
+        return [str(path) for _, path in files]
     dataset = section.get("dataset")
     if dataset == "pydoc":
         calib, ev = write_text_files(ctx.work / "text")
@@ -173,9 +173,7 @@ def run_eval_step(ctx: RunContext, step: Step) -> StepResult:
     from kvtool.units import parse_percent
 
     o = step.options
-    files = None
-    if o.get("text"):
-        files = [str(ctx.recipe.resolve(t)) for t in ([o["text"]] if isinstance(o["text"], str) else o["text"])]
+    files = [str(path) for _, path in ctx.recipe.text_files(o)] or None
     texts, text_name = read_texts(files, o.get("dataset"))
     gates = {}
     for key, flag in EVAL_GATES.items():

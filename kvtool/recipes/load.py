@@ -40,6 +40,11 @@ class Recipe:
         p = Path(rel).expanduser()
         return p if p.is_absolute() else (self.path.parent / p)
 
+    def text_files(self, section: dict | None) -> list[tuple[str, Path]]:
+        """(as written, resolved path) for a section's `text` (one path or a list), relative to the recipe."""
+        texts = (section or {}).get("text") or []
+        return [(t, self.resolve(t)) for t in ([texts] if isinstance(texts, str) else texts)]
+
 
 class _LineMap:
     """Line number (1-based) of every mapping key / sequence item, by path."""

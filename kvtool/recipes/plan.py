@@ -31,14 +31,13 @@ def _fail(recipe: Recipe, step: Step, message: str) -> UsageError:
 
 def _text_paths(recipe: Recipe, step: Step, section: dict | None, *, required: bool) -> None:
     section = section or {}
-    texts = section.get("text")
-    if texts is None:
+    if section.get("text") is None:
         if required and not section.get("dataset"):
             raise _fail(recipe, step, "needs calibration text: set calibration.text (a file relative to the recipe)")
         return
-    for t in [texts] if isinstance(texts, str) else texts:
-        if not recipe.resolve(t).is_file():
-            raise _fail(recipe, step, f"text file {t!r} not found (resolved to {recipe.resolve(t)})")
+    for t, path in recipe.text_files(section):
+        if not path.is_file():
+            raise _fail(recipe, step, f"text file {t!r} not found (resolved to {path})")
 
 
 def plan_convert(recipe: Recipe, step: Step, state: PlanState) -> str:

@@ -53,12 +53,10 @@ def lint_recipe_file(path: str):
         report.findings.append(finding("KV961", msg, exc.field, line))
         return report
     for step in recipe.steps:
-        sections = [step.options, step.options.get("calibration") or {}]
-        for sec in sections:
-            texts = sec.get("text")
-            for t in [texts] if isinstance(texts, str) else (texts or []):
-                if not recipe.resolve(t).is_file():
+        for sec in (step.options, step.options.get("calibration")):
+            for t, resolved in recipe.text_files(sec):
+                if not resolved.is_file():
                     report.findings.append(finding(
-                        "KV962", f"step {step.index} ({step.kind}): text file {t!r} not found (resolved to {recipe.resolve(t)})",
+                        "KV962", f"step {step.index} ({step.kind}): text file {t!r} not found (resolved to {resolved})",
                         f"steps[{step.index - 1}].{step.kind}", step.line))
     return report

@@ -1,0 +1,45 @@
+"""`kvtool lint recipe.yaml`: schema problems (KV961) and missing text files (KV962) as findings with lines."""
+
+from __future__ import annotations
+
+import json
+
+from kvtool.cli import main
+
+
+def _lint_json(path, capsys):
+    code = main(["lint", str(path), "--format", "json"])
+    return code, json.loads(capsys.readouterr().out)["models"][0]
+
+
+def test_schema_error_is_kv961_with_line(tmp_path, capsys):
+    p = tmp_path / "r.yaml"
+    p.write_text("version: 1\nsteps:\n  - convert:\n      to: gqa\n      metod: aware\n")
+    code, model = _lint_json(p, capsys)
+    assert code == 1
+    (f,) = model["findings"]
+    assert (f["code"], f["line"], f["path"]) == ("KV961", 5, "steps[0].convert.metod")
+
+
+def test_missing_text_files_are_kv962_relative_to_the_recipe(tmp_path, capsys):
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "calib.txt").write_text("text")
+    p = tmp_path / "r.yaml"
+    p.write_text("version: 1\nsteps:\n"
+                 "  - convert: {to: mqa, method: aware, calibration: {text: data/calib.txt}}\n"
+                 "  - eval: {text: [data/calib.txt, data/eval.txt]}\n")
+    code, model = _lint_json(p, capsys)
+    assert code == 1
+    (f,) = model["findings"]
+    assert f["code"] == "KV962" and f["line"] == 4 and "'data/eval.txt' not found" in f["message"]
+    (tmp_path / "data" / "eval.txt").write_text("text")
+    code, model = _lint_json(p, capsys)
+    assert code == 0 and model["findings"] == []
+
+
+def test_shipped_recipes_lint_clean(capsys):
+    from kvtest import REPO
+
+    recipes = sorted(str(p) for p in (REPO / "recipes").glob("*.yaml"))
+    assert len(recipes) == 5
+    assert main(["lint", *recipes]) == 0
