@@ -38,18 +38,22 @@ def read_texts(files: Sequence[str] | None, dataset: str | None) -> tuple[list[s
     return [_load_hub(DATASETS[dataset], dataset)], dataset
 
 
-def _read_file(name: str) -> str:
-    path = Path(name)
+def read_text_file(name: str, field: str) -> str:
+    """A UTF-8 text file given on the command line; one-line InputError naming the file and option."""
     try:
-        text = path.read_text(encoding="utf-8")
+        return Path(name).read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise InputError("no such file", file=name, field="--text") from None
+        raise InputError("no such file", file=name, field=field) from None
     except IsADirectoryError:
-        raise InputError("is a folder, not a text file", file=name, field="--text") from None
+        raise InputError("is a folder, not a text file", file=name, field=field) from None
     except UnicodeDecodeError as exc:
-        raise InputError(f"not UTF-8 text (byte {exc.start})", file=name, field="--text") from None
+        raise InputError(f"not UTF-8 text (byte {exc.start})", file=name, field=field) from None
     except OSError as exc:
-        raise InputError(exc.strerror or str(exc), file=name, field="--text") from None
+        raise InputError(exc.strerror or str(exc), file=name, field=field) from None
+
+
+def _read_file(name: str) -> str:
+    text = read_text_file(name, "--text")
     if not text.strip():
         raise InputError("is empty", file=name, field="--text")
     return text

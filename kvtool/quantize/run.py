@@ -41,17 +41,9 @@ class QuantizeResult:
 
 
 def read_texts(files: list[str], option: str) -> list[str]:
-    out = []
-    for f in files:
-        p = Path(f)
-        try:
-            out.append(p.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise InputError("no such file", file=f, field=option) from None
-        except UnicodeDecodeError:
-            raise InputError("is not UTF-8 text", file=f, field=option) from None
-        except OSError as exc:
-            raise InputError(exc.strerror or str(exc), file=f, field=option) from None
+    from kvtool.eval.texts import read_text_file
+
+    out = [read_text_file(f, option) for f in files]
     if not any(t.strip() for t in out):
         raise InputError("the text is empty", file=files[0] if files else None, field=option)
     return out
@@ -108,7 +100,7 @@ def text_hash(texts: list[str]) -> str:
 
 def prepare(src: str, dst: str, opts: QuantizeOptions):
     """All checks that need no model: (checkpoint, architecture, spec, new config). Raises exit-2 errors."""
-    from kvtool.architectures import is_known, lookup
+    from kvtool.architectures import is_known
     from kvtool.checkpoint import open_checkpoint
     from kvtool.io.staging import check_destination
     from kvtool.quantize.config import with_kv_cache_scheme

@@ -102,9 +102,6 @@ def read_text(path: str | Path | None) -> tuple[str, str]:
         from kvtool.testing.text import calibration_text
 
         return calibration_text(), "builtin:pydoc_data.topics (calibration part)"
-    p = Path(path)
-    try:
-        return p.read_text(encoding="utf-8"), str(p)
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"cannot read calibration text: {exc.__class__.__name__}: {exc}", file=str(p),
-                         field="--calib-text") from None
+    from kvtool.eval.texts import read_text_file
+
+    return read_text_file(str(path), "--calib-text"), str(Path(path))
