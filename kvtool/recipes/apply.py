@@ -211,12 +211,14 @@ def _device(ctx: RunContext) -> str:
 
 # --- the run --------------------------------------------------------------------------------------
 def _versions() -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+
     out = {"kvtool": __version__, "python": platform.python_version()}
-    for mod in ("torch", "transformers", "safetensors"):
+    for dist in ("torch", "transformers", "safetensors"):
         try:
-            out[mod] = __import__(mod).__version__
-        except Exception:  # noqa: BLE001 - versions are informative only
-            out[mod] = None
+            out[dist] = version(dist)  # from the installed metadata: a rope-only recipe never imports torch
+        except PackageNotFoundError:
+            out[dist] = None
     return out
 
 
