@@ -10,15 +10,7 @@ from __future__ import annotations
 import json
 
 from kvtool.errors import UsageError
-
-
-def _get(d: dict, dotted: str, default=None):
-    cur = d
-    for part in dotted.split("."):
-        if not isinstance(cur, dict) or part not in cur:
-            return default
-        cur = cur[part]
-    return cur
+from kvtool.spec import get_path as _get
 
 
 def _set(d: dict, dotted: str, value) -> None:

@@ -10,9 +10,10 @@ entry the engines use for them.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Callable
+
+from kvtool.values import is_number as _num
 
 # Keys any rope dict may carry whatever its type (transformers v5 moves these into rope_parameters).
 COMMON_KEYS = frozenset({"rope_type", "type", "rope_theta", "partial_rotary_factor"})
@@ -72,10 +73,6 @@ class RopeKind:
     def unknown(self, params: dict) -> list[str]:
         allowed = self.allowed_keys()
         return sorted(k for k in params if k not in allowed)
-
-
-def _num(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def _math(name: str) -> Callable:

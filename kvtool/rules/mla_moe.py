@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from kvtool.rules.registry import checker, define
+from kvtool.values import is_int as _is_int
 
 define("KV401", "mla-dims-invalid", "error",
        "An MLA dimension (kv_lora_rank, q_lora_rank, qk_*_head_dim, v_head_dim) is missing or not positive",
@@ -90,10 +91,6 @@ _RAW_KEYS = {
     "moe_layer_freq": ("moe_layer_freq",),
     "first_k_dense": ("first_k_dense_replace",),
 }
-
-
-def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
 
 
 def _get(ctx, name: str):

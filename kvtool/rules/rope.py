@@ -13,6 +13,7 @@ import math
 from kvtool.rope import types as rt
 from kvtool.rope.params import geometry_for, legacy_view, raw_dict, rope_dict, v5_view
 from kvtool.rules.registry import checker, define
+from kvtool.values import is_number as _num
 
 define("KV201", "rope-type-unknown", "error", "RoPE type is not one transformers or vLLM know",
        """
@@ -200,10 +201,6 @@ define("KV216", "rope-type-one-engine", "warning", "The RoPE type is implemented
        """, hint="use a type both transformers and vLLM implement (e.g. yarn)", topic="rope")
 
 _PATH_SEP = "."
-
-
-def _num(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 @checker("rope")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from kvtool.rules.registry import checker, define
+from kvtool.values import is_int as _is_int
 
 # Values transformers accepts in `layer_types` (configuration_utils.ALLOWED_LAYER_TYPES, v5) plus the
 # legacy spellings it remaps on load.
@@ -68,10 +69,6 @@ define("KV305", "layer-types-unknown", "error",
        Example: {"layer_types": ["full_attention", "sliding"]}
        Fix: use one of the known values (see `kvtool rule KV305`).
        """, hint="use full_attention, sliding_attention, chunked_attention or linear_attention", topic="sliding")
-
-
-def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
 
 
 @checker("sliding")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from kvtool.rules.registry import checker, define
+from kvtool.values import is_int as _is_int
 
 SPECIAL_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")
 GENERATION_IDS = SPECIAL_IDS + ("decoder_start_token_id",)
@@ -31,10 +32,6 @@ define("KV504", "special-token-out-of-vocab", "error",
        Example: {"vocab_size": 32000, "eos_token_id": 32000}
        Fix: use the ids the tokenizer assigns to its special tokens.
        """, hint="use the tokenizer's ids for its special tokens", topic="vocab")
-
-
-def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
 
 
 def _tokenizer_ids(ckpt) -> tuple[int, str] | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 
 from kvtool.rules.registry import checker, define
+from kvtool.values import is_int as _is_int
 
 # Storage dtypes of packed quantized weights (GPTQ/AWQ int32 words, bitsandbytes / NVFP4 bytes):
 # their shapes are not the logical matrix shape.
@@ -129,10 +130,6 @@ define("KV610", "shard-missing", "error",
 
 _READER_CODES = {"header": "KV606", "index-invalid": "KV607", "index-missing-tensor": "KV608",
                  "index-extra": "KV609", "index-missing-file": "KV610"}
-
-
-def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
 
 
 @checker("weights")
