@@ -49,7 +49,7 @@ def check_destination(dst: Path, *, force: bool, protect: Iterable[Path] = ()) -
 
 
 @contextlib.contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
+def sigterm_as_interrupt() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -89,7 +89,7 @@ def staged_output(dst: str | Path, *, force: bool = False, protect: Iterable[Pat
     except OSError as exc:
         raise InputError(f"cannot create the output folder: {_os_error_message(exc)}", file=str(dst)) from None
     try:
-        with _sigterm_as_interrupt():
+        with sigterm_as_interrupt():
             yield tmp
             _commit(tmp, dst, force)
     except BaseException as exc:

@@ -15,7 +15,12 @@ import torch
 
 @dataclass
 class LayerInputs:
-    """One layer's attention input over the calibration batch: x [B, T, hidden], cos/sin [B, T, r]."""
+    """One layer's attention input over the calibration batch: x [B, T, hidden], cos/sin [B, T, r].
+
+    x comes from the converted layers before this one. When the calibration carries the original
+    model alongside: x_ref is the original model's attention input at this layer, and h / h_ref the
+    residual streams entering the decoder layer (converted / original), all [B, T, hidden].
+    """
 
     x: torch.Tensor
     cos: torch.Tensor
@@ -23,6 +28,9 @@ class LayerInputs:
     scaling: float
     sliding_window: int | None = None
     softcap: float | None = None
+    x_ref: torch.Tensor | None = None
+    h: torch.Tensor | None = None
+    h_ref: torch.Tensor | None = None
 
 
 @dataclass
@@ -79,12 +87,18 @@ def head_contexts(inp: LayerInputs, p: Proj, num_heads: int, head_dim: int) -> t
     k = _linear(x, p.k, p.k_bias).view(B, T, kh, head_dim).transpose(1, 2)
     v = _linear(x, p.v, p.v_bias).view(B, T, vh, head_dim).transpose(1, 2)
     q, k = apply_rope(q, inp.cos, inp.sin), apply_rope(k, inp.cos, inp.sin)
-    k, v = k.repeat_interleave(num_heads // kh, dim=1), v.repeat_interleave(num_heads // vh, dim=1)
-    s = (q @ k.transpose(-1, -2)) * inp.scaling
-    if inp.softcap:
-        s = torch.tanh(s / inp.softcap) * inp.softcap
-    s = s + causal_bias(T, inp.sliding_window, x.device, s.dtype)
-    ctx = torch.softmax(s, dim=-1) @ v  # [B, H, T, hd]
+    if inp.softcap or kh != vh:
+        k, v = k.repeat_interleave(num_heads // kh, dim=1), v.repeat_interleave(num_heads // vh, dim=1)
+        s = (q @ k.transpose(-1, -2)) * inp.scaling
+        if inp.softcap:
+            s = torch.tanh(s / inp.softcap) * inp.softcap
+        s = s + causal_bias(T, inp.sliding_window, x.device, s.dtype)
+        ctx = torch.softmax(s, dim=-1) @ v  # [B, H, T, hd]
+    else:
+        # the fused kernel (forward and backward) is what makes --refine-steps affordable on a CPU
+        mask = None if not inp.sliding_window else causal_bias(T, inp.sliding_window, x.device, q.dtype)
+        ctx = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None,
+                                                               scale=inp.scaling, enable_gqa=kh != num_heads)
     return ctx.transpose(1, 2).reshape(B, T, num_heads * head_dim)
 
 

@@ -1,16 +1,19 @@
-"""Sequential calibration: one forward pass over the calibration batch, converting as it goes.
+"""Sequential calibration, layer by layer: each layer is merged from the converted stream's input.
 
-A forward pre-hook on every attention module receives that layer's input, which was produced by
-the already-converted layers before it; the hook merges the layer from it and installs the merged
-projections in the module before the module runs, so the next layer sees converted inputs. Only
-one layer's activations (plus the residual stream) are alive at a time; the source model itself is
-loaded once with transformers (safetensors are memory-mapped).
+kvtool.layerwise holds one decoder layer's weights at a time. For layer i: the original layer runs
+on the original stream (when the merge wants it) and a forward pre-hook on its attention module
+records the original attention input x_ref; then the layer runs on the converted stream, where the
+pre-hook merges the layer from its attention input x (produced by the already-converted layers
+before it) and installs the merged projections before the attention runs, so the layer's output
+is the converted stream entering layer i + 1. Memory: one layer's weights and, per stream, one
+layer's activations over the calibration batch.
 """
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable, Iterator
 
 import torch
 from torch import nn
@@ -18,6 +21,10 @@ from torch import nn
 from kvtool.convert.aware.attention import LayerInputs, Proj
 from kvtool.errors import InputError, UsageError
 from kvtool.kv_hooks import attention_modules
+from kvtool.layerwise import release_free_memory, run_layer
+
+if TYPE_CHECKING:
+    from kvtool.layerwise import LayerwiseModel
 
 LayerFn = Callable[[int, LayerInputs, Proj], Proj]
 
@@ -64,36 +71,69 @@ def _install(module: nn.Module, p: Proj, num_heads: int) -> None:
     module.num_key_value_groups = num_heads // kv
 
 
-def run_sequential(model, ids: torch.Tensor, layer_fn: LayerFn, num_heads: int) -> None:
-    """Forward ids through model; layer_fn(layer, inputs, projections) -> merged projections, per layer."""
-    mods = attention_modules(model)
-    if not mods:
-        raise InputError(f"{type(model).__name__}: no attention modules found", field="architectures")
-    softcap = getattr(model.config, "attn_logit_softcapping", None)
+def _attention_input(module, args, kwargs) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    x = kwargs.get("hidden_states", args[0] if args else None)
+    pe = kwargs.get("position_embeddings")
+    if pe is None and len(args) > 1:
+        pe = args[1]
+    if pe is None:
+        raise UsageError(f"method 'aware' needs RoPE position embeddings passed to {type(module).__name__}"
+                         " (use --method mean)", field="--method")
+    return x, pe
 
-    def hook(module, args, kwargs):
-        x = kwargs.get("hidden_states", args[0] if args else None)
-        pe = kwargs.get("position_embeddings")
-        if pe is None and len(args) > 1:
-            pe = args[1]
-        if pe is None:
-            raise UsageError(f"method 'aware' needs RoPE position embeddings passed to {type(module).__name__}"
-                             " (use --method mean)", field="--method")
-        cos, sin = pe
-        inp = LayerInputs(x.detach(), cos.detach(), sin.detach(), float(module.scaling),
-                          getattr(module, "sliding_window", None), softcap)
-        new = layer_fn(module.layer_idx, inp, _proj_of(module))
-        _install(module, new, num_heads)
-        return None
 
-    handles = [m.register_forward_pre_hook(hook, with_kwargs=True) for m in mods]
+@contextlib.contextmanager
+def _pre_hook(module: nn.Module, fn) -> Iterator[None]:
+    handle = module.register_forward_pre_hook(fn, with_kwargs=True)
     try:
-        with torch.no_grad():
-            # the decoder only: the LM head's logits over the whole batch are not needed
-            model.base_model(input_ids=ids.to(next(model.parameters()).device), use_cache=False)
+        yield
     finally:
-        for h in handles:
-            h.remove()
+        handle.remove()
+
+
+def run_layerwise(lm: "LayerwiseModel", ids: torch.Tensor, layer_fn: LayerFn, num_heads: int, *,
+                  reference: bool = True) -> None:
+    """Calibrate every attention layer of lm on ids [batch, seq]: layer_fn(layer, inputs, projections)
+    -> merged projections, called in layer order. reference=False skips the original stream
+    (then LayerInputs.x_ref and h_ref are None; one layer forward less per layer)."""
+    attn = {m.layer_idx: m for m in attention_modules(lm.model)}
+    if not attn:
+        raise InputError(f"{type(lm.model).__name__}: no attention modules found", field="architectures")
+    softcap = getattr(lm.model.config, "attn_logit_softcapping", None)
+    with torch.no_grad():
+        h, calls = lm.capture(ids)
+        h_ref = h if reference else None
+        for i in range(lm.num_layers):
+            with lm.materialised(i) as layer:
+                module = attn.get(i)
+                seen: dict = {}
+
+                def record(mod, args, kwargs):
+                    seen["x_ref"] = _attention_input(mod, args, kwargs)[0]
+
+                def merge(mod, args, kwargs):
+                    x, (cos, sin) = _attention_input(mod, args, kwargs)
+                    inp = LayerInputs(x.detach(), cos.detach(), sin.detach(), float(mod.scaling),
+                                      getattr(mod, "sliding_window", None), softcap,
+                                      x_ref=seen.get("x_ref"), h=h, h_ref=h_ref)
+                    new = layer_fn(i, inp, _proj_of(mod))
+                    release_free_memory()  # the merge's temporaries (see kvtool.layerwise)
+                    _install(mod, new, num_heads)
+                    seen["merged"] = True
+
+                if h_ref is not None:
+                    with _pre_hook(module, record) if module is not None else contextlib.nullcontext():
+                        h_ref_next = run_layer(layer, h_ref, calls[i])
+                    release_free_memory()
+                with _pre_hook(module, merge) if module is not None else contextlib.nullcontext():
+                    h_next = run_layer(layer, h, calls[i])
+                if module is not None and not seen.get("merged"):
+                    raise InputError(f"layer {i}: the attention module was not called by its decoder layer",
+                                     field="architectures")
+            calls[i] = None  # this layer's mask / position embeddings are no longer needed
+            h = h_next
+            if h_ref is not None:
+                h_ref = h_ref_next
 
 
 def read_text(path: str | Path | None) -> tuple[str, str]:

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import hashlib
+import shutil
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kvtool.convert.methods import MergeMethod, register_method
 from kvtool.errors import InputError, UsageError
+from kvtool.io.staging import sigterm_as_interrupt
 
 if TYPE_CHECKING:
     from kvtool.convert.layout import AttentionWeights
@@ -15,7 +18,7 @@ if TYPE_CHECKING:
 
 GROUPINGS = ("contiguous", "similarity")
 DEFAULTS = {"calib_text": None, "calib_tokens": 2048, "refine_steps": 0, "grouping": "contiguous",
-            "seq_len": 256, "o_ridge": 2.0}
+            "seq_len": 256, "o_ridge": 2.0, "layerwise": True}
 
 
 def unsupported_reason(job: "MergeJob") -> str | None:
@@ -50,7 +53,9 @@ class AwareMerge(MergeMethod):
             if not isinstance(s[name], int) or s[name] < low:
                 raise UsageError(f"{name.replace('_', '-')} must be an integer >= {low}, got {s[name]!r}",
                                  field="--" + name.replace("_", "-"))
-        self._merged: dict[int, Any] = {}
+        if not isinstance(s["layerwise"], bool):
+            raise UsageError(f"layerwise must be true or false, got {s['layerwise']!r}", field="--method-opt")
+        self._merged: MergedLayers | None = None
         self._info: dict = {}
 
     def prepare(self, job: "MergeJob") -> None:
@@ -61,32 +66,40 @@ class AwareMerge(MergeMethod):
             return  # expansion or identity: exact, nothing to calibrate (merge_layer falls back to mean)
         import torch
 
-        from kvtool.convert.aware.calibration import calibration_ids, read_text, run_sequential
+        from kvtool.convert.aware.calibration import calibration_ids, read_text, run_layerwise
         from kvtool.convert.aware.merge import MergeSettings, merge_layer
-        from kvtool.torch_utils import load_model, load_tokenizer
+        from kvtool.layerwise import describe, open_layerwise, release_free_memory
+        from kvtool.torch_utils import load_tokenizer
 
         s = self.settings
         t0 = time.perf_counter()
         text, label = read_text(s["calib_text"])
         device = torch.device(job.device or "cpu")
-        tok = load_tokenizer(job.src)
-        ids = calibration_ids(tok, text, s["calib_tokens"], s["seq_len"], label)
-        model = load_model(job.src, device=device, dtype=torch.float32, attn="sdpa")
+        ids = calibration_ids(load_tokenizer(job.src), text, s["calib_tokens"], s["seq_len"], label)
+        release_free_memory()  # the tokenizer (~100 MB for a 49k vocabulary) is gone before the model comes
         spec = job.spec
         settings = MergeSettings(num_heads=spec.num_heads, num_kv_heads=spec.num_kv_heads, groups=job.target_groups,
                                  head_dim=spec.head_dim, grouping=s["grouping"], o_ridge=s["o_ridge"],
                                  refine_steps=s["refine_steps"])
+        # the original model's stream costs one layer forward per layer: only when the merge reads it
+        reference = settings.uses_reference
         reports = {}
+        self._merged = MergedLayers()
+        try:
+            with sigterm_as_interrupt(), open_layerwise(job.src, device=device, dtype=torch.float32,
+                                                         reader=job.reader, layerwise=s["layerwise"]) as lm:
+                held = describe(lm)
 
-        def layer_fn(layer, inp, src):
-            new, rep = merge_layer(inp, src, settings)
-            self._merged[layer] = new.to(torch.float32)
-            reports[layer] = rep
-            return new
+                def layer_fn(layer, inp, src):
+                    new, rep = merge_layer(inp, src, settings)
+                    self._merged.put(layer, new)
+                    reports[layer] = rep
+                    return new
 
-        run_sequential(model, ids, layer_fn, spec.num_heads)
-        del model
-        self._merged = {k: _to_cpu(v) for k, v in self._merged.items()}
+                run_layerwise(lm, ids, layer_fn, spec.num_heads, reference=reference)
+        except BaseException:
+            self._merged.close()
+            raise
         errs = [reports[k].err_final for k in sorted(reports)]
         self._info = {
             "calib_text": label, "calib_text_sha256": hashlib.sha256(text.encode("utf-8")).hexdigest(),
@@ -95,6 +108,7 @@ class AwareMerge(MergeMethod):
             "kv_order": {str(k): r.order for k, r in sorted(reports.items()) if r.order != sorted(r.order)},
             "attention_rel_err_mean": sum(errs) / max(len(errs), 1), "attention_rel_err_max": max(errs, default=0.0),
             "calibration_seconds": round(time.perf_counter() - t0, 2),
+            "calibration_model": held, "reference_stream": reference,
         }
 
     def merge_layer(self, layer: int, w: "AttentionWeights") -> "AttentionWeights":
@@ -102,7 +116,7 @@ class AwareMerge(MergeMethod):
             from kvtool.convert.pooling import mean_pool
 
             return mean_pool(w)  # expansion / identity is exact by repetition
-        new = self._merged.get(layer)
+        new = self._merged.take(layer) if self._merged is not None else None
         if new is None:
             raise InputError(f"layer {layer}: no calibration result (the model's attention modules were not all "
                              "reached by the calibration pass)", field="--method")
@@ -121,8 +135,54 @@ class AwareMerge(MergeMethod):
         return dict(self._info)
 
 
-def _to_cpu(p):
-    from kvtool.convert.aware.attention import Proj
+class MergedLayers:
+    """Merged projections waiting for the writer: one small safetensors file per layer in a temporary
+    folder (not in memory: all layers' attention weights in float32 can exceed one decoder layer many
+    times over). Each layer is read back once; the folder goes when the last layer is taken, on
+    close(), or at garbage collection / interpreter exit, whichever comes first."""
 
-    return Proj(*(None if t is None else t.detach().cpu() for t in
-                  (p.q, p.k, p.v, p.o, p.q_bias, p.k_bias, p.v_bias, p.o_bias)))
+    def __init__(self) -> None:
+        import tempfile
+        import weakref
+
+        self.folder = Path(tempfile.mkdtemp(prefix="kvtool-aware-"))
+        self._pending: set[int] = set()
+        self._finalizer = weakref.finalize(self, shutil.rmtree, str(self.folder), ignore_errors=True)
+
+    def _file(self, layer: int) -> Path:
+        return self.folder / f"layer-{layer:05d}.safetensors"
+
+    def put(self, layer: int, p) -> None:
+        import torch
+        from safetensors.torch import save_file
+
+        tensors = {f: getattr(p, f).detach().to("cpu", torch.float32).contiguous()
+                   for f in PROJ_FIELDS if getattr(p, f) is not None}
+        try:
+            save_file(tensors, str(self._file(layer)))
+        except OSError as exc:
+            raise InputError(f"cannot store the merged layer {layer}: {exc.strerror or exc}",
+                             file=str(self.folder)) from None
+        self._pending.add(layer)
+
+    def take(self, layer: int):
+        """The layer's merged projections (float32, CPU), or None when there are none; removes them."""
+        from safetensors.torch import load_file
+
+        from kvtool.convert.aware.attention import Proj
+
+        if layer not in self._pending:
+            return None
+        path = self._file(layer)
+        t = load_file(str(path))
+        path.unlink()
+        self._pending.discard(layer)
+        if not self._pending:
+            self.close()
+        return Proj(**{f: t.get(f) for f in PROJ_FIELDS})
+
+    def close(self) -> None:
+        self._finalizer()
+
+
+PROJ_FIELDS = ("q", "k", "v", "o", "q_bias", "k_bias", "v_bias", "o_bias")
