@@ -4,7 +4,7 @@ Prints one markdown table: model x target KV heads x method -> perplexity on hel
 the original, mean KLD and top-1 agreement against the original, conversion wall and CPU seconds.
 Calibration uses the calibration part of kvtool's built-in text; evaluation the disjoint part.
 
-    python bench/convert_quality.py [--calib-tokens 2048] [--refine-steps 16] [--eval-tokens 2048]
+    python bench/convert_quality.py [--calib-tokens 4096] [--refine-steps 64] [--eval-tokens 2048]
 
 Cases: SmolLM2-135M 3 -> 1 KV heads (MQA); SmolLM2 expanded to MHA (9 KV heads, exact) and merged
 back to 3 (the duplicate heads must be found again) and to 1.
@@ -42,8 +42,8 @@ def convert(src: Path, dst: Path, to_kv: int, method: str, extra: list[str]) -> 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--calib-tokens", type=int, default=2048)
-    ap.add_argument("--refine-steps", type=int, default=16)
+    ap.add_argument("--calib-tokens", type=int, default=4096)
+    ap.add_argument("--refine-steps", type=int, default=64)
     ap.add_argument("--eval-tokens", type=int, default=2048)
     ap.add_argument("--window", type=int, default=1024)
     ap.add_argument("--work", type=Path, default=None, help="folder for the converted models (default: temporary)")

@@ -60,18 +60,24 @@ LAYER_RESOLVERS = (
 # falcon = per KV group [q x H/KV, k, v] (falcon, InternLM2 wqkv); bloom / neox = per head [q, k, v];
 # bigcode = concat with one KV head, per head otherwise.
 QKV_LAYOUTS = ("concat", "falcon", "bloom", "neox", "bigcode")
+# Which dims of a head RoPE rotates together: rotate_half pairs (i, i + r/2) (llama and most models);
+# interleaved pairs (2i, 2i + 1) (cohere, gptj, llama4's complex form). attention.rope_layout, default rotate_half.
+ROPE_LAYOUTS = ("rotate_half", "interleaved")
 WEIGHT_ROLES = ("q", "k", "v", "o", "qkv")
 MLA_ROLES = ("q_a", "q_b", "q", "kv_a", "kv_b", "indexer")
 NORM_SCOPES = ("head", "all")
 
 _TOP_KEYS = {"model_type", "aliases", "architectures", "description", "defaults", "fields", "kv_head_fields",
              "attention", "weights", "convert", "wrapper_keys", "legacy_keys"}
-_ATTN_KEYS = {"kind", "position", "layer_types", "kv_cache"}
+_ATTN_KEYS = {"kind", "position", "layer_types", "kv_cache", "rope_layout"}
 # bias: roles whose projection always carries a bias; transposed: GPT-2 Conv1D weights stored [in, out];
 # base_prefix: leading prefix that checkpoints saved from the base model class (not *ForCausalLM) lack.
 # q_gated: q_proj also emits a per-head output gate, so it has 2 x heads x head_dim rows (Qwen3-Next / 3.5).
+# qk_norm_when: {config key: value} under which the attention normalises q/k per head (optional norms,
+# e.g. cohere's use_qk_norm); absent: whenever q_norm / k_norm are listed.
 _WEIGHT_KEYS = {"layer", "attention", "q", "k", "v", "o", "qkv", "qkv_layout", "q_norm", "k_norm",
-                "k_norm_scope", "embed", "lm_head", "mla", "bias", "transposed", "base_prefix", "q_gated"}
+                "k_norm_scope", "embed", "lm_head", "mla", "bias", "transposed", "base_prefix", "q_gated",
+                "qk_norm_when"}
 _CONVERT_KEYS = {"supported", "reason", "alternative", "approximate", "only"}
 
 
@@ -152,6 +158,8 @@ def _validate(data: dict, file: str) -> Architecture:
         _fail(file, f"attention.kind must be one of {ATTENTION_KINDS}")
     if attn.get("position") not in POSITIONS:
         _fail(file, f"attention.position must be one of {POSITIONS}")
+    if attn.get("rope_layout") not in (None, *ROPE_LAYOUTS):
+        _fail(file, f"attention.rope_layout must be one of {ROPE_LAYOUTS}")
     for r in attn.get("layer_types", []):
         if r not in LAYER_RESOLVERS:
             _fail(file, f"attention.layer_types: unknown resolver {r!r}")
@@ -174,6 +182,9 @@ def _validate(data: dict, file: str) -> Architecture:
         _fail(file, "weights: a fused qkv excludes separate q / k / v")
     if w.get("qkv") and not w.get("qkv_layout"):
         _fail(file, "weights.qkv needs a qkv_layout")
+    when = w.get("qk_norm_when")
+    if when is not None and not (isinstance(when, dict) and when and all(isinstance(k, str) and k for k in when)):
+        _fail(file, "weights.qk_norm_when must be a non-empty object {config key: value}")
     for flag in ("transposed", "q_gated"):
         if flag in w and not isinstance(w[flag], bool):
             _fail(file, f"weights.{flag} must be true or false")
@@ -197,7 +208,7 @@ def _validate(data: dict, file: str) -> Architecture:
         defaults=dict(data.get("defaults", {})),
         fields=fields,
         kv_head_fields=tuple(data.get("kv_head_fields", ())),
-        attention={"layer_types": ["all_full"], "kv_cache": True, **attn},
+        attention={"layer_types": ["all_full"], "kv_cache": True, "rope_layout": "rotate_half", **attn},
         weights=w,
         convert=conv,
         generic=data["model_type"] == "generic",

@@ -33,7 +33,7 @@ def register(app: typer.Typer) -> None:
                                                 help="Progress bar on stderr (default: when stderr is a terminal)."),
         calib_text: Optional[str] = typer.Option(None, "--calib-text",
                                                  help="--method aware: calibration text file (default: built-in English)."),
-        calib_tokens: Optional[int] = typer.Option(None, "--calib-tokens", help="--method aware: calibration tokens (2048)."),
+        calib_tokens: Optional[int] = typer.Option(None, "--calib-tokens", help="--method aware: calibration tokens (4096)."),
         refine_steps: Optional[int] = typer.Option(None, "--refine-steps",
                                                    help="--method aware: optimizer steps per layer after the merge (0)."),
         grouping: Optional[str] = typer.Option(None, "--grouping",

@@ -19,6 +19,8 @@ import torch
 from torch import nn
 
 from kvtool.convert.aware.attention import LayerInputs, Proj
+from kvtool.convert.aware.modules import (attention_scale, install_proj, module_layout, read_proj, reorder_qk,
+                                          rope_order)
 from kvtool.errors import InputError, UsageError
 from kvtool.kv_hooks import attention_modules
 from kvtool.layerwise import release_free_memory, run_layer
@@ -44,31 +46,13 @@ def calibration_ids(tokenizer, text: str, tokens: int, seq_len: int, source: str
 
 
 def _proj_of(module: nn.Module) -> Proj:
-    def lin(name):
-        m = getattr(module, name, None)
-        if not isinstance(m, nn.Linear):
-            raise UsageError(f"method 'aware' needs separate q/k/v/o projections; {type(module).__name__} has no "
-                             f"{name} (use --method mean)", field="--method")
-        return m
-
-    q, k, v, o = (lin(n) for n in ("q_proj", "k_proj", "v_proj", "o_proj"))
-    return Proj(q.weight.detach(), k.weight.detach(), v.weight.detach(), o.weight.detach(),
-                *(None if m.bias is None else m.bias.detach() for m in (q, k, v, o)))
+    """The module's q/k/v/o projections (a fused qkv split per the architecture table)."""
+    return read_proj(module)
 
 
 def _install(module: nn.Module, p: Proj, num_heads: int) -> None:
-    """Put merged projections into the live module (k/v get fewer rows)."""
-    for name, w, b in (("q_proj", p.q, p.q_bias), ("k_proj", p.k, p.k_bias), ("v_proj", p.v, p.v_bias),
-                       ("o_proj", p.o, p.o_bias)):
-        old = getattr(module, name)
-        lin = nn.Linear(w.shape[1], w.shape[0], bias=b is not None, device=old.weight.device, dtype=old.weight.dtype)
-        with torch.no_grad():
-            lin.weight.copy_(w)
-            if b is not None:
-                lin.bias.copy_(b)
-        setattr(module, name, lin)
-    kv = p.k.shape[0] // module.head_dim
-    module.num_key_value_groups = num_heads // kv
+    """Put merged projections into the live module (k/v get fewer rows; a fused qkv is re-fused)."""
+    install_proj(module, p, num_heads)
 
 
 def _attention_input(module, args, kwargs) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
@@ -79,6 +63,10 @@ def _attention_input(module, args, kwargs) -> tuple[torch.Tensor, tuple[torch.Te
     if pe is None:
         raise UsageError(f"method 'aware' needs RoPE position embeddings passed to {type(module).__name__}"
                          " (use --method mean)", field="--method")
+    if not (isinstance(pe, (tuple, list)) and len(pe) == 2 and not any(t.is_complex() for t in pe)):
+        # llama4 passes one complex tensor (freqs_cis): unpacking it would split the batch, not cos / sin
+        raise UsageError(f"method 'aware' needs RoPE as (cos, sin); {type(module).__name__} receives "
+                         f"{type(pe).__name__} (use --method mean)", field="--method")
     return x, pe
 
 
@@ -92,10 +80,15 @@ def _pre_hook(module: nn.Module, fn) -> Iterator[None]:
 
 
 def run_layerwise(lm: "LayerwiseModel", ids: torch.Tensor, layer_fn: LayerFn, num_heads: int, *,
-                  reference: bool = True) -> None:
+                  reference: bool = True, on_merged: Callable[[int, Proj], None] | None = None) -> None:
     """Calibrate every attention layer of lm on ids [batch, seq]: layer_fn(layer, inputs, projections)
     -> merged projections, called in layer order. reference=False skips the original stream
-    (then LayerInputs.x_ref and h_ref are None; one layer forward less per layer)."""
+    (then LayerInputs.x_ref and h_ref are None; one layer forward less per layer).
+
+    layer_fn sees the rotate_half RoPE order the merge assumes; for a model with another RoPE pair
+    order (the table's attention.rope_layout, e.g. cohere's interleaved pairs) the q/k rows and cos/sin
+    it gets are reordered, so its result is not in the checkpoint's order: on_merged(layer, projections)
+    receives every layer's result in the checkpoint's order, and is required for such models."""
     attn = {m.layer_idx: m for m in attention_modules(lm.model)}
     if not attn:
         raise InputError(f"{type(lm.model).__name__}: no attention modules found", field="architectures")
@@ -113,12 +106,26 @@ def run_layerwise(lm: "LayerwiseModel", ids: torch.Tensor, layer_fn: LayerFn, nu
 
                 def merge(mod, args, kwargs):
                     x, (cos, sin) = _attention_input(mod, args, kwargs)
-                    inp = LayerInputs(x.detach(), cos.detach(), sin.detach(), float(mod.scaling),
+                    lay = module_layout(mod)
+                    src = read_proj(mod, lay)
+                    order = rope_order(lay, cos.shape[-1])
+                    if order is not None:
+                        if on_merged is None:
+                            raise UsageError(f"method 'aware': {lay.model_type} has {lay.rope_layout} RoPE; the "
+                                             "calibration needs on_merged to return merged layers in its order",
+                                             field="--method")
+                        rot = order[: cos.shape[-1]].to(cos.device)
+                        cos, sin, src = cos[..., rot], sin[..., rot], reorder_qk(src, order, lay.head_dim)
+                    inp = LayerInputs(x.detach(), cos.detach(), sin.detach(), attention_scale(mod),
                                       getattr(mod, "sliding_window", None), softcap,
                                       x_ref=seen.get("x_ref"), h=h, h_ref=h_ref)
-                    new = layer_fn(i, inp, _proj_of(mod))
+                    new = layer_fn(i, inp, src)
                     release_free_memory()  # the merge's temporaries (see kvtool.layerwise)
-                    _install(mod, new, num_heads)
+                    if order is not None:
+                        new = reorder_qk(new, torch.argsort(order), lay.head_dim)
+                    if on_merged is not None:
+                        on_merged(i, new)
+                    install_proj(mod, new, num_heads, lay)
                     seen["merged"] = True
 
                 if h_ref is not None:

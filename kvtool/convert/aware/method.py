@@ -17,20 +17,29 @@ if TYPE_CHECKING:
     from kvtool.convert.methods import MergeJob
 
 GROUPINGS = ("contiguous", "similarity")
-DEFAULTS = {"calib_text": None, "calib_tokens": 2048, "refine_steps": 0, "grouping": "contiguous",
+DEFAULTS = {"calib_text": None, "calib_tokens": 4096, "refine_steps": 0, "grouping": "contiguous",
             "seq_len": 256, "o_ridge": 2.0, "layerwise": True}
 
 
 def unsupported_reason(job: "MergeJob") -> str | None:
-    """Why the architecture cannot be merged this way (None when it can), from its table."""
-    w = job.arch.weights
-    if job.spec.is_mla:
+    """Why the architecture cannot be merged this way (None when it can), from its table and the config."""
+    from kvtool.spec import get_path
+
+    arch, spec, w = job.arch, job.spec, job.arch.weights
+    if spec.is_mla:
         return "multi-head latent attention has no K/V heads to merge"
-    if "q_norm" in w or "k_norm" in w:
-        return (f"{job.arch.model_type} normalises q/k per head before RoPE, so per-head key coefficients cannot "
+    if spec.position != "rope":
+        return (f"{arch.model_type} uses {spec.position} positions; the calibrated merge needs RoPE position "
+                "embeddings")
+    when = w.get("qk_norm_when")
+    if when is not None:
+        norms = all(get_path(spec.config, k, arch.defaults.get(k)) == v for k, v in when.items())
+    else:
+        norms = bool(w.get("q_norm") or w.get("k_norm"))
+    if norms:
+        flags = " (" + ", ".join(f"{k}: {str(v).lower()}" for k, v in when.items()) + ")" if when else ""
+        return (f"{arch.model_type} normalises q/k per head before RoPE{flags}, so per-head key coefficients cannot "
                 "be folded into the queries")
-    if "qkv" in w:
-        return f"{job.arch.model_type} stores a fused qkv projection (not supported by the calibrated merge yet)"
     return None
 
 
@@ -92,11 +101,12 @@ class AwareMerge(MergeMethod):
 
                 def layer_fn(layer, inp, src):
                     new, rep = merge_layer(inp, src, settings)
-                    self._merged.put(layer, new)
                     reports[layer] = rep
                     return new
 
-                run_layerwise(lm, ids, layer_fn, spec.num_heads, reference=reference)
+                # on_merged gets each layer in the checkpoint's dimension order (interleaved RoPE is merged
+                # in rotate_half order and put back before it reaches the writer)
+                run_layerwise(lm, ids, layer_fn, spec.num_heads, reference=reference, on_merged=self._merged.put)
         except BaseException:
             self._merged.close()
             raise
