@@ -22,7 +22,7 @@ def register(app: typer.Typer) -> None:
         seq_len: int = typer.Option(512, "--seq-len", help="Tokens per calibration sequence."),
         strategy: str = typer.Option("tensor", "--strategy", help="tensor (one scale per layer) | attn_head (one per KV head)."),
         observer: str = typer.Option(DEFAULT_OBSERVER, "--observer",
-                                     help="absmax[:H] | absmax-pow2[:H] | percentile:P | mse (default absmax-pow2:2: 2x the observed max, rounded up to a power of two)."),
+                                     help="absmax[:H] | absmax-pow2[:H] | attn-out[:H] | percentile:P | mse (default absmax-pow2:2: 2x the observed max, rounded up to a power of two)."),
         fmt: str = typer.Option("e4m3", "--format", help="FP8 format of the cache: e4m3."),
         device: str = typer.Option("auto", "--device", help="auto | cuda | cuda:N | cpu."),
         dtype: str = typer.Option("auto", "--dtype", help="Model dtype for calibration: auto (bf16 on CUDA, fp32 on CPU) | bf16 | fp16 | fp32."),

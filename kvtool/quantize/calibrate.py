@@ -7,6 +7,9 @@
    calibration batch, and moved back. kvtool.kv_hooks hands its K (after RoPE and any k_norm) and
    V, where they enter the cache and before GQA repetition, to that layer's K and V observers.
    The layer's outputs become the next layer's inputs; its observers are reduced to scales and freed.
+3. Output-aware observers (`attn-out`) also get the layer's attention module rerun on the same
+   inputs once per candidate scale, K/V stored through the FP8 round trip, and keep the candidate
+   whose attention output is closest to the unquantized one (errors kept in `result.search`).
 
 Memory on the device is bounded by one decoder layer, the embedding/rotary/mask modules and the
 calibration hidden states (tokens x hidden_size); the weights of all layers stay in CPU memory.
@@ -15,13 +18,14 @@ On a CPU-only machine the whole model is in RAM, as for `kvtool eval`.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 
 import torch
 
-from kvtool.quantize.formats import Fp8Format
-from kvtool.quantize.observers import make_observer
+from kvtool.quantize.formats import Fp8Format, roundtrip
+from kvtool.quantize.observers import make_observer, parse_spec
 
 STRATEGIES = ("tensor", "attn_head")
 
@@ -41,6 +45,8 @@ class CalibrationResult:
     seconds: float
     peak_device_bytes: int | None = None
     notes: list[str] = field(default_factory=list)
+    # output-aware observers: (layer, "k" | "v") -> (candidate scales [n, groups], attention output error [n])
+    search: dict = field(default_factory=dict)
 
 
 class _Stop(Exception):
@@ -110,6 +116,66 @@ def _capture(model, layers: torch.nn.ModuleList, input_ids: torch.Tensor) -> tup
     return hidden, [(c[1], c[2]) for c in calls]
 
 
+def _stored(x: torch.Tensor, scale: torch.Tensor | None, fmt: Fp8Format) -> torch.Tensor:
+    """x after an FP8 cache round trip with `scale` ([1] or [kv_heads]); x itself when scale is None."""
+    if scale is None:
+        return x
+    s = scale.to(x.device, torch.float32)
+    s = s.reshape(()) if s.numel() == 1 else s.reshape(1, -1, 1, 1)
+    return roundtrip(x, s, fmt).to(x.dtype)
+
+
+@contextlib.contextmanager
+def _capture_attention(attn: torch.nn.Module | None, calls: list, outputs: list):
+    """Record each call of the attention module: its arguments in `calls`, its output (the first
+    element: what is added to the residual stream) in `outputs`."""
+    if attn is None:
+        yield
+        return
+
+    def pre(_mod, args, kwargs):
+        calls.append((args, kwargs))
+
+    def post(_mod, _args, out):
+        outputs.append((out[0] if isinstance(out, tuple) else out).detach().float())
+
+    handles = [attn.register_forward_pre_hook(pre, with_kwargs=True), attn.register_forward_hook(post)]
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def _search_scales(attn, calls, reference, obs, current) -> dict:
+    """Output-aware observers: rerun the layer's attention module on its calibration inputs with each
+    candidate scale and keep the one whose output is closest (squared error) to the unquantized one.
+    K is chosen with V unquantized, then V with K at its chosen scale."""
+    chosen: dict[str, torch.Tensor | None] = {"k": None, "v": None}
+    found = {}
+    for role in ("k", "v"):
+        o = obs.get(role)
+        if o is None or not o.output_aware:
+            continue
+        errors = []
+        cands = o.candidates()
+        for cand in cands:
+            current["quant"] = (cand, chosen["v"]) if role == "k" else (chosen["k"], cand)
+            err = 0.0
+            try:
+                for (args, kwargs), ref in zip(calls, reference):
+                    out = attn(*args, **kwargs)
+                    out = out[0] if isinstance(out, tuple) else out
+                    err += float((out.float() - ref).double().pow(2).sum())
+            finally:
+                current["quant"] = None
+            errors.append(err)
+        o.choose(torch.tensor(errors, dtype=torch.float64))
+        chosen[role] = o.scale()
+        found[role] = (cands, torch.tensor(errors, dtype=torch.float64))
+    return found
+
+
 def calibrate(model, batches: list[torch.Tensor], *, layers_path: str, observer: str, strategy: str,
               fmt: Fp8Format, device: torch.device, num_kv_heads: int) -> CalibrationResult:
     """Scales for every attention layer from the calibration batches (each [batch, seq] token ids)."""
@@ -120,7 +186,6 @@ def calibrate(model, batches: list[torch.Tensor], *, layers_path: str, observer:
     per_head = strategy == "attn_head"
     t0 = time.perf_counter()
     layers = _layer_list(model, layers_path)
-    attn_layers = {m.layer_idx for m in attention_modules(model)}
     offload = device.type != "cpu"
     if offload:
         # everything but the decoder layers goes to the device; layers visit it one at a time
@@ -129,9 +194,14 @@ def calibrate(model, batches: list[torch.Tensor], *, layers_path: str, observer:
         torch.cuda.reset_peak_memory_stats(device)
 
     observers: dict[tuple[int, str], object] = {}
-    current = {"layer": -1}
+    current: dict = {"layer": -1, "quant": None}
+    searching = parse_spec(observer)[0].cls.output_aware
+    attn_by_layer = {m.layer_idx: m for m in attention_modules(model)}
 
     def observe(layer_idx: int, key: torch.Tensor, value: torch.Tensor):
+        if current["quant"] is not None:  # a candidate search pass: K/V as the cache would store them
+            ks, vs = current["quant"]
+            return _stored(key, ks, fmt), _stored(value, vs, fmt)
         if layer_idx == current["layer"]:
             for role, x in (("k", key), ("v", value)):
                 obs = observers.get((layer_idx, role))
@@ -155,12 +225,21 @@ def calibrate(model, batches: list[torch.Tensor], *, layers_path: str, observer:
             if offload:
                 layer.to(device)
             current["layer"] = i
-            for b in range(len(batches)):
-                args, kwargs = layer_args[b][i]
-                out = layer(hidden[b], *args, **kwargs)
-                hidden[b] = out[0] if isinstance(out, tuple) else out
-                layer_args[b][i] = None  # free this layer's mask / embeddings references
+            attn = attn_by_layer.get(i) if searching else None
+            calls: list[tuple] = []
+            reference: list[torch.Tensor] = []
+            with _capture_attention(attn, calls, reference):
+                for b in range(len(batches)):
+                    args, kwargs = layer_args[b][i]
+                    out = layer(hidden[b], *args, **kwargs)
+                    hidden[b] = out[0] if isinstance(out, tuple) else out
             current["layer"] = -1
+            if reference:
+                found = _search_scales(attn, calls, reference, {r: observers.get((i, r)) for r in ("k", "v")}, current)
+                result.search.update({(i, role): v for role, v in found.items()})
+            del calls, reference
+            for b in range(len(batches)):
+                layer_args[b][i] = None  # free this layer's mask / embeddings references
             if offload:
                 layer.to("cpu")
             for role, scales, amaxes in (("k", result.k, result.k_amax), ("v", result.v, result.v_amax)):
@@ -171,7 +250,7 @@ def calibrate(model, batches: list[torch.Tensor], *, layers_path: str, observer:
                     raise RuntimeError(f"layer {i} writes {obs.num_heads} KV heads to the cache; the config says {num_kv_heads}")
                 scales[i] = obs.scale()
                 amaxes[i] = obs.amax().detach().float().cpu()
-            if i in attn_layers and i not in result.k:
+            if i in attn_by_layer and i not in result.k:
                 result.notes.append(f"layer {i}: attention never called during calibration")
     if offload:
         result.peak_device_bytes = int(torch.cuda.max_memory_allocated(device))

@@ -25,10 +25,39 @@ def render(result) -> str:
     if result.quality:
         r0 = result.quality[0]
         lines.append(f"quality on held-out text ({r0.text}, {r0.tokens} tokens, window {r0.window}, {r0.device}):")
-        lines.append(f"  {'':44s} {'PPL':>9s} {'vs orig':>8s} {'KLD':>9s} {'top-1':>7s}")
+        lines.append(f"  {'':44s} {'PPL':>9s} {'vs orig (SE)':>16s} {'KLD (SE)':>19s} {'top-1':>7s}")
         for r in result.quality:
             m = r.metrics
-            ratio = m.get("ppl_ratio")
-            lines.append(f"  {r.label:44s} {m['ppl']:9.4f} {(ratio - 1) * 100 if ratio else 0:+7.2f}% "
-                         f"{m.get('kld_mean') or 0:9.5f} {m.get('top1_agreement') or 1:7.4f}")
+            ratio, se = m.get("ppl_ratio"), m.get("ppl_ratio_se")
+            vs = f"{(ratio - 1) * 100:+.2f}% ({se * 100:.2f})" if ratio and se else f"{0:+.2f}%"
+            kld = f"{m.get('kld_mean') or 0:.5f} ({m.get('kld_se') or 0:.5f})"
+            lines.append(f"  {r.label:44s} {m['ppl']:9.4f} {vs:>16s} {kld:>19s} {m.get('top1_agreement') or 1:7.4f}")
+        verdict = versus_scale_one(result.quality)
+        if verdict:
+            lines.append(f"  {verdict}")
     return "\n".join(lines) + "\n"
+
+
+def versus_scale_one(rows) -> str | None:
+    """One line: is the calibrated row worse than scale 1.0 on PPL or KLD beyond noise?
+
+    The SE of a difference between two rows is taken as sqrt(se1^2 + se2^2) from their paired SEs
+    against the original: an upper bound, since both rows share the original's tokens and most of
+    their FP8 noise (the rows' per-token values are not kept to pair them directly)."""
+    one = next((r for r in rows if r.label == "fp8 scale 1.0"), None)
+    cal = next((r for r in rows if r.label.startswith("fp8 calibrated")), None)
+    if one is None or cal is None:
+        return None
+    parts, worse = [], []
+    for name, key, se_key, unit in (("PPL", "log_ppl_ratio", "log_ppl_ratio_se", 100.0), ("KLD", "kld_mean", "kld_se", 1.0)):
+        a, b = cal.metrics.get(key), one.metrics.get(key)
+        if a is None or b is None:
+            return None
+        se = (cal.metrics.get(se_key) or 0.0) ** 2 + (one.metrics.get(se_key) or 0.0) ** 2
+        diff, se = a - b, se ** 0.5
+        parts.append(f"{name} {diff * unit:+.{2 if unit > 1 else 5}f}{'%' if unit > 1 else ''} (SE {se * unit:.{2 if unit > 1 else 5}f})")
+        if diff > 2 * se:
+            worse.append(name)
+    tail = (f"WORSE than scale 1.0 beyond noise on {' and '.join(worse)}" if worse
+            else "not worse than scale 1.0 beyond noise (2 SE)")
+    return "calibrated vs scale 1.0: " + ", ".join(parts) + f": {tail}"

@@ -185,11 +185,16 @@ def quantize_kv(src: str, dst: str, opts: QuantizeOptions, *, log=print) -> Quan
         "amax": {"k": {str(i): [round(float(x), 6) for x in a] for i, a in result.k_amax.items()},
                  "v": {str(i): [round(float(x), 6) for x in a] for i, a in result.v_amax.items()}},
     }
+    if result.search:  # output-aware observers: every candidate tried and its attention-output error
+        prov["search"] = {f"{i}.{role}": {"candidates": [[round(float(x), 8) for x in c] for c in cands],
+                                          "errors": [float(e) for e in errors]}
+                          for (i, role), (cands, errors) in sorted(result.search.items())}
     quality = []
     if opts.evaluate:
         quality = quality_report(model, tok, result, eval_texts, opts, device)
         prov["quality"] = [{"label": r.label, **{k: r.metrics.get(k) for k in
-                            ("ppl", "baseline_ppl", "ppl_ratio", "kld_mean", "top1_agreement", "tokens")}}
+                            ("ppl", "baseline_ppl", "ppl_ratio", "ppl_ratio_se", "kld_mean", "kld_se", "top1_agreement",
+                             "tokens")}}
                            for r in quality]
     del model
     with staged_output(Path(dst), force=opts.force, protect=[Path(src)]) as tmp:

@@ -134,6 +134,10 @@ def test_report_shows_three_rows_side_by_side(run):
     rows = {r["label"]: r for r in prov["quality"]}
     assert rows["original"]["kld_mean"] == pytest.approx(0.0, abs=1e-9)
     assert rows["original"]["tokens"] == 511
+    # the report gives paired standard errors and says whether calibration lost to scale 1.0 beyond noise
+    cal = rows["fp8 calibrated (absmax-pow2:2, tensor)"]
+    assert cal["ppl_ratio_se"] > 0 and cal["kld_se"] > 0
+    assert "calibrated vs scale 1.0: PPL" in out and "beyond noise" in out
 
 
 def test_attn_head_writes_one_scale_per_kv_head(run, tmp_path):
@@ -152,6 +156,30 @@ def test_attn_head_writes_one_scale_per_kv_head(run, tmp_path):
     assert torch.equal(t.reshape(-1), torch.exp2(torch.ceil(torch.log2(res.calibration.k_amax[0] * 2 / 448))))
     cfg = json.loads((tmp_path / "head" / "config.json").read_text())
     assert cfg["quantization_config"]["kv_cache_scheme"]["strategy"] == "attn_head"
+
+
+def test_attn_out_writes_its_choice_and_every_candidate_error(run, tmp_path):
+    """The output-aware observer end to end on the real model: the written scale of every layer is the
+    candidate with the smallest recorded attention-output error, and keeps 2x headroom."""
+    from safetensors import safe_open
+
+    from kvtool.quantize.run import QuantizeOptions, quantize_kv
+
+    calib = run["dst"].parent / "text" / "calib.txt"
+    quantize_kv(str(run["src"]), str(tmp_path / "ao"),
+                QuantizeOptions(calib_texts=[str(calib)], calib_tokens=96, seq_len=48, observer="attn-out",
+                                evaluate=False, device="cpu"))
+    prov = json.loads((tmp_path / "ao" / "kvtool.json").read_text())
+    assert prov["observer"] == "attn-out:2" and len(prov["search"]) == 60
+    with safe_open(str(tmp_path / "ao" / "model-kv-scales.safetensors"), framework="pt") as f:
+        for key, found in prov["search"].items():
+            layer, role = key.split(".")
+            best = found["candidates"][min(range(len(found["errors"])), key=found["errors"].__getitem__)]
+            written = f.get_tensor(f"model.layers.{layer}.self_attn.{role}_scale").reshape(-1).tolist()
+            assert written == pytest.approx(best, rel=1e-5)  # kvtool.json keeps 8 decimals
+            amax = prov["amax"][role][layer]
+            assert written[0] * 448 >= 2 * amax[0] * (1 - 1e-5)
+    assert sum(f["errors"][0] > min(f["errors"]) for f in prov["search"].values()) >= 30  # the search does move
 
 
 def test_layer_by_layer_replay_sees_exactly_what_a_full_forward_writes():

@@ -65,3 +65,10 @@ def test_paths_resolve_relative_to_recipe(tmp_path):
     r = load_recipe(_write(sub, "version: 1\nsteps:\n  - lint: {}\n"))
     assert r.resolve("data/calib.txt") == sub / "data" / "calib.txt"
     assert r.resolve("/abs/x.txt").as_posix() == "/abs/x.txt"
+
+
+@pytest.mark.parametrize("observer", ["absmax-pow2:2", "attn-out", "percentile:99.9", "mse"])
+def test_every_observer_spelling_is_accepted(tmp_path, observer):
+    # observer names carry hyphens (the default is absmax-pow2:2): the schema must not reject them
+    r = load_recipe(_write(tmp_path, f"version: 1\nsteps:\n  - quantize-kv: {{observer: '{observer}'}}\n"))
+    assert r.steps[0].options["observer"] == observer
