@@ -36,6 +36,8 @@ def register(app: typer.Typer) -> None:
         calib_tokens: Optional[int] = typer.Option(None, "--calib-tokens", help="--method aware: calibration tokens (4096)."),
         refine_steps: Optional[int] = typer.Option(None, "--refine-steps",
                                                    help="--method aware: optimizer steps per layer after the merge (0)."),
+        seq_len: Optional[int] = typer.Option(None, "--seq-len",
+                                              help="--method aware: tokens per calibration sequence (256; 1024 with --refine-steps)."),
         grouping: Optional[str] = typer.Option(None, "--grouping",
                                                help="--method aware: contiguous | similarity (which KV heads share a group)."),
     ) -> int:
@@ -52,7 +54,8 @@ def register(app: typer.Typer) -> None:
         options = _parse_options(method_opt)
         # the calibrated method's own flags; any other method refuses them by name
         options.update({k: v for k, v in (("calib_text", calib_text), ("calib_tokens", calib_tokens),
-                                          ("refine_steps", refine_steps), ("grouping", grouping)) if v is not None})
+                                          ("refine_steps", refine_steps), ("seq_len", seq_len),
+                                          ("grouping", grouping)) if v is not None})
         method_obj = get_method(method, **options)  # unknown method / option: exit 2 before any work
         if not dry_run and not dst:
             raise UsageError("DST is required (or use --dry-run)", field="DST")

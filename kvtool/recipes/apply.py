@@ -86,6 +86,8 @@ def run_convert_step(ctx: RunContext, step: Step) -> StepResult:
         options["calib_text"] = files[0]
         if "tokens" in calib:
             options["calib_tokens"] = calib["tokens"]
+        if "seq_len" in calib:
+            options["seq_len"] = calib["seq_len"]
         for key in ("refine_steps", "grouping"):
             if key in o:
                 options[key] = o[key]

@@ -18,7 +18,12 @@ if TYPE_CHECKING:
 
 GROUPINGS = ("contiguous", "similarity")
 DEFAULTS = {"calib_text": None, "calib_tokens": 4096, "refine_steps": 0, "grouping": "contiguous",
-            "seq_len": 256, "o_ridge": 2.0, "layerwise": True}
+            "seq_len": None, "o_ridge": 2.0, "layerwise": True}
+# Calibration sequence length when not given. Measured on SmolLM2 MQA (4096 tokens, 2047 held-out tokens in
+# windows of 1024): the closed-form merge is best on short sequences (more sequence starts: 3.43x at 256, 3.75x
+# at 512), refinement on long ones, whose attention spans what serving sees (64 steps: 2.17x at 256, 2.06x at
+# 512, 1.93x at 1024).
+SEQ_LEN_CLOSED_FORM, SEQ_LEN_REFINE = 256, 1024
 
 
 def unsupported_reason(job: "MergeJob") -> str | None:
@@ -58,6 +63,8 @@ class AwareMerge(MergeMethod):
         if s["grouping"] not in GROUPINGS:
             raise UsageError(f"unknown grouping {s['grouping']!r}; choose from {', '.join(GROUPINGS)}",
                              field="--grouping")
+        if s["seq_len"] is None:
+            s["seq_len"] = SEQ_LEN_REFINE if s["refine_steps"] else SEQ_LEN_CLOSED_FORM
         for name, low in (("calib_tokens", 2), ("refine_steps", 0), ("seq_len", 2)):
             if not isinstance(s[name], int) or s[name] < low:
                 raise UsageError(f"{name.replace('_', '-')} must be an integer >= {low}, got {s[name]!r}",
