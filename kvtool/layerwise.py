@@ -180,11 +180,15 @@ class LayerwiseModel:
     def capture(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, list[LayerCall]]:
         """(hidden states entering layer 0, [(args, kwargs) per layer]) for input_ids [batch, seq]; no layer runs."""
         calls: list[LayerCall | None] = [None] * len(self.layers)
+        # what enters layer 0: the embeddings after any scaling in the base model's forward (granite's multiplier)
+        first: list[torch.Tensor] = []
 
         def recorder(i):
             def forward(*args, **kwargs):
                 hidden = args[0] if args else kwargs.pop("hidden_states")
                 calls[i] = (args[1:], kwargs)
+                if i == 0:
+                    first.append(hidden)
                 return hidden
             return forward
 
@@ -205,7 +209,7 @@ class LayerwiseModel:
         if missing:
             raise InputError(f"decoder layer {missing[0]} was never called by {type(self.base).__name__}.forward",
                              field="layers")
-        return embeds, calls  # type: ignore[return-value]
+        return first[0], calls  # type: ignore[return-value]
 
     def close(self) -> None:
         if self._own_reader and self._reader is not None:

@@ -1,19 +1,23 @@
 """Layer-by-layer calibration of FP8 KV-cache scales.
 
-1. One cheap forward with every decoder layer replaced by a recorder that returns its input:
-   this yields the embeddings and, per layer, the exact arguments the model passes it (position
-   embeddings of that layer's type, that layer's mask), without running any layer.
-2. Each decoder layer is then moved to the device, run on the cached hidden states of every
-   calibration batch, and moved back. kvtool.kv_hooks hands its K (after RoPE and any k_norm) and
-   V, where they enter the cache and before GQA repetition, to that layer's K and V observers.
-   The layer's outputs become the next layer's inputs; its observers are reduced to scales and freed.
+1. `LayerwiseModel.capture` (kvtool.layerwise) runs the model once with every decoder layer
+   replaced by a recorder: this yields the hidden states entering layer 0 and, per layer, the exact
+   arguments the model passes it (position embeddings of that layer's type, that layer's mask),
+   without running any layer.
+2. Each decoder layer then gets its weights on the device (`materialised(i)`: read from the
+   safetensors files, freed after), runs on the cached hidden states of every calibration batch,
+   and kvtool.kv_hooks hands its K (after RoPE and any k_norm) and V, where they enter the cache and
+   before GQA repetition, to that layer's K and V observers. The layer's outputs become the next
+   layer's inputs; its observers are reduced to scales and freed.
 3. Output-aware observers (`attn-out`) also get the layer's attention module rerun on the same
    inputs once per candidate scale, K/V stored through the FP8 round trip, and keep the candidate
    whose attention output is closest to the unquantized one (errors kept in `result.search`).
 
-Memory on the device is bounded by one decoder layer, the embedding/rotary/mask modules and the
-calibration hidden states (tokens x hidden_size); the weights of all layers stay in CPU memory.
-On a CPU-only machine the whole model is in RAM, as for `kvtool eval`.
+Memory (host and device): one decoder layer's weights, the non-layer parameters except the input
+embedding (of which only the calibration tokens' rows are read), and the calibration hidden states
+(tokens x hidden_size). When the checkpoint cannot be read layer by layer (kvtool.layerwise:
+renamed or stacked tensors, quantized weights) the whole model is loaded and the same replay runs
+on it. `calibrate(model, ...)` runs the replay on a model the caller has loaded.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from kvtool.layerwise import LayerwiseModel, run_layer
 from kvtool.quantize.formats import Fp8Format, roundtrip
 from kvtool.quantize.observers import make_observer, parse_spec
 
@@ -47,10 +52,6 @@ class CalibrationResult:
     notes: list[str] = field(default_factory=list)
     # output-aware observers: (layer, "k" | "v") -> (candidate scales [n, groups], attention output error [n])
     search: dict = field(default_factory=dict)
-
-
-class _Stop(Exception):
-    pass
 
 
 def _layer_list(model, layers_path: str) -> torch.nn.ModuleList:
@@ -84,36 +85,6 @@ def place_except(module: torch.nn.Module, keep: torch.nn.Module, device) -> None
         p.data = p.data.to(device)
     for name, b in module.named_buffers(recurse=False):
         module._buffers[name] = b.to(device)
-
-
-def _capture(model, layers: torch.nn.ModuleList, input_ids: torch.Tensor) -> tuple[torch.Tensor, list[tuple]]:
-    """(hidden states entering layer 0, [(args, kwargs) per layer]) for one batch, no layer run."""
-    calls: list[tuple | None] = [None] * len(layers)
-
-    def recorder(i):
-        def forward(*args, **kwargs):
-            hidden = args[0] if args else kwargs.pop("hidden_states")
-            calls[i] = (hidden, args[1:], kwargs)
-            return hidden
-        return forward
-
-    saved = [layer.__dict__.get("forward") for layer in layers]  # e.g. accelerate's offload hooks
-    for i, layer in enumerate(layers):
-        layer.forward = recorder(i)
-    try:
-        # the final norm / lm_head run on the embeddings: cheap, and keeps the model's own forward untouched
-        model(input_ids=input_ids, use_cache=False, logits_to_keep=1)
-    finally:
-        for layer, fwd in zip(layers, saved):
-            if fwd is None:
-                del layer.forward  # back to the class's forward
-            else:
-                layer.forward = fwd
-    missing = [i for i, c in enumerate(calls) if c is None]
-    if missing:
-        raise RuntimeError(f"decoder layer {missing[0]} was never called by the model's forward")
-    hidden = calls[0][0]
-    return hidden, [(c[1], c[2]) for c in calls]
 
 
 def _stored(x: torch.Tensor, scale: torch.Tensor | None, fmt: Fp8Format) -> torch.Tensor:
@@ -176,27 +147,67 @@ def _search_scales(attn, calls, reference, obs, current) -> dict:
     return found
 
 
+class _LoadedModel(LayerwiseModel):
+    """A model the caller loaded, seen through the LayerwiseModel interface. With a device other than
+    the CPU, everything but the decoder layers goes there and the layers visit it one at a time (the
+    model may not fit on it); the model is left on the CPU."""
+
+    def __init__(self, model, layers_path: str, device: torch.device):
+        layers = _layer_list(model, layers_path)
+        dtype = next(model.parameters()).dtype
+        super().__init__(model, layers_path, layers, device, dtype, mode="whole_model", note="loaded by the caller")
+        self.offload = device.type != "cpu"
+        if self.offload:
+            model.to("cpu")
+            place_except(model, layers, device)
+
+    @contextlib.contextmanager
+    def materialised(self, i: int):
+        layer = self.layers[i]
+        if not self.offload:
+            yield layer
+            return
+        layer.to(self.device)
+        try:
+            yield layer
+        finally:
+            layer.to("cpu")
+
+    def close(self) -> None:
+        if self.offload:
+            self.model.to("cpu")
+
+
 def calibrate(model, batches: list[torch.Tensor], *, layers_path: str, observer: str, strategy: str,
               fmt: Fp8Format, device: torch.device, num_kv_heads: int) -> CalibrationResult:
-    """Scales for every attention layer from the calibration batches (each [batch, seq] token ids)."""
+    """calibrate_layers on a model already loaded (on the CPU when `device` is not: its decoder
+    layers visit the device one at a time, the model is on the CPU again after)."""
+    lm = _LoadedModel(model, layers_path, device)
+    try:
+        return calibrate_layers(lm, batches, observer=observer, strategy=strategy, fmt=fmt, num_kv_heads=num_kv_heads)
+    finally:
+        lm.close()
+
+
+def calibrate_layers(lm: LayerwiseModel, batches: list[torch.Tensor], *, observer: str, strategy: str,
+                     fmt: Fp8Format, num_kv_heads: int) -> CalibrationResult:
+    """Scales for every attention layer of `lm` (kvtool.layerwise, on its device) from the
+    calibration batches (each [batch, seq] token ids)."""
     from kvtool.kv_hooks import attention_modules, kv_hook
 
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy must be one of {STRATEGIES}")
     per_head = strategy == "attn_head"
     t0 = time.perf_counter()
-    layers = _layer_list(model, layers_path)
-    offload = device.type != "cpu"
-    if offload:
-        # everything but the decoder layers goes to the device; layers visit it one at a time
-        model.to("cpu")
-        place_except(model, layers, device)
+    device = lm.device
+    on_cuda = device.type == "cuda"
+    if on_cuda:
         torch.cuda.reset_peak_memory_stats(device)
 
     observers: dict[tuple[int, str], object] = {}
     current: dict = {"layer": -1, "quant": None}
     searching = parse_spec(observer)[0].cls.output_aware
-    attn_by_layer = {m.layer_idx: m for m in attention_modules(model)}
+    attn_by_layer = {m.layer_idx: m for m in attention_modules(lm.model)}
 
     def observe(layer_idx: int, key: torch.Tensor, value: torch.Tensor):
         if current["quant"] is not None:  # a candidate search pass: K/V as the cache would store them
@@ -214,45 +225,44 @@ def calibrate(model, batches: list[torch.Tensor], *, layers_path: str, observer:
     result = CalibrationResult({}, {}, {}, {}, observer, strategy, fmt.name,
                                tokens=sum(b.numel() for b in batches), sequences=sum(b.shape[0] for b in batches),
                                device=str(device), seconds=0.0)
-    with torch.inference_mode(), kv_hook(model, observe):
+    if lm.mode == "whole_model" and not isinstance(lm, _LoadedModel):
+        result.notes.append(f"the whole model was loaded, not one layer at a time: {lm.note}")
+    with torch.inference_mode(), kv_hook(lm.model, observe):
         hidden: list[torch.Tensor] = []
-        layer_args: list[list[tuple]] = []
+        layer_args: list[list] = []
         for ids in batches:
-            h, per_layer = _capture(model, layers, ids.to(device))
+            h, per_layer = lm.capture(ids)
             hidden.append(h)
             layer_args.append(per_layer)
-        for i, layer in enumerate(layers):
-            if offload:
-                layer.to(device)
-            current["layer"] = i
-            attn = attn_by_layer.get(i) if searching else None
-            calls: list[tuple] = []
-            reference: list[torch.Tensor] = []
-            with _capture_attention(attn, calls, reference):
-                for b in range(len(batches)):
-                    args, kwargs = layer_args[b][i]
-                    out = layer(hidden[b], *args, **kwargs)
-                    hidden[b] = out[0] if isinstance(out, tuple) else out
-            current["layer"] = -1
-            if reference:
-                found = _search_scales(attn, calls, reference, {r: observers.get((i, r)) for r in ("k", "v")}, current)
-                result.search.update({(i, role): v for role, v in found.items()})
-            del calls, reference
+        for i in range(lm.num_layers):
+            with lm.materialised(i) as layer:
+                current["layer"] = i
+                attn = attn_by_layer.get(i) if searching else None
+                calls: list[tuple] = []
+                reference: list[torch.Tensor] = []
+                with _capture_attention(attn, calls, reference):
+                    for b in range(len(batches)):
+                        hidden[b] = run_layer(layer, hidden[b], layer_args[b][i])
+                current["layer"] = -1
+                if reference:  # the candidates rerun this layer's attention: its weights are still here
+                    found = _search_scales(attn, calls, reference, {r: observers.get((i, r)) for r in ("k", "v")},
+                                           current)
+                    result.search.update({(i, role): v for role, v in found.items()})
+                del calls, reference
             for b in range(len(batches)):
                 layer_args[b][i] = None  # free this layer's mask / embeddings references
-            if offload:
-                layer.to("cpu")
             for role, scales, amaxes in (("k", result.k, result.k_amax), ("v", result.v, result.v_amax)):
                 obs = observers.pop((i, role), None)
                 if obs is None:
                     continue
                 if obs.num_heads != num_kv_heads:
-                    raise RuntimeError(f"layer {i} writes {obs.num_heads} KV heads to the cache; the config says {num_kv_heads}")
+                    raise RuntimeError(f"layer {i} writes {obs.num_heads} KV heads to the cache; the config says "
+                                       f"{num_kv_heads}")
                 scales[i] = obs.scale()
                 amaxes[i] = obs.amax().detach().float().cpu()
             if i in attn_by_layer and i not in result.k:
                 result.notes.append(f"layer {i}: attention never called during calibration")
-    if offload:
+    if on_cuda:
         result.peak_device_bytes = int(torch.cuda.max_memory_allocated(device))
     result.seconds = time.perf_counter() - t0
     return result

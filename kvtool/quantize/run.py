@@ -27,6 +27,7 @@ class QuantizeOptions:
     eval_tokens: int = 1024
     force: bool = False
     link: bool = True
+    layerwise: bool = True  # False: load the whole model for calibration (the reference the tests compare with)
 
 
 @dataclass
@@ -141,11 +142,10 @@ def prepare(src: str, dst: str, opts: QuantizeOptions):
 
 
 def quantize_kv(src: str, dst: str, opts: QuantizeOptions, *, log=print) -> QuantizeResult:
-    import torch
-
     from kvtool import __version__, kv_scale_names
     from kvtool.io.staging import staged_output
-    from kvtool.quantize.calibrate import calibrate
+    from kvtool.layerwise import describe, open_layerwise, release_free_memory
+    from kvtool.quantize.calibrate import calibrate_layers
     from kvtool.quantize.formats import get_format
     from kvtool.quantize.observers import canonical
     from kvtool.quantize.write import scale_tensors, write_output
@@ -162,11 +162,21 @@ def quantize_kv(src: str, dst: str, opts: QuantizeOptions, *, log=print) -> Quan
     if n < MIN_CALIB_TOKENS:
         raise InputError(f"the calibration text has {n} tokens; at least {MIN_CALIB_TOKENS} are needed",
                          file=opts.calib_texts[0], field="--calib-text")
-    # loaded on the CPU: calibration moves one decoder layer at a time to the device
-    model = load_model(src, device=torch.device("cpu"), dtype=dtype)
+    if not opts.evaluate:
+        del tok
+        release_free_memory()  # the tokenizer (~100 MB for a 49k vocabulary) is gone before the weights come
     layers_path = arch.weights["layer"].split(".{layer}")[0]
-    result = calibrate(model, batches, layers_path=layers_path, observer=canonical(opts.observer),
-                       strategy=opts.strategy, fmt=fmt, device=device, num_kv_heads=spec.num_kv_heads)
+    model = None
+    # one decoder layer's weights at a time, read onto the device (kvtool.layerwise)
+    with open_layerwise(src, device=device, dtype=dtype, attn="sdpa", layers_path=layers_path,
+                        layerwise=opts.layerwise) as lm:
+        result = calibrate_layers(lm, batches, observer=canonical(opts.observer), strategy=opts.strategy, fmt=fmt,
+                                  num_kv_heads=spec.num_kv_heads)
+        held = describe(lm)
+        if lm.mode == "whole_model" and opts.evaluate:
+            model = lm.model  # already whole: the quality report reuses it
+    del lm
+    release_free_memory()
     if not result.k:
         raise InputError("no attention layer wrote K/V during calibration", file=src)
     if n < opts.calib_tokens:
@@ -180,7 +190,7 @@ def quantize_kv(src: str, dst: str, opts: QuantizeOptions, *, log=print) -> Quan
         "strategy": opts.strategy, "observer": result.observer, "scale_point": "post_rope",
         "calibration": {"tokens": n, "sequences": result.sequences, "seq_len": opts.seq_len,
                         "text_sha256": text_hash(calib), "files": [str(f) for f in opts.calib_texts],
-                        "device": result.device, "seconds": round(result.seconds, 2)},
+                        "device": result.device, "seconds": round(result.seconds, 2), "model": held},
         "scales": {name: [round(float(x), 8) for x in t.reshape(-1)] for name, t in scales.items()},
         "amax": {"k": {str(i): [round(float(x), 6) for x in a] for i, a in result.k_amax.items()},
                  "v": {str(i): [round(float(x), 6) for x in a] for i, a in result.v_amax.items()}},
@@ -189,8 +199,12 @@ def quantize_kv(src: str, dst: str, opts: QuantizeOptions, *, log=print) -> Quan
         prov["search"] = {f"{i}.{role}": {"candidates": [[round(float(x), 8) for x in c] for c in cands],
                                           "errors": [float(e) for e in errors]}
                           for (i, role), (cands, errors) in sorted(result.search.items())}
+    if result.peak_device_bytes is not None:
+        prov["calibration"]["peak_device_bytes"] = result.peak_device_bytes
     quality = []
     if opts.evaluate:
+        if model is None:  # the report runs the whole model, as kvtool eval does
+            model = load_model(src, device=device, dtype=dtype)
         quality = quality_report(model, tok, result, eval_texts, opts, device)
         prov["quality"] = [{"label": r.label, **{k: r.metrics.get(k) for k in
                             ("ppl", "baseline_ppl", "ppl_ratio", "ppl_ratio_se", "kld_mean", "kld_se", "top1_agreement",

@@ -1,0 +1,132 @@
+"""Peak memory of `kvtool quantize-kv --no-eval`: layer by layer against the whole model, same run.
+
+Each case runs as a fresh process under /usr/bin/time (wall time, CPU time, peak RSS):
+  floor       python importing torch / transformers / accelerate / kvtool's quantize-kv and tokenizing the
+              calibration text (what any calibration pays before touching a weight)
+  whole       quantize_kv(..., evaluate=False, layerwise=False): the whole model loaded with transformers,
+              as quantize-kv did before layer-by-layer loading (same code path otherwise)
+  layerwise   quantize_kv(..., evaluate=False): the default, one decoder layer's weights at a time
+  cli         `kvtool quantize-kv SRC DST --calib-text F --no-eval` (the command as users run it; layerwise)
+and prints peak RSS, peak above the floor, and that over the model's weight bytes (fp32, as calibration holds
+them on the CPU). The scales written by the runs are compared (they must be identical).
+
+    OMP_NUM_THREADS=1 python bench/quantize_kv_memory.py [--model DIR] [--calib-tokens 2048] [--repeat 1]
+        [--observer absmax-pow2:2] [--deeper K]   # K: also a copy with every layer repeated K times
+
+Default model: the SmolLM2-135M fixture (kvtool.testing.fixtures; ~540 MB of fp32 weights). Calibration
+text: kvtool's built-in pydoc calibration part (kvtool.testing.text), as the other quantize-kv benches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from convert_memory import deeper_copy, model_sizes, timed  # noqa: E402  (one measuring harness for both)
+
+FLOOR = r'''
+import sys, torch, transformers, accelerate, safetensors
+import kvtool.quantize.run, kvtool.quantize.calibrate, kvtool.layerwise
+from kvtool.quantize.run import tokenize_windows
+from kvtool.torch_utils import load_tokenizer
+tokenize_windows(load_tokenizer(sys.argv[1]), [open(sys.argv[2]).read()], int(sys.argv[3]), 512)
+'''
+
+RUN = r'''
+import sys
+from kvtool.quantize.run import QuantizeOptions, quantize_kv
+src, dst, text, tokens, observer, layerwise = sys.argv[1:7]
+quantize_kv(src, dst, QuantizeOptions(calib_texts=[text], calib_tokens=int(tokens), observer=observer,
+                                      evaluate=False, device="cpu", force=True, layerwise=layerwise == "1"))
+'''
+
+
+def scales(folder: Path) -> dict:
+    return json.loads((folder / "kvtool.json").read_text())["scales"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", type=Path, default=None, help="model folder (default: the SmolLM2-135M fixture)")
+    ap.add_argument("--calib-tokens", type=int, default=2048)
+    ap.add_argument("--observer", default="absmax-pow2:2")
+    ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--deeper", type=int, default=0, metavar="K",
+                    help="also measure a copy with every layer repeated K times (the layerwise peak should not grow)")
+    ap.add_argument("--json", action="store_true", help="print the numbers as JSON too")
+    args = ap.parse_args(argv)
+    if args.model is None:
+        from kvtool.testing.fixtures import smollm2_dir
+
+        args.model = smollm2_dir()
+    from kvtool.testing.text import calibration_text
+
+    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+    work = Path(tempfile.mkdtemp(prefix="kvtool-bench-qmem-"))
+    text = work / "calib.txt"
+    text.write_text(calibration_text(), encoding="utf-8")
+    models = {"x1": args.model.resolve()}
+    try:
+        if args.deeper > 1:
+            models[f"x{args.deeper}"] = deeper_copy(models["x1"], work / "deeper-src", args.deeper)
+        cases = {}
+        for tag, src in models.items():
+            run = [sys.executable, "-c", RUN, str(src)]
+            tail = [str(text), str(args.calib_tokens), args.observer]
+            if tag == "x1":
+                cases[(tag, "floor")] = [sys.executable, "-c", FLOOR, str(src), str(text), str(args.calib_tokens)]
+            cases[(tag, "whole")] = [*run, str(work / f"{tag}-whole"), *tail, "0"]
+            cases[(tag, "layerwise")] = [*run, str(work / f"{tag}-layerwise"), *tail, "1"]
+            cases[(tag, "cli")] = ["kvtool", "quantize-kv", str(src), str(work / f"{tag}-cli"),
+                                   "--calib-text", str(text), "--calib-tokens", str(args.calib_tokens), "--observer", args.observer,
+                                   "--no-eval", "--device", "cpu", "--force"]
+        runs: dict = {k: [] for k in cases}
+        for _ in range(args.repeat):
+            for key, cmd in cases.items():  # interleaved, so machine load hits every case alike
+                runs[key].append(timed(cmd, env))
+        same = {tag: scales(work / f"{tag}-whole") == scales(work / f"{tag}-layerwise") == scales(work / f"{tag}-cli")
+                for tag in models}
+        sizes = {tag: model_sizes(src, args.calib_tokens) for tag, src in models.items()}
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+    peak = {k: max(r["rss"] for r in v) for k, v in runs.items()}
+    wall = {k: statistics.median(r["wall"] for r in v) for k, v in runs.items()}
+    cpu = {k: statistics.median(r["cpu"] for r in v) for k, v in runs.items()}
+    floor = peak[("x1", "floor")]
+    mib = 2 ** 20
+    for tag, sz in sizes.items():
+        print(f"{tag}: {sz['layers']} layers, fp32 weights {sz['weights'] / mib:.0f} MiB, largest layer "
+              f"{sz['layer'] / mib:.1f} MiB, hidden states of the calibration tokens {sz['activations'] / mib:.1f} MiB")
+    print(f"model {models['x1'].name}, observer {args.observer}, {args.calib_tokens} calibration tokens, "
+          f"repeat {args.repeat}, OMP_NUM_THREADS={env['OMP_NUM_THREADS']}")
+    print(f"{'model':<6} {'case':<10} {'wall s':>7} {'cpu s':>7} {'peak MiB':>9} {'above floor':>12} {'/ weights':>10}")
+    for (tag, case) in cases:
+        above = peak[(tag, case)] - floor
+        print(f"{tag:<6} {case:<10} {wall[(tag, case)]:>7.1f} {cpu[(tag, case)]:>7.1f} {peak[(tag, case)] / mib:>9.0f} "
+              f"{above / mib:>12.0f} {above / sizes[tag]['weights']:>10.2f}")
+    for tag in models:
+        lw, wh = peak[(tag, "layerwise")], peak[(tag, "whole")]
+        print(f"{tag}: layerwise / whole peak {lw / wh:.2f}, above the floor {(lw - floor) / (wh - floor):.2f}; "
+              f"scales identical: {same[tag]}")
+    if len(models) > 1:
+        deep = f"x{args.deeper}"
+        for case in ("layerwise", "whole"):
+            grow = (peak[(deep, case)] - peak[("x1", case)]) / mib
+            more = (sizes[deep]["weights"] - sizes["x1"]["weights"]) / mib
+            print(f"{case}: peak grows {grow:+.0f} MiB from x1 to {deep} ({more:.0f} MiB more weights)")
+    if args.json:
+        print(json.dumps({"sizes": sizes, "runs": {f"{t}/{c}": v for (t, c), v in runs.items()},
+                          "scales_identical": same}, indent=2))
+    return 0 if all(same.values()) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
