@@ -126,6 +126,44 @@ def deeper_copy(src: Path, dst: Path, times: int) -> Path:
     return dst
 
 
+
+def measure(cases: dict, env: dict, repeat: int) -> dict:
+    """{case: [timed run, ...]}: every case `repeat` times, interleaved so machine load hits every case alike."""
+    runs: dict = {k: [] for k in cases}
+    for _ in range(repeat):
+        for key, cmd in cases.items():
+            runs[key].append(timed(cmd, env))
+    return runs
+
+
+def report(cases: dict, runs: dict, sizes: dict, header: str, verdicts: dict, deeper: int | None) -> None:
+    """Print sizes, the per-case table (peak RSS above the x1 floor case), layerwise vs whole per model
+    (with `verdicts[tag]` appended) and how each peak grows with depth."""
+    peak = {k: max(r["rss"] for r in v) for k, v in runs.items()}
+    wall = {k: statistics.median(r["wall"] for r in v) for k, v in runs.items()}
+    cpu = {k: statistics.median(r["cpu"] for r in v) for k, v in runs.items()}
+    floor = peak[("x1", "floor")]
+    mib = 2 ** 20
+    for tag, sz in sizes.items():
+        print(f"{tag}: {sz['layers']} layers, fp32 weights {sz['weights'] / mib:.0f} MiB, largest layer "
+              f"{sz['layer'] / mib:.1f} MiB, hidden states of the calibration tokens {sz['activations'] / mib:.1f} MiB")
+    print(header)
+    print(f"{'model':<6} {'case':<10} {'wall s':>7} {'cpu s':>7} {'peak MiB':>9} {'above floor':>12} {'/ weights':>10}")
+    for (tag, case) in cases:
+        above = peak[(tag, case)] - floor
+        print(f"{tag:<6} {case:<10} {wall[(tag, case)]:>7.1f} {cpu[(tag, case)]:>7.1f} {peak[(tag, case)] / mib:>9.0f} "
+              f"{above / mib:>12.0f} {above / sizes[tag]['weights']:>10.2f}")
+    for tag in sizes:
+        lw, wh = peak[(tag, "layerwise")], peak[(tag, "whole")]
+        print(f"{tag}: layerwise / whole peak {lw / wh:.2f}, above the floor {(lw - floor) / (wh - floor):.2f}; "
+              f"{verdicts[tag]}")
+    if deeper:
+        deep = f"x{deeper}"
+        for case in ("layerwise", "whole"):
+            grow = (peak[(deep, case)] - peak[("x1", case)]) / mib
+            more = (sizes[deep]["weights"] - sizes["x1"]["weights"]) / mib
+            print(f"{case}: peak grows {grow:+.0f} MiB from x1 to {deep} ({more:.0f} MiB more weights)")
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", type=Path, default=None, help="model folder (default: the SmolLM2-135M fixture)")
@@ -156,40 +194,15 @@ def main(argv: list[str] | None = None) -> int:
             cases[(tag, "whole")] = [*convert[:3], str(work / f"{tag}-whole"), *convert[4:],
                                      "--method-opt", "layerwise=false"]
             cases[(tag, "layerwise")] = convert
-        runs: dict = {k: [] for k in cases}
-        for _ in range(args.repeat):
-            for key, cmd in cases.items():  # interleaved, so machine load hits every case alike
-                runs[key].append(timed(cmd, env))
+        runs = measure(cases, env, args.repeat)
         diffs = {tag: compare(work / f"{tag}-whole", work / f"{tag}-out") for tag in models}
         sizes = {tag: model_sizes(src, args.calib_tokens) for tag, src in models.items()}
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
-    peak = {k: max(r["rss"] for r in v) for k, v in runs.items()}
-    wall = {k: statistics.median(r["wall"] for r in v) for k, v in runs.items()}
-    cpu = {k: statistics.median(r["cpu"] for r in v) for k, v in runs.items()}
-    floor = peak[("x1", "floor")]
-    mib = 2 ** 20
-    for tag, sz in sizes.items():
-        print(f"{tag}: {sz['layers']} layers, fp32 weights {sz['weights'] / mib:.0f} MiB, largest layer "
-              f"{sz['layer'] / mib:.1f} MiB, hidden states of the calibration batch {sz['activations'] / mib:.1f} MiB")
-    print(f"model {models['x1'].name}, --to {args.to}, {args.calib_tokens} calibration tokens, repeat {args.repeat}, "
-          f"OMP_NUM_THREADS={env['OMP_NUM_THREADS']}")
-    print(f"{'model':<6} {'case':<10} {'wall s':>7} {'cpu s':>7} {'peak MiB':>9} {'above floor':>12} {'/ weights':>10}")
-    for (tag, case) in cases:
-        above = peak[(tag, case)] - floor
-        print(f"{tag:<6} {case:<10} {wall[(tag, case)]:>7.1f} {cpu[(tag, case)]:>7.1f} {peak[(tag, case)] / mib:>9.0f} "
-              f"{above / mib:>12.0f} {above / sizes[tag]['weights']:>10.2f}")
-    for tag in models:
-        lw, wh = peak[(tag, "layerwise")], peak[(tag, "whole")]
-        print(f"{tag}: layerwise / whole peak {lw / wh:.2f}, above the floor {(lw - floor) / (wh - floor):.2f}; "
-              f"outputs differ by at most {diffs[tag]:.2e}")
-    if len(models) > 1:
-        deep = f"x{args.deeper}"
-        for case in ("layerwise", "whole"):
-            grow = (peak[(deep, case)] - peak[("x1", case)]) / mib
-            more = (sizes[deep]["weights"] - sizes["x1"]["weights"]) / mib
-            print(f"{case}: peak grows {grow:+.0f} MiB from x1 to {deep} ({more:.0f} MiB more weights)")
+    report(cases, runs, sizes, f"model {models['x1'].name}, --to {args.to}, {args.calib_tokens} calibration tokens, "
+           f"repeat {args.repeat}, OMP_NUM_THREADS={env['OMP_NUM_THREADS']}",
+           {tag: f"outputs differ by at most {diffs[tag]:.2e}" for tag in models}, args.deeper if len(models) > 1 else None)
     if args.json:
         print(json.dumps({"sizes": sizes, "runs": {f"{t}/{c}": v for (t, c), v in runs.items()},
                           "max_abs_diff": diffs}, indent=2))

@@ -23,13 +23,12 @@ import argparse
 import json
 import os
 import shutil
-import statistics
 import sys
 import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from convert_memory import deeper_copy, model_sizes, timed  # noqa: E402  (one measuring harness for both)
+from convert_memory import deeper_copy, measure, model_sizes, report  # noqa: E402  (one measuring harness for both)
 
 FLOOR = r'''
 import sys, torch, transformers, accelerate, safetensors
@@ -87,41 +86,16 @@ def main(argv: list[str] | None = None) -> int:
             cases[(tag, "cli")] = ["kvtool", "quantize-kv", str(src), str(work / f"{tag}-cli"),
                                    "--calib-text", str(text), "--calib-tokens", str(args.calib_tokens), "--observer", args.observer,
                                    "--no-eval", "--device", "cpu", "--force"]
-        runs: dict = {k: [] for k in cases}
-        for _ in range(args.repeat):
-            for key, cmd in cases.items():  # interleaved, so machine load hits every case alike
-                runs[key].append(timed(cmd, env))
+        runs = measure(cases, env, args.repeat)
         same = {tag: scales(work / f"{tag}-whole") == scales(work / f"{tag}-layerwise") == scales(work / f"{tag}-cli")
                 for tag in models}
         sizes = {tag: model_sizes(src, args.calib_tokens) for tag, src in models.items()}
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
-    peak = {k: max(r["rss"] for r in v) for k, v in runs.items()}
-    wall = {k: statistics.median(r["wall"] for r in v) for k, v in runs.items()}
-    cpu = {k: statistics.median(r["cpu"] for r in v) for k, v in runs.items()}
-    floor = peak[("x1", "floor")]
-    mib = 2 ** 20
-    for tag, sz in sizes.items():
-        print(f"{tag}: {sz['layers']} layers, fp32 weights {sz['weights'] / mib:.0f} MiB, largest layer "
-              f"{sz['layer'] / mib:.1f} MiB, hidden states of the calibration tokens {sz['activations'] / mib:.1f} MiB")
-    print(f"model {models['x1'].name}, observer {args.observer}, {args.calib_tokens} calibration tokens, "
-          f"repeat {args.repeat}, OMP_NUM_THREADS={env['OMP_NUM_THREADS']}")
-    print(f"{'model':<6} {'case':<10} {'wall s':>7} {'cpu s':>7} {'peak MiB':>9} {'above floor':>12} {'/ weights':>10}")
-    for (tag, case) in cases:
-        above = peak[(tag, case)] - floor
-        print(f"{tag:<6} {case:<10} {wall[(tag, case)]:>7.1f} {cpu[(tag, case)]:>7.1f} {peak[(tag, case)] / mib:>9.0f} "
-              f"{above / mib:>12.0f} {above / sizes[tag]['weights']:>10.2f}")
-    for tag in models:
-        lw, wh = peak[(tag, "layerwise")], peak[(tag, "whole")]
-        print(f"{tag}: layerwise / whole peak {lw / wh:.2f}, above the floor {(lw - floor) / (wh - floor):.2f}; "
-              f"scales identical: {same[tag]}")
-    if len(models) > 1:
-        deep = f"x{args.deeper}"
-        for case in ("layerwise", "whole"):
-            grow = (peak[(deep, case)] - peak[("x1", case)]) / mib
-            more = (sizes[deep]["weights"] - sizes["x1"]["weights"]) / mib
-            print(f"{case}: peak grows {grow:+.0f} MiB from x1 to {deep} ({more:.0f} MiB more weights)")
+    report(cases, runs, sizes, f"model {models['x1'].name}, observer {args.observer}, {args.calib_tokens} calibration "
+           f"tokens, repeat {args.repeat}, OMP_NUM_THREADS={env['OMP_NUM_THREADS']}",
+           {tag: f"scales identical: {same[tag]}" for tag in models}, args.deeper if len(models) > 1 else None)
     if args.json:
         print(json.dumps({"sizes": sizes, "runs": {f"{t}/{c}": v for (t, c), v in runs.items()},
                           "scales_identical": same}, indent=2))

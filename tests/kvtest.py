@@ -27,3 +27,24 @@ def write_safetensors(path: Path, tensors: dict, metadata: dict | None = None) -
     path.parent.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(path), metadata=metadata)
     return path
+
+
+def running_kv_amax(model, batches) -> dict:
+    """{(layer, "k"|"v"): running max |x| per KV head} over `batches`, from an ordinary whole-model forward
+    through kvtool's KV hook (the reference calibration results are compared against)."""
+    import torch
+
+    from kvtool.kv_hooks import kv_hook
+
+    seen: dict = {}
+
+    def fn(layer, k, v):
+        for role, x in (("k", k), ("v", v)):
+            a = x.abs().amax(dim=(0, 2, 3))
+            seen[(layer, role)] = torch.maximum(seen[(layer, role)], a) if (layer, role) in seen else a
+        return k, v
+
+    with torch.inference_mode(), kv_hook(model, fn):
+        for ids in batches:
+            model(input_ids=ids, use_cache=False)
+    return seen

@@ -185,7 +185,8 @@ def test_attn_out_writes_its_choice_and_every_candidate_error(run, tmp_path):
 def test_layer_by_layer_replay_sees_exactly_what_a_full_forward_writes():
     """calibrate() runs one decoder layer at a time on cached hidden states; its observed K/V maxima
     must equal those of the ordinary full forward, and be the maximum over all batches."""
-    from kvtool.kv_hooks import kv_hook
+    from kvtest import running_kv_amax
+
     from kvtool.quantize.calibrate import calibrate
     from kvtool.quantize.formats import FORMATS
     from kvtool.testing.fixtures import FixtureUnavailable, smollm2_dir
@@ -198,17 +199,7 @@ def test_layer_by_layer_replay_sees_exactly_what_a_full_forward_writes():
     model = load_model(src, device=torch.device("cpu"), dtype=torch.float32)
     g = torch.Generator().manual_seed(0)
     batches = [torch.randint(100, 30000, (2, 24), generator=g), torch.randint(100, 30000, (1, 40), generator=g)]
-    seen: dict = {}
-
-    def fn(layer, k, v):
-        for role, x in (("k", k), ("v", v)):
-            a = x.abs().amax(dim=(0, 2, 3))
-            seen[(layer, role)] = torch.maximum(seen[(layer, role)], a) if (layer, role) in seen else a
-        return k, v
-
-    with torch.inference_mode(), kv_hook(model, fn):
-        for b in batches:
-            model(input_ids=b, use_cache=False)
+    seen = running_kv_amax(model, batches)
     r = calibrate(model, batches, layers_path="model.layers", observer="absmax", strategy="attn_head",
                   fmt=FORMATS["e4m3"], device=torch.device("cpu"), num_kv_heads=3)
     assert sorted(r.k) == list(range(30))

@@ -12,6 +12,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 
+from kvtest import running_kv_amax  # noqa: E402
+
 from kvtool.layerwise import open_layerwise  # noqa: E402
 from kvtool.quantize.calibrate import calibrate_layers  # noqa: E402
 from kvtool.quantize.formats import FORMATS  # noqa: E402
@@ -63,21 +65,8 @@ def _full_forward_amax(src):
     """Running max |K| / |V| per layer and KV head from transformers' ordinary whole-model forward."""
     from transformers import AutoModelForCausalLM
 
-    from kvtool.kv_hooks import kv_hook
-
     model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32, attn_implementation="sdpa").eval()
-    seen: dict = {}
-
-    def fn(layer, k, v):
-        for role, x in (("k", k), ("v", v)):
-            a = x.abs().amax(dim=(0, 2, 3))
-            seen[(layer, role)] = torch.maximum(seen[(layer, role)], a) if (layer, role) in seen else a
-        return k, v
-
-    with torch.inference_mode(), kv_hook(model, fn):
-        for ids in BATCHES:
-            model(input_ids=ids, use_cache=False)
-    return seen
+    return running_kv_amax(model, BATCHES)
 
 
 def _assert_same(a, b):
