@@ -164,23 +164,34 @@ def report(cases: dict, runs: dict, sizes: dict, header: str, verdicts: dict, de
             more = (sizes[deep]["weights"] - sizes["x1"]["weights"]) / mib
             print(f"{case}: peak grows {grow:+.0f} MiB from x1 to {deep} ({more:.0f} MiB more weights)")
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+
+def add_common_args(ap: argparse.ArgumentParser) -> None:
+    """--model, --calib-tokens, --repeat, --deeper, --json: what every memory bench takes."""
     ap.add_argument("--model", type=Path, default=None, help="model folder (default: the SmolLM2-135M fixture)")
-    ap.add_argument("--to", default="mqa")
     ap.add_argument("--calib-tokens", type=int, default=2048)
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--deeper", type=int, default=0, metavar="K",
-                    help="also measure a copy with every layer repeated K times (peak should not grow layer by layer)")
+                    help="also measure a copy with every layer repeated K times (the layerwise peak should not grow)")
     ap.add_argument("--json", action="store_true", help="print the numbers as JSON too")
-    args = ap.parse_args(argv)
+
+
+def models_of(args) -> tuple[dict, dict]:
+    """(environment for the measured processes, {"x1": model folder}) after add_common_args' parsing."""
     if args.model is None:
         from kvtool.testing.fixtures import smollm2_dir
 
         args.model = smollm2_dir()
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+    return env, {"x1": args.model.resolve()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_common_args(ap)
+    ap.add_argument("--to", default="mqa")
+    args = ap.parse_args(argv)
+    env, models = models_of(args)
     work = Path(tempfile.mkdtemp(prefix="kvtool-bench-mem-"))
-    models = {"x1": args.model.resolve()}
     try:
         if args.deeper > 1:
             models[f"x{args.deeper}"] = deeper_copy(models["x1"], work / "deeper-src", args.deeper)

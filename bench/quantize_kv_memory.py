@@ -21,14 +21,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import sys
 import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from convert_memory import deeper_copy, measure, model_sizes, report  # noqa: E402  (one measuring harness for both)
+from convert_memory import add_common_args, deeper_copy, measure, model_sizes, models_of, report  # noqa: E402  (one measuring harness for both)
 
 FLOOR = r'''
 import sys, torch, transformers, accelerate, safetensors
@@ -53,25 +52,15 @@ def scales(folder: Path) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", type=Path, default=None, help="model folder (default: the SmolLM2-135M fixture)")
-    ap.add_argument("--calib-tokens", type=int, default=2048)
+    add_common_args(ap)
     ap.add_argument("--observer", default="absmax-pow2:2")
-    ap.add_argument("--repeat", type=int, default=1)
-    ap.add_argument("--deeper", type=int, default=0, metavar="K",
-                    help="also measure a copy with every layer repeated K times (the layerwise peak should not grow)")
-    ap.add_argument("--json", action="store_true", help="print the numbers as JSON too")
     args = ap.parse_args(argv)
-    if args.model is None:
-        from kvtool.testing.fixtures import smollm2_dir
-
-        args.model = smollm2_dir()
+    env, models = models_of(args)
     from kvtool.testing.text import calibration_text
 
-    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
     work = Path(tempfile.mkdtemp(prefix="kvtool-bench-qmem-"))
     text = work / "calib.txt"
     text.write_text(calibration_text(), encoding="utf-8")
-    models = {"x1": args.model.resolve()}
     try:
         if args.deeper > 1:
             models[f"x{args.deeper}"] = deeper_copy(models["x1"], work / "deeper-src", args.deeper)
