@@ -1,9 +1,11 @@
 """Calibrated K/V head merging (`kvtool convert --method aware`).
 
-Modules: `calibration` (sequential forward with a per-layer merge hook), `attention` (reference
-attention maths), `keys` (RoPE-aware complex key merge), `values` (o-weighted value merge and o_proj
-least-squares refit), `grouping` (which heads share a group), `refine` (optional block
-reconstruction), `merge` (one layer, end to end), `method` (the registered MergeMethod).
+Modules: `calibration` (layer-by-layer replay over kvtool.layerwise with a per-layer merge hook),
+`modules` (reading / installing a live attention module's projections, fused or not, per the
+architecture table), `attention` (reference attention maths), `keys` (RoPE-aware complex key merge),
+`values` (o-weighted value merge and o_proj least-squares refit), `grouping` (which heads share a
+group), `refine` (optional block reconstruction), `merge` (one layer, end to end), `method` (the
+registered MergeMethod; merged layers wait on disk until written).
 """
 
 from kvtool.convert.aware.method import AwareMerge  # noqa: F401  (registers "aware")
