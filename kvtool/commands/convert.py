@@ -68,7 +68,7 @@ def register(app: typer.Typer) -> None:
         if dry_run:
             typer.echo(render_plan(plan, dst), nl=False)
             return EXIT_OK
-        device, want_eval = _device_and_eval(eval_)
+        device, want_eval = _device_and_eval(eval_, method_obj.array_api == "torch")
         gates = _gates(max_ppl_increase, max_kld)
         if gates and not want_eval:
             raise UsageError("quality gates need --eval", field="--max-ppl-increase" if max_ppl_increase else "--max-kld")
@@ -94,12 +94,13 @@ def _parse_options(items: list[str]) -> dict:
     return out
 
 
-def _device_and_eval(eval_flag: bool | None) -> tuple[str, bool]:
-    """("cuda" | "cpu", whether to evaluate). torch is imported only when an NVIDIA driver is present
-    or --eval was asked for: the mean method itself never needs it."""
-    if eval_flag is False:
+def _device_and_eval(eval_flag: bool | None, method_uses_torch: bool) -> tuple[str, bool]:
+    """("cuda" | "cpu", whether to evaluate). The device serves the method's calibration as well as the
+    evaluation, so `--no-eval` does not move a calibrated merge to the CPU. torch is imported only when
+    an NVIDIA driver is present and something will use it: the mean method alone never needs it."""
+    if eval_flag is False and not method_uses_torch:
         return "cpu", False
-    if eval_flag is None and not _nvidia_driver():
+    if not eval_flag and not _nvidia_driver():
         return "cpu", False
     import torch
 

@@ -36,3 +36,20 @@ def test_mean_refuses_the_calibration_flags(tmp_path, capsys):
     err = capsys.readouterr().err
     assert rc == 2 and "seq_len" in err and "Traceback" not in err
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("eval_flag, uses_torch, driver, cuda, want", [
+    (False, True, True, True, ("cuda", False)),    # --no-eval still calibrates on the GPU
+    (False, False, True, True, ("cpu", False)),    # mean pooling never needs torch
+    (None, True, True, True, ("cuda", True)),      # a GPU: evaluate by default
+    (None, True, False, False, ("cpu", False)),    # no driver: CPU, no eval unless asked
+    (True, True, False, False, ("cpu", True)),     # --eval on a CPU machine
+])
+def test_convert_device_serves_calibration_and_eval(monkeypatch, eval_flag, uses_torch, driver, cuda, want):
+    import torch
+
+    import kvtool.commands.convert as cmd
+
+    monkeypatch.setattr(cmd, "_nvidia_driver", lambda: driver)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    assert cmd._device_and_eval(eval_flag, uses_torch) == want
