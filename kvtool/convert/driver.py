@@ -148,6 +148,13 @@ def _refuse_unsupported(arch: Architecture, spec: ModelSpec, ckpt: Checkpoint) -
     if isinstance(ckpt.config.get("quantization_config"), dict):
         raise UsageError("quantized checkpoint: pool the unquantized weights, then quantize", file=where,
                          field="quantization_config")
+    when = arch.weights.get("qk_norm_when") or {}
+    if when and not arch.weights.get("k_norm") and all(
+            get_path(spec.config, k, arch.defaults.get(k)) == v for k, v in when.items()):
+        # per-head K norms whose weights the table does not name would be left at the old head count
+        flag = next(iter(when))
+        raise UsageError(f"{arch.model_type} with {flag}: {str(when[flag]).lower()} normalises K per head with weights "
+                         "convert does not know how to pool", file=where, field=flag)
 
 
 def _layer_names(arch: Architecture, layer: int, tensors: dict) -> dict[str, str]:

@@ -312,6 +312,22 @@ def test_falcon_without_new_decoder_architecture_is_refused(tmp_path, capsys):
     assert "new_decoder_architecture" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("qk_layernorm, refused", [(True, True), (False, False)])
+def test_per_head_k_norms_without_table_names_are_refused(tmp_path, capsys, qk_layernorm, refused):
+    """stablelm's optional per-head q/k LayerNorms are one module per head, not a weight the table names:
+    pooling K without them would leave norms for the old head count, so convert refuses (by the config flag)."""
+    folder = tmp_path / "src"
+    write_config(folder, {"model_type": "stablelm", "num_attention_heads": 4, "num_key_value_heads": 4,
+                          "num_hidden_layers": 1, "hidden_size": 16, "qk_layernorm": qk_layernorm})
+    write_safetensors(folder / "model.safetensors", {"x": np.zeros(2, np.float32)})
+    rc = run(folder, tmp_path / "out", "--to", "mqa", "--dry-run")
+    err = capsys.readouterr().err
+    if refused:
+        assert rc == 2 and "qk_layernorm: true" in err and err.count("\n") == 1
+    else:
+        assert "qk_layernorm" not in err
+
+
 def test_unknown_method_and_missing_tensor(tmp_path, capsys):
     src = llama(tmp_path / "src")
     assert run(src, tmp_path / "out", "--to", "mqa", "--method", "nope") == 2
