@@ -438,14 +438,18 @@ def run_convert(plan: ConvertPlan, dst: str | Path, *, method_obj=None, force: b
     return ConvertResult(plan=plan, dst=dst, files=result.files, side_files=side, provenance=prov)
 
 
-class _NumpyIO:
-    """Attention tensors as float numpy arrays; storage dtypes handled by kvtool.io.arrays."""
+class _TensorIO:
+    """How the streaming run reads, writes and casts one tensor; `dtypes` are the planned output dtypes."""
 
     def __init__(self, reader, plan: ConvertPlan):
         self.reader, self.dtypes = reader, {t.name: t.dtype for t in plan.outputs}
 
     def out_dtype(self, name: str) -> str:
         return self.dtypes[name]
+
+
+class _NumpyIO(_TensorIO):
+    """Attention tensors as float numpy arrays; storage dtypes handled by kvtool.io.arrays."""
 
     def read(self, name: str):
         from kvtool.io.arrays import to_float
@@ -465,14 +469,8 @@ class _NumpyIO:
         writer.add_array(name, cast(self.reader.get_array(name), st_in, st_out), st_out)
 
 
-class _TorchIO:
+class _TorchIO(_TensorIO):
     """Attention tensors as CPU torch tensors in their stored dtype (methods that compute with torch)."""
-
-    def __init__(self, reader, plan: ConvertPlan):
-        self.reader, self.dtypes = reader, {t.name: t.dtype for t in plan.outputs}
-
-    def out_dtype(self, name: str) -> str:
-        return self.dtypes[name]
 
     def read(self, name: str):
         return self.reader.get(name)

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from kvtool.layerwise import LayerwiseModel, run_layer
+from kvtool.layerwise import LayerwiseModel, find_layers, run_layer
 from kvtool.quantize.formats import Fp8Format, roundtrip
 from kvtool.quantize.observers import make_observer, parse_spec
 
@@ -52,23 +52,6 @@ class CalibrationResult:
     notes: list[str] = field(default_factory=list)
     # output-aware observers: (layer, "k" | "v") -> (candidate scales [n, groups], attention output error [n])
     search: dict = field(default_factory=dict)
-
-
-def _layer_list(model, layers_path: str) -> torch.nn.ModuleList:
-    mod = model.get_submodule(layers_path)
-    if not isinstance(mod, torch.nn.ModuleList):
-        raise RuntimeError(f"{layers_path} is a {type(mod).__name__}, not the list of decoder layers")
-    return mod
-
-
-def _to(obj, device):
-    if torch.is_tensor(obj):
-        return obj.to(device)
-    if isinstance(obj, dict):
-        return {k: _to(v, device) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_to(v, device) for v in obj)
-    return obj
 
 
 def place_except(module: torch.nn.Module, keep: torch.nn.Module, device) -> None:
@@ -153,7 +136,7 @@ class _LoadedModel(LayerwiseModel):
     model may not fit on it); the model is left on the CPU."""
 
     def __init__(self, model, layers_path: str, device: torch.device):
-        layers = _layer_list(model, layers_path)
+        _, layers = find_layers(model, layers_path)
         dtype = next(model.parameters()).dtype
         super().__init__(model, layers_path, layers, device, dtype, mode="whole_model", note="loaded by the caller")
         self.offload = device.type != "cpu"

@@ -13,7 +13,8 @@ pytest.importorskip("transformers")
 from aware_helpers import mqa_errors  # noqa: E402
 
 from kvtool.cli import main  # noqa: E402
-from kvtool.convert.aware.calibration import _install, _proj_of, run_layerwise  # noqa: E402
+from kvtool.convert.aware.calibration import run_layerwise  # noqa: E402
+from kvtool.convert.aware.modules import install_proj, read_proj  # noqa: E402
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 IDS = torch.arange(300, 364).unsqueeze(0)
@@ -109,7 +110,7 @@ def test_installed_fused_projections_run_with_fewer_kv_heads(tmp_path, tokenizer
     prefix = lookup(model_type).attn_prefix(0)
     big = _load(src)
     attn = big.get_submodule(prefix)
-    p = _proj_of(attn)
+    p = read_proj(attn)
     hd = attn.head_dim
     assert p.q.shape == (4 * hd, 64) and p.k.shape == (4 * hd, 64) and p.o.shape == (64, 4 * hd)
     keep = torch.cat([torch.arange(h * hd, (h + 1) * hd) for h in (0, 2)])
@@ -120,12 +121,12 @@ def test_installed_fused_projections_run_with_fewer_kv_heads(tmp_path, tokenizer
     merged = Proj(p.q, p.k[keep], p.v[keep], p.o, p.q_bias, sub(p.k_bias), sub(p.v_bias), p.o_bias)
     x = torch.randn(1, 10, 64)
     pos = big.base_model.rotary_emb(x, torch.arange(10).unsqueeze(0))
-    _install(attn, merged, 4)
-    assert torch.equal(_proj_of(attn).k, p.k[keep]) and torch.equal(_proj_of(attn).q, p.q)
+    install_proj(attn, merged, 4)
+    assert torch.equal(read_proj(attn).k, p.k[keep]) and torch.equal(read_proj(attn).q, p.q)
     cfg = AutoConfig.from_pretrained(src)
     setattr(cfg, ARCHS[model_type][1], 2)
     ref = AutoModelForCausalLM.from_config(cfg).eval().get_submodule(prefix)
-    _install(ref, merged, 4)
+    install_proj(ref, merged, 4)
     with torch.no_grad():
         kw = dict(position_embeddings=pos, **FORWARD_KW[model_type])
         torch.testing.assert_close(attn(x, **kw)[0], ref(x, **kw)[0])
@@ -206,7 +207,7 @@ def test_interleaved_rope_is_merged_in_its_own_pairs(tmp_path, tokenizer_dir, mo
     def merged_logits():
         got = {}
         with open_layerwise(tmp_path / "mha") as lm:
-            calib.run_layerwise(lm, IDS, lambda i, inp, p: merge_layer(inp, p, settings)[0], 4, reference=False,
+            calib.run_layerwise(lm, IDS, lambda i, inp, p: merge_layer(inp, p, settings)[0], 4,
                                 on_merged=got.__setitem__)
         model = AutoModelForCausalLM.from_pretrained(src).eval()
         for i, p in got.items():
@@ -229,4 +230,4 @@ def test_interleaved_rope_needs_on_merged(tmp_path, tokenizer_dir):
 
     src = _tiny(tmp_path / "c", "cohere", tokenizer_dir, kv_heads=4)
     with open_layerwise(src) as lm, pytest.raises(UsageError, match="interleaved RoPE"):
-        run_layerwise(lm, IDS, lambda i, inp, p: p, 4, reference=False)
+        run_layerwise(lm, IDS, lambda i, inp, p: p, 4)

@@ -8,19 +8,15 @@ the layer (rope scaling, local/global theta), in the rotate_half layout over the
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 
 
 @dataclass
 class LayerInputs:
-    """One layer's attention input over the calibration batch: x [B, T, hidden], cos/sin [B, T, r].
-
-    x comes from the converted layers before this one. When the calibration carries the original
-    model alongside: x_ref is the original model's attention input at this layer, and h / h_ref the
-    residual streams entering the decoder layer (converted / original), all [B, T, hidden].
-    """
+    """One layer's attention input over the calibration batch: x [B, T, hidden] (from the converted
+    layers before this one), cos/sin [B, T, r]."""
 
     x: torch.Tensor
     cos: torch.Tensor
@@ -28,9 +24,6 @@ class LayerInputs:
     scaling: float
     sliding_window: int | None = None
     softcap: float | None = None
-    x_ref: torch.Tensor | None = None
-    h: torch.Tensor | None = None
-    h_ref: torch.Tensor | None = None
 
 
 @dataclass
@@ -47,8 +40,10 @@ class Proj:
     o_bias: torch.Tensor | None = None
 
     def to(self, dtype) -> "Proj":
-        return Proj(*(None if t is None else t.to(dtype) for t in
-                      (self.q, self.k, self.v, self.o, self.q_bias, self.k_bias, self.v_bias, self.o_bias)))
+        return Proj(*(None if t is None else t.to(dtype) for t in (getattr(self, f) for f in PROJ_FIELDS)))
+
+
+PROJ_FIELDS = tuple(f.name for f in fields(Proj))
 
 
 def _linear(x, w, b):

@@ -1,12 +1,10 @@
 """Sequential calibration, layer by layer: each layer is merged from the converted stream's input.
 
-kvtool.layerwise holds one decoder layer's weights at a time. For layer i: the original layer runs
-on the original stream (when the merge wants it) and a forward pre-hook on its attention module
-records the original attention input x_ref; then the layer runs on the converted stream, where the
-pre-hook merges the layer from its attention input x (produced by the already-converted layers
-before it) and installs the merged projections before the attention runs, so the layer's output
-is the converted stream entering layer i + 1. Memory: one layer's weights and, per stream, one
-layer's activations over the calibration batch.
+kvtool.layerwise holds one decoder layer's weights at a time. Layer i runs on the hidden states the
+already-converted layers before it produced; a forward pre-hook on its attention module merges the
+layer from its attention input x and installs the merged projections before the attention runs,
+so the layer's output is the converted stream entering layer i + 1. Memory: one layer's weights
+and one layer's activations over the calibration batch.
 """
 
 from __future__ import annotations
@@ -45,16 +43,6 @@ def calibration_ids(tokenizer, text: str, tokens: int, seq_len: int, source: str
     return torch.tensor(ids[: n * seq_len], dtype=torch.long).reshape(n, seq_len)
 
 
-def _proj_of(module: nn.Module) -> Proj:
-    """The module's q/k/v/o projections (a fused qkv split per the architecture table)."""
-    return read_proj(module)
-
-
-def _install(module: nn.Module, p: Proj, num_heads: int) -> None:
-    """Put merged projections into the live module (k/v get fewer rows; a fused qkv is re-fused)."""
-    install_proj(module, p, num_heads)
-
-
 def _attention_input(module, args, kwargs) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
     x = kwargs.get("hidden_states", args[0] if args else None)
     pe = kwargs.get("position_embeddings")
@@ -80,10 +68,9 @@ def _pre_hook(module: nn.Module, fn) -> Iterator[None]:
 
 
 def run_layerwise(lm: "LayerwiseModel", ids: torch.Tensor, layer_fn: LayerFn, num_heads: int, *,
-                  reference: bool = True, on_merged: Callable[[int, Proj], None] | None = None) -> None:
+                  on_merged: Callable[[int, Proj], None] | None = None) -> None:
     """Calibrate every attention layer of lm on ids [batch, seq]: layer_fn(layer, inputs, projections)
-    -> merged projections, called in layer order. reference=False skips the original stream
-    (then LayerInputs.x_ref and h_ref are None; one layer forward less per layer).
+    -> merged projections, called in layer order.
 
     layer_fn sees the rotate_half RoPE order the merge assumes; for a model with another RoPE pair
     order (the table's attention.rope_layout, e.g. cohere's interleaved pairs) the q/k rows and cos/sin
@@ -95,14 +82,10 @@ def run_layerwise(lm: "LayerwiseModel", ids: torch.Tensor, layer_fn: LayerFn, nu
     softcap = getattr(lm.model.config, "attn_logit_softcapping", None)
     with torch.no_grad():
         h, calls = lm.capture(ids)
-        h_ref = h if reference else None
         for i in range(lm.num_layers):
             with lm.materialised(i) as layer:
                 module = attn.get(i)
                 seen: dict = {}
-
-                def record(mod, args, kwargs):
-                    seen["x_ref"] = _attention_input(mod, args, kwargs)[0]
 
                 def merge(mod, args, kwargs):
                     x, (cos, sin) = _attention_input(mod, args, kwargs)
@@ -117,8 +100,7 @@ def run_layerwise(lm: "LayerwiseModel", ids: torch.Tensor, layer_fn: LayerFn, nu
                         rot = order[: cos.shape[-1]].to(cos.device)
                         cos, sin, src = cos[..., rot], sin[..., rot], reorder_qk(src, order, lay.head_dim)
                     inp = LayerInputs(x.detach(), cos.detach(), sin.detach(), attention_scale(mod),
-                                      getattr(mod, "sliding_window", None), softcap,
-                                      x_ref=seen.get("x_ref"), h=h, h_ref=h_ref)
+                                      getattr(mod, "sliding_window", None), softcap)
                     new = layer_fn(i, inp, src)
                     release_free_memory()  # the merge's temporaries (see kvtool.layerwise)
                     if order is not None:
@@ -128,10 +110,6 @@ def run_layerwise(lm: "LayerwiseModel", ids: torch.Tensor, layer_fn: LayerFn, nu
                     install_proj(mod, new, num_heads, lay)
                     seen["merged"] = True
 
-                if h_ref is not None:
-                    with _pre_hook(module, record) if module is not None else contextlib.nullcontext():
-                        h_ref_next = run_layer(layer, h_ref, calls[i])
-                    release_free_memory()
                 with _pre_hook(module, merge) if module is not None else contextlib.nullcontext():
                     h_next = run_layer(layer, h, calls[i])
                 if module is not None and not seen.get("merged"):
@@ -139,8 +117,6 @@ def run_layerwise(lm: "LayerwiseModel", ids: torch.Tensor, layer_fn: LayerFn, nu
                                      field="architectures")
             calls[i] = None  # this layer's mask / position embeddings are no longer needed
             h = h_next
-            if h_ref is not None:
-                h_ref = h_ref_next
 
 
 def read_text(path: str | Path | None) -> tuple[str, str]:

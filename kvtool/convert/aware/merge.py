@@ -23,9 +23,6 @@ class MergeSettings:
     grouping: str = "contiguous"  # contiguous | similarity
     o_ridge: float | None = 2.0  # None: keep the folded o_proj (no least-squares refit)
     refine_steps: int = 0
-    # the merge reads only the converted stream (LayerInputs.x): targeting the original model's stream
-    # (x_ref, h_ref) measured worse after refinement (SmolLM2 MQA, 4096 tokens: 2.08x vs 1.94x)
-    uses_reference: bool = False
 
 
 @dataclass

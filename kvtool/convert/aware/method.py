@@ -97,8 +97,6 @@ class AwareMerge(MergeMethod):
         settings = MergeSettings(num_heads=spec.num_heads, num_kv_heads=spec.num_kv_heads, groups=job.target_groups,
                                  head_dim=spec.head_dim, grouping=s["grouping"], o_ridge=s["o_ridge"],
                                  refine_steps=s["refine_steps"])
-        # the original model's stream costs one layer forward per layer: only when the merge reads it
-        reference = settings.uses_reference
         reports = {}
         self._merged = MergedLayers()
         try:
@@ -113,7 +111,7 @@ class AwareMerge(MergeMethod):
 
                 # on_merged gets each layer in the checkpoint's dimension order (interleaved RoPE is merged
                 # in rotate_half order and put back before it reaches the writer)
-                run_layerwise(lm, ids, layer_fn, spec.num_heads, reference=reference, on_merged=self._merged.put)
+                run_layerwise(lm, ids, layer_fn, spec.num_heads, on_merged=self._merged.put)
         except BaseException:
             self._merged.close()
             raise
@@ -125,7 +123,7 @@ class AwareMerge(MergeMethod):
             "kv_order": {str(k): r.order for k, r in sorted(reports.items()) if r.order != sorted(r.order)},
             "attention_rel_err_mean": sum(errs) / max(len(errs), 1), "attention_rel_err_max": max(errs, default=0.0),
             "calibration_seconds": round(time.perf_counter() - t0, 2),
-            "calibration_model": held, "reference_stream": reference,
+            "calibration_model": held,
         }
 
     def merge_layer(self, layer: int, w: "AttentionWeights") -> "AttentionWeights":
@@ -173,6 +171,8 @@ class MergedLayers:
         import torch
         from safetensors.torch import save_file
 
+        from kvtool.convert.aware.attention import PROJ_FIELDS
+
         tensors = {f: getattr(p, f).detach().to("cpu", torch.float32).contiguous()
                    for f in PROJ_FIELDS if getattr(p, f) is not None}
         try:
@@ -186,7 +186,7 @@ class MergedLayers:
         """The layer's merged projections (float32, CPU), or None when there are none; removes them."""
         from safetensors.torch import load_file
 
-        from kvtool.convert.aware.attention import Proj
+        from kvtool.convert.aware.attention import PROJ_FIELDS, Proj
 
         if layer not in self._pending:
             return None
@@ -202,4 +202,3 @@ class MergedLayers:
         self._finalizer()
 
 
-PROJ_FIELDS = ("q", "k", "v", "o", "q_bias", "k_bias", "v_bias", "o_bias")

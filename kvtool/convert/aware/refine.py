@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from kvtool.convert.aware.attention import LayerInputs, Proj, attention_output
+from kvtool.convert.aware.attention import PROJ_FIELDS, LayerInputs, Proj, attention_output
 
-_FIELDS = ("q", "k", "v", "o", "q_bias", "k_bias", "v_bias", "o_bias")
 
 
 def refine(inp: LayerInputs, start: Proj, target: torch.Tensor, *, num_heads: int, head_dim: int, steps: int,
@@ -23,7 +22,7 @@ def refine(inp: LayerInputs, start: Proj, target: torch.Tensor, *, num_heads: in
     best of 3e-3 / 5e-3 / 1e-2 / 2e-2-cosine on SmolLM2 MQA with 64 steps (1.95x / 1.89x / 1.94x / 2.21x).
     """
     params = {f: getattr(start, f).detach().to(torch.float32).clone().requires_grad_(True)
-              for f in _FIELDS if getattr(start, f) is not None}
+              for f in PROJ_FIELDS if getattr(start, f) is not None}
     groups = [{"params": [t], "lr": lr * float(t.detach().pow(2).mean().sqrt().clamp_min(1e-8))}
               for t in params.values()]
     opt = torch.optim.Adam(groups, betas=(0.9, 0.99))
@@ -37,7 +36,7 @@ def refine(inp: LayerInputs, start: Proj, target: torch.Tensor, *, num_heads: in
         # cos/sin often have batch 1 (shared positions): slice them only when they are per sequence
         cos, sin = (t[rows] if t.shape[0] == n else t for t in (inp32.cos, inp32.sin))
         part = LayerInputs(inp32.x[rows], cos, sin, inp.scaling, inp.sliding_window, inp.softcap)
-        out = attention_output(part, Proj(**{f: ps.get(f) for f in _FIELDS}), num_heads, head_dim)
+        out = attention_output(part, Proj(**{f: ps.get(f) for f in PROJ_FIELDS}), num_heads, head_dim)
         return (out - target[rows]).pow(2).mean() / denom
 
     with torch.no_grad():
@@ -52,4 +51,4 @@ def refine(inp: LayerInputs, start: Proj, target: torch.Tensor, *, num_heads: in
         last = float(loss_of(params))
     if last >= first:
         return start, first, first
-    return Proj(**{f: (params[f].detach() if f in params else None) for f in _FIELDS}), first, last
+    return Proj(**{f: (params[f].detach() if f in params else None) for f in PROJ_FIELDS}), first, last
