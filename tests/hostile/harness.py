@@ -1,0 +1,106 @@
+"""One checker for every hostile-input case: run kvtool in a subprocess and assert its contract.
+
+A case is a command line plus the folders it must not change. `check_refusal` asserts:
+the documented exit code; exactly one stderr line, naming the file (and field, when given);
+no traceback; no output folder (and no hidden staging folder beside it); sources unchanged by
+checksum; the trap file never created (nothing executed); finished within the time bound.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+TIME_BOUND_S = 60.0
+TRAP_ENV = "KVTOOL_HOSTILE_TRAP"  # payloads create this file if they ever run
+
+
+def tree_digest(*roots: Path) -> dict[str, str]:
+    """sha256 of every regular file (and the target of every link) under the roots, by path."""
+    out: dict[str, str] = {}
+    for root in roots:
+        root = Path(root)
+        if not root.exists() and not root.is_symlink():
+            continue
+        paths = [root] if not root.is_dir() or root.is_symlink() else sorted(root.rglob("*"))
+        for p in paths:
+            if p.is_symlink():
+                out[str(p)] = "link:" + os.readlink(p)
+            elif p.is_file():
+                h = hashlib.sha256()
+                with p.open("rb") as fh:
+                    for chunk in iter(lambda: fh.read(1 << 20), b""):
+                        h.update(chunk)
+                out[str(p)] = h.hexdigest()
+            elif p.is_dir():
+                out[str(p)] = "dir"
+            else:  # FIFO, device: record the kind, never open it
+                out[str(p)] = f"special:{p.lstat().st_mode:o}"
+    return out
+
+
+@dataclass
+class Result:
+    rc: int
+    stdout: str
+    stderr: str
+    seconds: float
+    lines: list[str] = field(default_factory=list)
+
+
+def run_kvtool(args: list[str], *, cwd: Path | None = None, env: dict | None = None, stdin=subprocess.DEVNULL,
+               timeout: float = TIME_BOUND_S, input: bytes | None = None) -> Result:
+    e = dict(os.environ)
+    e.setdefault("OMP_NUM_THREADS", "1")
+    e.pop("KVTOOL_DEBUG", None)
+    if env:
+        e.update(env)
+    t0 = time.monotonic()
+    kw = {"input": input} if input is not None else {"stdin": stdin}
+    p = subprocess.run([sys.executable, "-m", "kvtool", *map(str, args)], cwd=cwd, env=e, capture_output=True,
+                       timeout=timeout, **kw)
+    dt = time.monotonic() - t0
+    err = p.stderr.decode("utf-8", "replace")
+    return Result(p.returncode, p.stdout.decode("utf-8", "replace"), err, dt,
+                  [ln for ln in err.splitlines() if ln.strip()])
+
+
+def check_refusal(args: list[str], *, sources: list[Path], dst: Path | None = None, exit_code: int = 2,
+                  names: list[str] = (), trap: Path | None = None, timeout: float = TIME_BOUND_S,
+                  stdin=subprocess.DEVNULL, input: bytes | None = None, env: dict | None = None,
+                  allow_progress: bool = False) -> Result:
+    """Run and assert the hostile-input contract; `names` must all appear in the error line."""
+    before = tree_digest(*sources)
+    e = dict(env or {})
+    if trap is not None:
+        e[TRAP_ENV] = str(trap)
+    r = run_kvtool(args, env=e, timeout=timeout, stdin=stdin, input=input)
+    what = f"kvtool {' '.join(map(str, args))}\nrc={r.rc}\nstderr:\n{r.stderr}\nstdout:\n{r.stdout[-2000:]}"
+    assert r.rc == exit_code, what
+    assert "Traceback" not in r.stderr and "Traceback" not in r.stdout, what
+    errors = [ln for ln in r.lines if ln.startswith("kvtool: error") or ln.startswith("kvtool: ")]
+    if allow_progress:
+        assert len(errors) >= 1, what
+        line = errors[-1]
+    else:
+        assert len(r.lines) == 1, what
+        line = r.lines[0]
+    assert "internal error" not in line, what
+    for n in names:
+        assert str(n) in line, f"{n!r} not named in the error line\n{what}"
+    assert r.seconds < timeout, what
+    if dst is not None:
+        assert not dst.exists(), f"output {dst} was left behind\n{what}"
+        parent = dst.parent
+        if parent.is_dir():
+            stale = [p.name for p in parent.iterdir() if p.name.startswith(f".{dst.name}.kvtool-")]
+            assert not stale, f"staging folders left: {stale}\n{what}"
+    assert tree_digest(*sources) == before, f"a source changed\n{what}"
+    if trap is not None:
+        assert not trap.exists(), f"checkpoint code ran (trap {trap} exists)\n{what}"
+    return r
