@@ -7,7 +7,9 @@ Heavy libraries (torch, transformers) are imported inside the commands that need
 from __future__ import annotations
 
 import importlib
+import io
 import os
+import signal
 import sys
 
 import typer
@@ -54,8 +56,25 @@ for _name in COMMAND_MODULES:
     _mod.register(app)
 
 
+class _ClosedStdin(io.StringIO):
+    """An empty stdin: input() raises EOFError; it has no file descriptor to hand on."""
+
+    def fileno(self) -> int:
+        raise io.UnsupportedOperation("kvtool does not read stdin")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: one-line errors and ruff-style exit codes, never a traceback."""
+    # kvtool never reads stdin: a library prompt (transformers' "run the custom code? [y/N]") gets EOF
+    # at once, never an answer piped in by `yes y |`, and never stalls on an open pipe
+    saved, sys.stdin = sys.stdin, _ClosedStdin()
+    try:
+        return _main(argv)
+    finally:
+        sys.stdin = saved
+
+
+def _main(argv: list[str] | None) -> int:
     import click
 
     cmd = typer.main.get_command(app)
@@ -72,8 +91,10 @@ def main(argv: list[str] | None = None) -> int:
     except KvtoolError as exc:
         typer.echo(f"kvtool: error: {exc.line()}", err=True)
         return exc.exit_code
-    except KeyboardInterrupt:
-        typer.echo("kvtool: interrupted", err=True)
+    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (kvtool.io.staging.Interrupted)
+        from kvtool.io.staging import interrupted_line
+
+        typer.echo(interrupted_line(), err=True)
         return 130
     except BrokenPipeError:
         return 0
@@ -86,7 +107,25 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _entry() -> None:
-    sys.exit(main())
+    # fd 0 too, so no library (or child process) can read the caller's stdin
+    fd = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(fd, 0)
+    os.close(fd)
+    signal.signal(signal.SIGTERM, _sigterm)
+    try:
+        rc = main()
+    except KeyboardInterrupt:  # between main's own handler and the exit
+        from kvtool.io.staging import interrupted_line
+
+        print(interrupted_line(), file=sys.stderr)
+        rc = 130
+    sys.exit(rc)
+
+
+def _sigterm(signum, frame) -> None:
+    from kvtool.io.staging import Interrupted
+
+    raise Interrupted()
 
 
 if __name__ == "__main__":

@@ -41,11 +41,11 @@ def load_model(path: str | Path, *, device: torch.device, dtype: torch.dtype, at
     """Load a causal LM for inference; one-line InputError on failure."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    kwargs = {"dtype": dtype, "attn_implementation": attn}
+    kwargs = {"dtype": dtype, "attn_implementation": attn, "trust_remote_code": False}
     if device_map:
         kwargs["device_map"] = device_map
     try:
-        config = AutoConfig.from_pretrained(str(path))
+        config = AutoConfig.from_pretrained(str(path), trust_remote_code=False)
         if kv_cache_only_quantization(getattr(config, "quantization_config", None)):
             # weights are plain: don't make transformers load a quantizer (compressed-tensors) for
             # a scheme that only describes the KV cache; kvtool.eval.fp8 reads the scales itself
@@ -53,8 +53,7 @@ def load_model(path: str | Path, *, device: torch.device, dtype: torch.dtype, at
             kwargs["config"] = config
         model = AutoModelForCausalLM.from_pretrained(str(path), **kwargs)
     except (OSError, ValueError, KeyError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise InputError(f"cannot load the model with transformers: {first}", file=str(path)) from None
+        raise load_error(exc, path, "cannot load the model with transformers") from None
     if not device_map:
         model.to(device)
     model.eval()
@@ -78,7 +77,36 @@ def load_tokenizer(path: str | Path):
     from transformers import AutoTokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(str(path))
+        return AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)
     except (OSError, ValueError, KeyError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise InputError(f"cannot load the tokenizer: {first}", file=str(path)) from None
+        raise load_error(exc, path, "cannot load the tokenizer") from None
+
+
+def load_error(exc: Exception, path: str | Path, what: str) -> InputError:
+    """One line for a transformers loading failure; remote code is named by its auto_map entry."""
+    text = str(exc).strip()
+    if "trust_remote_code" in text or "custom code" in text:
+        entry = remote_code_entry(Path(path))
+        if entry:
+            file, key, target = entry
+            return InputError(f"names Python code shipped with the checkpoint ({target}); kvtool never runs a "
+                              "checkpoint's code (trust_remote_code=False)", file=str(file), field=f"auto_map.{key}")
+        return InputError(f"{what}: the checkpoint needs its own Python code; kvtool never runs it "
+                          "(trust_remote_code=False)", file=str(path))
+    first = text.splitlines()[0] if text else type(exc).__name__
+    return InputError(f"{what}: {first}", file=str(path))
+
+
+def remote_code_entry(folder: Path) -> tuple[Path, str, str] | None:
+    """(file, auto_map key, target) of the first auto_map entry in config.json or tokenizer_config.json."""
+    import json
+
+    for name in ("config.json", "tokenizer_config.json"):
+        try:
+            am = json.loads((folder / name).read_text(encoding="utf-8")).get("auto_map")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(am, dict) and am:
+            key = sorted(am)[0]
+            return folder / name, key, str(am[key])
+    return None
