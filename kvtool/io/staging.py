@@ -63,6 +63,16 @@ def interrupted_line() -> str:
     return "kvtool: interrupted: nothing was written"
 
 
+@contextlib.contextmanager
+def scratch_outputs() -> Iterator[None]:
+    """Outputs staged inside the block are scratch (a recipe step's folder): not reported as written."""
+    n = len(COMPLETED)
+    try:
+        yield
+    finally:
+        del COMPLETED[n:]
+
+
 def _resolve(path: Path, what: str) -> Path:
     try:
         return Path(path).resolve()
