@@ -108,5 +108,8 @@ def remote_code_entry(folder: Path) -> tuple[Path, str, str] | None:
             continue
         if isinstance(am, dict) and am:
             key = sorted(am)[0]
-            return folder / name, key, str(am[key])
+            target = am[key]
+            if isinstance(target, list):  # tokenizers: [slow class, fast class], either may be null
+                target = next((t for t in target if t), target)
+            return folder / name, key, str(target)
     return None
