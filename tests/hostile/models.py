@@ -72,8 +72,8 @@ def config_remote_code(folder: Path) -> Path:
     return folder
 
 
-def tokenizer_remote_code(folder: Path, tokenizer_from: Path) -> Path:
-    """A real (tiny, random) llama whose tokenizer_config.json auto_map names the checkpoint's tokenizer code."""
+def llama_with_tokenizer(folder: Path, tokenizer_from: Path) -> Path:
+    """A tiny random llama that transformers can run, with tokenizer_from's tokenizer (SmolLM2's)."""
     import shutil
 
     import torch
@@ -85,8 +85,15 @@ def tokenizer_remote_code(folder: Path, tokenizer_from: Path) -> Path:
                       num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512,
                       tie_word_embeddings=True, bos_token_id=1, eos_token_id=2)
     LlamaForCausalLM(cfg).save_pretrained(folder)
-    shutil.copy(tokenizer_from / "tokenizer.json", folder / "tokenizer.json")
-    tc = json.loads((tokenizer_from / "tokenizer_config.json").read_text())
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tokenizer_from / name, folder / name)
+    return folder
+
+
+def tokenizer_remote_code(folder: Path, tokenizer_from: Path) -> Path:
+    """A tiny llama whose tokenizer_config.json auto_map names the checkpoint's tokenizer code."""
+    llama_with_tokenizer(folder, tokenizer_from)
+    tc = json.loads((folder / "tokenizer_config.json").read_text())
     tc.update({"tokenizer_class": "EvilTokenizer",
                "auto_map": {"AutoTokenizer": ["tokenization_evil.EvilTokenizer", "tokenization_evil.EvilTokenizer"]}})
     (folder / "tokenizer_config.json").write_text(json.dumps(tc, indent=2) + "\n")
