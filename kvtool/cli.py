@@ -6,6 +6,7 @@ Heavy libraries (torch, transformers) are imported inside the commands that need
 
 from __future__ import annotations
 
+import functools
 import importlib
 import io
 import os
@@ -78,8 +79,12 @@ def _main(argv: list[str] | None) -> int:
     import click
 
     cmd = typer.main.get_command(app)
+    for sub in getattr(cmd, "commands", {}).values():
+        sub.callback = _carry_interrupts(sub.callback)
     try:
         rv = cmd.main(args=argv, prog_name="kvtool", standalone_mode=False)
+        if rv == 130:  # typer's silent exit for a Ctrl-C outside a command's body (while parsing arguments)
+            return _interrupted()
     except click.exceptions.Exit as exc:
         return exc.exit_code
     except click.exceptions.Abort:
@@ -91,11 +96,8 @@ def _main(argv: list[str] | None) -> int:
     except KvtoolError as exc:
         typer.echo(f"kvtool: error: {exc.line()}", err=True)
         return exc.exit_code
-    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (kvtool.io.staging.Interrupted)
-        from kvtool.io.staging import interrupted_line
-
-        typer.echo(interrupted_line(), err=True)
-        return 130
+    except (KeyboardInterrupt, _CommandInterrupted):  # Ctrl-C, or SIGTERM (kvtool.io.staging.Interrupted)
+        return _interrupted()
     except BrokenPipeError:
         return 0
     except Exception as exc:  # noqa: BLE001 - the contract is one line, not a traceback
@@ -104,6 +106,33 @@ def _main(argv: list[str] | None) -> int:
         typer.echo(f"kvtool: internal error: {type(exc).__name__}: {exc} (set KVTOOL_DEBUG=1 for a traceback)", err=True)
         return EXIT_INPUT
     return rv if isinstance(rv, int) else 0
+
+
+class _CommandInterrupted(BaseException):
+    """Ctrl-C / SIGTERM in a command, carried past typer (which turns KeyboardInterrupt into a silent 130)."""
+
+
+def _carry_interrupts(callback):
+    if callback is None or getattr(callback, "_kvtool_carries", False):
+        return callback
+
+    @functools.wraps(callback)
+    def run(*args, **kwargs):
+        try:
+            return callback(*args, **kwargs)
+        except KeyboardInterrupt as exc:
+            raise _CommandInterrupted() from exc
+
+    run._kvtool_carries = True
+    return run
+
+
+def _interrupted() -> int:
+    """Exit 130 with one line saying what was, and was not, written."""
+    from kvtool.io.staging import interrupted_line
+
+    typer.echo(interrupted_line(), err=True)
+    return 130
 
 
 def _entry() -> None:
@@ -115,10 +144,7 @@ def _entry() -> None:
     try:
         rc = main()
     except KeyboardInterrupt:  # between main's own handler and the exit
-        from kvtool.io.staging import interrupted_line
-
-        print(interrupted_line(), file=sys.stderr)
-        rc = 130
+        rc = _interrupted()
     sys.exit(rc)
 
 

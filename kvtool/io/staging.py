@@ -211,10 +211,13 @@ def staged_output(dst: str | Path, *, force: bool = False, protect: Iterable[Pat
     try:
         with sigterm_as_interrupt():
             yield tmp
-            (tmp / MARKER).unlink()
             _commit(tmp, dst, force)
             COMPLETED.append(dst)
     except BaseException as exc:
+        if not tmp.exists():  # renamed into place just before the interrupt landed: DST is complete
+            if dst not in COMPLETED:
+                COMPLETED.append(dst)
+            raise
         shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(exc, OSError) and not isinstance(exc, KvtoolError):
             raise InputError(_os_error_message(exc), file=str(dst)) from None
@@ -222,6 +225,7 @@ def staged_output(dst: str | Path, *, force: bool = False, protect: Iterable[Pat
 
 
 def _commit(tmp: Path, dst: Path, force: bool) -> None:
+    (tmp / MARKER).unlink()  # the marker stays until the last moment: a run killed before this is swept
     if dst.is_dir():
         if any(dst.iterdir()):
             if not force:  # appeared while we were writing
@@ -230,10 +234,11 @@ def _commit(tmp: Path, dst: Path, force: bool) -> None:
             os.replace(dst, old)
             try:
                 os.replace(tmp, dst)
-            except BaseException:
-                os.replace(old, dst)  # put the previous output back
-                raise
-            shutil.rmtree(old, ignore_errors=True)
+            finally:  # decided by what is on disk, so an interrupt between the two lines cannot mislead it
+                if tmp.exists():
+                    os.replace(old, dst)  # the new output did not move in: put the previous one back
+                else:
+                    shutil.rmtree(old, ignore_errors=True)
             return
         dst.rmdir()
     os.replace(tmp, dst)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kvtest import write_config, write_safetensors
+from tests.kvtest import write_config, write_safetensors
 
 LLAMA = {
     "model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 64,
