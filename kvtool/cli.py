@@ -78,6 +78,9 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str] | None) -> int:
     import click
 
+    from kvtool.io.staging import COMPLETED
+
+    COMPLETED.clear()  # what this run writes (main() may run several times in one process: tests)
     cmd = typer.main.get_command(app)
     for sub in getattr(cmd, "commands", {}).values():
         sub.callback = _carry_interrupts(sub.callback)
