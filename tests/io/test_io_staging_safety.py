@@ -163,7 +163,7 @@ def test_sweep_never_removes_what_it_cannot_prove_is_a_dead_kvtool_run(tmp_path,
 def test_stale_listing_splits_removable_and_foreign(tmp_path):
     pid = _dead_pid()
     ours = _fake_staging(tmp_path, "out", pid)
-    theirs = _fake_staging(tmp_path, "out", pid + 0, marker=False, kind="work")
+    theirs = _fake_staging(tmp_path, "out", pid, marker=False, kind="work")
     assert stale_staging_dirs(tmp_path, "out") == ([ours], [theirs])
 
 
