@@ -179,7 +179,8 @@ def _write_dst(ckpt, dst: Path, text: str, *, link: bool = False) -> str:
         except OSError as exc:
             raise InputError(f"cannot write: {exc.strerror or exc}", file=str(dst)) from None
         return f"{dst} written"
-    protect = [ckpt.root] if ckpt.root is not None else [ckpt.config_path.parent]
+    # a lone config.json: the file is the input (a DST folder beside it is fine, one holding it is not)
+    protect = [ckpt.root] if ckpt.root is not None else [ckpt.config_path]
     linked = copied = 0
     with staged_output(dst, protect=protect) as tmp:
         (tmp / "config.json").write_text(text, encoding="utf-8")

@@ -137,3 +137,15 @@ def test_side_file_symlinked_out_of_the_model_folder_is_not_read(ws, cmd):
                       allow_progress=cmd == "apply")
     assert "outside the model folder" in r.lines[-1]
     assert "hunter2" not in r.stdout + r.stderr
+
+
+def test_lone_config_json_source_protects_the_file_not_its_neighbours(ws):
+    """For `rope CONFIG.json DST`, the input is the file: a DST folder beside it is fine, one holding it is not."""
+    cfg_dir = ws / "cfg"
+    cfg_dir.mkdir()
+    (cfg_dir / "config.json").write_bytes((ws / "src" / "config.json").read_bytes())
+    check_refusal(["rope", cfg_dir / "config.json", cfg_dir, "--type", "linear", "--factor", "2"],
+                  sources=[cfg_dir], names=[str(cfg_dir)])
+    r = run_kvtool(["rope", cfg_dir / "config.json", cfg_dir / "out", "--type", "linear", "--factor", "2"])
+    assert r.rc == 0, r.stderr
+    assert (cfg_dir / "out" / "config.json").is_file()
