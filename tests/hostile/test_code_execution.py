@@ -22,7 +22,9 @@ from tests.hostile import models
 from tests.hostile.harness import TRAP_ENV, check_refusal
 
 REPO = Path(__file__).resolve().parents[2]
-TIME_BOUND_S = 90.0  # a torch + transformers import on a loaded 2-core machine, then the refusal
+TIME_BOUND_S = 90.0
+# the tests that use `evil` need SmolLM2's tokenizer (a real-model fixture): marked slow
+slow = pytest.mark.slow  # a torch + transformers import on a loaded 2-core machine, then the refusal
 
 
 @pytest.fixture(scope="module")
@@ -58,6 +60,7 @@ def _run(args, folder, trap, stdin_kind, **kw):
     return check_refusal(args, sources=[folder], trap=trap, timeout=TIME_BOUND_S, **kw)
 
 
+@slow
 @pytest.mark.parametrize("stdin_kind", STDINS)
 @pytest.mark.parametrize("which", ["config", "tokenizer"])
 def test_eval_refuses_remote_code_whatever_stdin_says(evil, tmp_path, which, stdin_kind):
@@ -72,6 +75,7 @@ def test_eval_refuses_remote_code_whatever_stdin_says(evil, tmp_path, which, std
 QUANTIZE_NAMES = {"tokenizer": ["tokenizer_config.json", "auto_map"], "config": []}
 
 
+@slow
 @pytest.mark.parametrize("stdin_kind", ["yes_y", "silent_open_pipe"])
 @pytest.mark.parametrize("which", ["tokenizer", "config"])
 def test_quantize_kv_refuses_remote_code(evil, tmp_path, which, stdin_kind):
@@ -112,6 +116,7 @@ LOADER_CASES = [("config", "load_model", True), ("config", "layerwise_skeleton",
                 ("config", "load_tokenizer", False)]
 
 
+@slow
 @pytest.mark.parametrize("which,loader,named", LOADER_CASES, ids=[f"{w}-{l}" for w, l, _ in LOADER_CASES])
 def test_loaders_refuse_remote_code_with_yes_on_stdin(evil, tmp_path, monkeypatch, which, loader, named):
     from kvtool.errors import InputError
@@ -129,6 +134,7 @@ def test_loaders_refuse_remote_code_with_yes_on_stdin(evil, tmp_path, monkeypatc
     assert sys.stdin.read(2) == "y\n"  # nobody read the answers
 
 
+@slow
 def test_main_never_hands_stdin_to_a_command(evil, tmp_path, monkeypatch, capsys):
     """In-process main(): stdin is an empty stream for the run and restored afterwards."""
     from kvtool.cli import main
