@@ -10,7 +10,8 @@ and the pre-load gate (kvtool.io.preflight) all call `scan_weights`, so they agr
   shard the index names and in only one shard.
 - Without an index: the folder's *.safetensors. More than one is refused: transformers reads only
   model.safetensors when there is no index (and finds nothing when none has that name), so which
-  files form the model is ambiguous.
+  files form the model is ambiguous. (Files found this way may be symlinks, e.g. into a shared
+  cache: they are the folder's own entries, not paths a file named.)
 - Every file's header is validated as the safetensors library does (kvtool.safetensors_header).
 """
 
@@ -71,11 +72,6 @@ def scan_weights(root: Path) -> WeightScan:
                 "unindexed-shards", f"{len(names)} safetensors files ({', '.join(names[:3])}"
                 f"{' ...' if len(names) > 3 else ''}) and no {INDEX_NAME}; transformers would read only "
                 "model.safetensors, so which files form the model is ambiguous", names[0]))
-        for name in names:
-            if not is_inside(root, name):
-                scan.problems.append(ReaderProblem(
-                    "index-escape", f"{name} resolves outside the model folder; it was not opened", name))
-        names = [n for n in names if is_inside(root, n)]
     for name in names:
         h = read_header(root / name, name)
         scan.files.append(name)
