@@ -52,9 +52,6 @@ class WeightScan:
     index_doc: JsonDocument | None = None
     problems: list[ReaderProblem] = field(default_factory=list)
 
-    def first_error(self) -> ReaderProblem | None:
-        return next((p for p in self.problems if p.is_error), None)
-
 
 def scan_weights(root: Path) -> WeightScan:
     """Locate and validate the safetensors weights of a model folder (headers only, no tensor data).
@@ -157,14 +154,16 @@ def _check_placement(scan: WeightScan) -> None:
                 "index-extra", f"tensor {tensor!r} in {files[0]!r} is not listed in the index", files[0], tensor))
 
 
-def raise_first_error(scan: WeightScan, root: Path) -> None:
+
+def raise_first_error(scan, root: Path, *, require_weights: bool = True) -> None:
     """Refuse a folder whose weights any reader would refuse: one line naming the file and tensor or field.
 
+    `scan` is a WeightScan or a kvtool.checkpoint.Checkpoint (the same problems, headers, index_doc).
     A folder with no safetensors at all is refused too; if it holds pickle files, the line says kvtool
     never opens them."""
     from kvtool.errors import InputError
 
-    prob = scan.first_error()
+    prob = next((p for p in scan.problems if p.is_error), None)
     if prob is not None:
         raise InputError(prob.message, file=str(root / prob.file) if prob.file else str(root), field=prob.tensor)
     if not scan.headers and scan.index_doc is None:
@@ -172,4 +171,5 @@ def raise_first_error(scan: WeightScan, root: Path) -> None:
         if pickles:
             raise InputError(f"weights only in pickle files ({', '.join(pickles[:3])}); kvtool never unpickles: "
                              "convert them to safetensors in a sandbox", file=str(root))
-        raise InputError("no safetensors weights in the model folder", file=str(root))
+        if require_weights:
+            raise InputError("no safetensors weights in the model folder", file=str(root))
