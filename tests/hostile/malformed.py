@@ -318,3 +318,13 @@ def st_bytes(tensors: dict[str, tuple[str, list[int], tuple[int, int]]], data: b
     text = json.dumps(head)[:-1] + extra + "}" if extra else json.dumps(head)
     raw = text.encode()
     return struct.pack("<Q", len(raw)) + raw + data
+
+
+def edited(data: bytes, edit=None, *, tail: bytes = b"", length_delta: int = 0) -> bytes:
+    """A safetensors file with its header dict changed by `edit` (in place, or returning raw header bytes)."""
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + n])
+    raw = edit(header) if edit is not None else None
+    if raw is None:
+        raw = json.dumps(header).encode()
+    return struct.pack("<Q", len(raw) + length_delta) + raw + data[8 + n:] + tail
