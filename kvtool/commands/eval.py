@@ -59,7 +59,9 @@ def register(app: typer.Typer) -> None:
                 raise UsageError("compares against a baseline; give --baseline", field=explicit[0])
             gates = {}  # the default PPL gate needs a baseline; without one, PPL alone
         texts, text_name = read_texts(text, dataset)
-        _preflight(model, baseline)
+        from kvtool.io.preflight import check_loadable
+
+        check_loadable(model, baseline)  # refuse a bad folder before torch and transformers are imported
 
         from kvtool.eval.api import evaluate
 
@@ -76,17 +78,6 @@ def register(app: typer.Typer) -> None:
             typer.echo(f"kvtool: gate failed: {names}", err=True)
             return EXIT_FINDINGS
         return EXIT_OK
-
-
-def _preflight(*models: str | None) -> None:
-    """Refuse a local model folder before torch and transformers are imported (the loader checks again)."""
-    from pathlib import Path
-
-    from kvtool.io.preflight import preflight
-
-    for m in models:
-        if m and Path(m).is_dir():
-            preflight(m, model_code=True, read_side_files=False)
 
 
 def _finite(obj):

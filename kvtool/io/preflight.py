@@ -44,11 +44,13 @@ def preflight(source: str | os.PathLike, *, model_code: bool = False, read_side_
     return ckpt
 
 
-def check_loadable(path: str | os.PathLike) -> None:
-    """The loaders' gate: a local folder must pass preflight (with model code refused)."""
-    p = Path(path)
-    if p.is_dir():
-        preflight(p, model_code=True, read_side_files=False)
+def check_loadable(*paths: str | os.PathLike | None) -> None:
+    """Each local folder among `paths` must pass preflight with model code refused (hub ids and None pass).
+
+    Loaders call it, and commands that import torch call it first so a refusal costs no torch import."""
+    for path in paths:
+        if path is not None and Path(path).is_dir():
+            preflight(path, model_code=True, read_side_files=False)
 
 
 def refuse_auto_map(root: Path) -> None:
