@@ -89,7 +89,7 @@ def is_inside(root: Path, name: str) -> bool:
         return False
     try:
         real_root, target = root.resolve(), (root / p).resolve()
-    except (OSError, RuntimeError):
+    except (OSError, RuntimeError, ValueError):  # a loop, an unreadable link, an embedded NUL
         return False
     if real_root in target.parents:
         return True
