@@ -76,15 +76,17 @@ def _skeleton(src: Path, dtype: torch.dtype, attn: str | None):
     from accelerate import init_empty_weights
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    from kvtool.io.preflight import check_loadable
     from kvtool.torch_utils import kv_cache_only_quantization, load_error
 
+    check_loadable(src)
     try:
         config = AutoConfig.from_pretrained(str(src), trust_remote_code=False)
         if kv_cache_only_quantization(getattr(config, "quantization_config", None)):
             del config.quantization_config  # plain weights; only the KV cache is described
         with init_empty_weights(include_buffers=False):
             model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attn,
-                                                         trust_remote_code=False)
+                                                     trust_remote_code=False)
     except (OSError, ValueError, KeyError) as exc:
         raise load_error(exc, src, "cannot build the model with transformers") from None
     return model.eval()
@@ -332,8 +334,10 @@ def _whole(src: Path, device, dtype, attn: str | None, layers_path: str | None, 
     that lacks tensors the model needs is refused rather than silently filled with random weights."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    from kvtool.io.preflight import check_loadable
     from kvtool.torch_utils import kv_cache_only_quantization, load_error
 
+    check_loadable(src)
     try:
         config = AutoConfig.from_pretrained(str(src), trust_remote_code=False)
         if kv_cache_only_quantization(getattr(config, "quantization_config", None)):

@@ -44,6 +44,9 @@ def load_model(path: str | Path, *, device: torch.device, dtype: torch.dtype, at
     kwargs = {"dtype": dtype, "attn_implementation": attn, "trust_remote_code": False}
     if device_map:
         kwargs["device_map"] = device_map
+    from kvtool.io.preflight import check_loadable
+
+    check_loadable(path)
     try:
         config = AutoConfig.from_pretrained(str(path), trust_remote_code=False)
         if kv_cache_only_quantization(getattr(config, "quantization_config", None)):
@@ -76,6 +79,9 @@ def kv_cache_only_quantization(qc) -> bool:
 def load_tokenizer(path: str | Path):
     from transformers import AutoTokenizer
 
+    from kvtool.io.preflight import check_loadable
+
+    check_loadable(path)
     try:
         return AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)
     except (OSError, ValueError, KeyError) as exc:
@@ -85,31 +91,14 @@ def load_tokenizer(path: str | Path):
 def load_error(exc: Exception, path: str | Path, what: str) -> InputError:
     """One line for a transformers loading failure; remote code is named by its auto_map entry."""
     text = str(exc).strip()
-    if "trust_remote_code" in text or "custom code" in text:
-        entry = remote_code_entry(Path(path))
-        if entry:
-            file, key, target = entry
-            return InputError(f"names Python code shipped with the checkpoint ({target}); kvtool never runs a "
-                              "checkpoint's code (trust_remote_code=False)", file=str(file), field=f"auto_map.{key}")
+    if "trust_remote_code" in text or "custom code" in text:  # transformers refused (trust_remote_code=False)
+        from kvtool.io.preflight import refuse_auto_map
+
+        try:
+            refuse_auto_map(Path(path))
+        except InputError as named:
+            return named
         return InputError(f"{what}: the checkpoint needs its own Python code; kvtool never runs it "
                           "(trust_remote_code=False)", file=str(path))
     first = text.splitlines()[0] if text else type(exc).__name__
     return InputError(f"{what}: {first}", file=str(path))
-
-
-def remote_code_entry(folder: Path) -> tuple[Path, str, str] | None:
-    """(file, auto_map key, target) of the first auto_map entry in config.json or tokenizer_config.json."""
-    import json
-
-    for name in ("config.json", "tokenizer_config.json"):
-        try:
-            am = json.loads((folder / name).read_text(encoding="utf-8")).get("auto_map")
-        except (OSError, ValueError, AttributeError):
-            continue
-        if isinstance(am, dict) and am:
-            key = sorted(am)[0]
-            target = am[key]
-            if isinstance(target, list):  # tokenizers: [slow class, fast class], either may be null
-                target = next((t for t in target if t), target)
-            return folder / name, key, str(target)
-    return None

@@ -275,10 +275,10 @@ class _ModelPool:
         return _Loaded(src or type(module).__name__, module, tok, folder, module.config.to_dict())
 
     def _load(self, spec: str) -> _Loaded:
-        from kvtool.checkpoint import open_checkpoint
+        from kvtool.io.preflight import preflight
         from kvtool.torch_utils import load_model, load_tokenizer
 
-        ckpt = open_checkpoint(spec, read_weights=False)
+        ckpt = preflight(spec, model_code=True, read_side_files=False)  # before transformers sees the folder
         model = load_model(spec, device=self.device, dtype=self.dtype, device_map=self.device_map)
         tok = load_tokenizer(spec)
         _unbounded(tok)

@@ -253,12 +253,13 @@ def is_side_file(path: Path) -> bool:
 
 
 def check_inside(root: Path, path: Path) -> None:
-    """Refuse a file of `root` that is a symlink leading outside it: kvtool reads only the folders it was given."""
-    rroot = _resolve(root, "model folder")
-    rpath = _resolve(path, "file")
-    if rroot not in rpath.parents:
-        raise InputError(f"is a symlink to {rpath}, outside the model folder; kvtool does not read it",
-                         file=str(path))
+    """Refuse a file of `root` that is a symlink leading outside it: kvtool reads only the folders it was
+    given (the same rule as the weights' KV704, Hugging Face cache snapshots included)."""
+    from kvtool.io.weight_files import is_inside
+
+    if not is_inside(Path(root), Path(path).relative_to(root).as_posix()):
+        raise InputError(f"is a symlink to {_resolve(path, 'file')}, outside the model folder; kvtool does not "
+                         "read it", file=str(path))
 
 
 # link() failures that mean "links are not possible here", where a copy is the right fallback

@@ -11,6 +11,7 @@ from pathlib import Path
 import typer
 
 from kvtool.checkpoint import open_checkpoint
+from kvtool.io.preflight import preflight
 from kvtool.errors import EXIT_OK, InputError, UsageError
 from kvtool.jsonfile import atomic_write_text, dump_json_like, read_text
 from kvtool.rope import show as sh
@@ -59,7 +60,10 @@ def run(a: RopeArgs) -> int:
     if a.dst is not None and a.in_place:
         raise UsageError("give DST or --in-place, not both", field="--in-place")
 
-    ckpt = open_checkpoint(a.src, read_weights=False)
+    if writes and Path(a.src).is_dir():  # DST gets SRC's weight files: refuse any a reader would refuse
+        ckpt = preflight(a.src, read_side_files=False, require_weights=False)
+    else:
+        ckpt = open_checkpoint(a.src, read_weights=False)
     spec = build_spec(ckpt.config)
     source = str(ckpt.config_path)
 

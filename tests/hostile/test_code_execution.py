@@ -121,15 +121,19 @@ LOADER_CASES = [("config", "load_model", True), ("config", "layerwise_skeleton",
 def test_loaders_refuse_remote_code_with_yes_on_stdin(evil, tmp_path, monkeypatch, which, loader, named):
     from kvtool.errors import InputError
 
+    from kvtool.io import preflight
+
     trap = tmp_path / "trap"
     monkeypatch.setenv(TRAP_ENV, str(trap))
     monkeypatch.setattr(sys, "stdin", io.StringIO("y\n" * 100))  # what `yes y |` would answer
+    # this layer alone: without the pre-load gate (kvtool.io.preflight), transformers itself must refuse
+    monkeypatch.setattr(preflight, "check_loadable", lambda *paths: None)
     with pytest.raises(InputError) as ei:
         _loaders()[loader](evil[which])
     line = ei.value.line()
     assert "\n" not in line, line
     if named:
-        assert "auto_map" in line and "trust_remote_code=False" in line, line
+        assert "auto_map" in line and "never runs it" in line, line
     assert not trap.exists()
     assert sys.stdin.read(2) == "y\n"  # nobody read the answers
 

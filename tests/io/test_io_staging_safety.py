@@ -187,3 +187,16 @@ def test_write_errors_are_one_line_and_leave_nothing(tmp_path, code, words):
             raise OSError(code, os.strerror(code))
     assert "\n" not in ei.value.line() and "nothing was written" in ei.value.line()
     assert list(tmp_path.iterdir()) == []
+
+
+def test_hugging_face_cache_snapshot_links_count_as_inside(tmp_path):
+    """models--org--name/snapshots/REV/x -> ../../blobs/SHA: the cache's own layout, as KV704 allows."""
+    repo = tmp_path / "models--org--name"
+    (repo / "blobs").mkdir(parents=True)
+    snap = repo / "snapshots" / "abc123"
+    snap.mkdir(parents=True)
+    (repo / "blobs" / "f00d").write_text("{}")
+    (snap / "tokenizer.json").symlink_to("../../blobs/f00d")
+    (tmp_path / "d").mkdir()
+    assert staging.copy_side_files(snap, tmp_path / "d") == ["tokenizer.json"]
+    assert not (tmp_path / "d" / "tokenizer.json").is_symlink()
