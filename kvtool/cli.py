@@ -6,8 +6,11 @@ Heavy libraries (torch, transformers) are imported inside the commands that need
 
 from __future__ import annotations
 
+import functools
 import importlib
+import io
 import os
+import signal
 import sys
 
 import typer
@@ -54,13 +57,37 @@ for _name in COMMAND_MODULES:
     _mod.register(app)
 
 
+class _ClosedStdin(io.StringIO):
+    """An empty stdin: input() raises EOFError; it has no file descriptor to hand on."""
+
+    def fileno(self) -> int:
+        raise io.UnsupportedOperation("kvtool does not read stdin")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: one-line errors and ruff-style exit codes, never a traceback."""
+    # kvtool never reads stdin: a library prompt (transformers' "run the custom code? [y/N]") gets EOF
+    # at once, never an answer piped in by `yes y |`, and never stalls on an open pipe
+    saved, sys.stdin = sys.stdin, _ClosedStdin()
+    try:
+        return _main(argv)
+    finally:
+        sys.stdin = saved
+
+
+def _main(argv: list[str] | None) -> int:
     import click
 
+    from kvtool.io.staging import COMPLETED
+
+    COMPLETED.clear()  # what this run writes (main() may run several times in one process: tests)
     cmd = typer.main.get_command(app)
+    for sub in getattr(cmd, "commands", {}).values():
+        sub.callback = _carry_interrupts(sub.callback)
     try:
         rv = cmd.main(args=argv, prog_name="kvtool", standalone_mode=False)
+        if rv == 130:  # typer's silent exit for a Ctrl-C outside a command's body (while parsing arguments)
+            return _interrupted()
     except click.exceptions.Exit as exc:
         return exc.exit_code
     except click.exceptions.Abort:
@@ -72,9 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     except KvtoolError as exc:
         typer.echo(f"kvtool: error: {exc.line()}", err=True)
         return exc.exit_code
-    except KeyboardInterrupt:
-        typer.echo("kvtool: interrupted", err=True)
-        return 130
+    except (KeyboardInterrupt, _CommandInterrupted):  # Ctrl-C, or SIGTERM (kvtool.io.staging.Interrupted)
+        return _interrupted()
     except BrokenPipeError:
         return 0
     except Exception as exc:  # noqa: BLE001 - the contract is one line, not a traceback
@@ -85,8 +111,50 @@ def main(argv: list[str] | None = None) -> int:
     return rv if isinstance(rv, int) else 0
 
 
+class _CommandInterrupted(BaseException):
+    """Ctrl-C / SIGTERM in a command, carried past typer (which turns KeyboardInterrupt into a silent 130)."""
+
+
+def _carry_interrupts(callback):
+    if callback is None or getattr(callback, "_kvtool_carries", False):
+        return callback
+
+    @functools.wraps(callback)
+    def run(*args, **kwargs):
+        try:
+            return callback(*args, **kwargs)
+        except KeyboardInterrupt as exc:
+            raise _CommandInterrupted() from exc
+
+    run._kvtool_carries = True
+    return run
+
+
+def _interrupted() -> int:
+    """Exit 130 with one line saying what was, and was not, written."""
+    from kvtool.io.staging import interrupted_line
+
+    typer.echo(interrupted_line(), err=True)
+    return 130
+
+
 def _entry() -> None:
-    sys.exit(main())
+    # fd 0 too, so no library (or child process) can read the caller's stdin
+    fd = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(fd, 0)
+    os.close(fd)
+    signal.signal(signal.SIGTERM, _sigterm)
+    try:
+        rc = main()
+    except KeyboardInterrupt:  # between main's own handler and the exit
+        rc = _interrupted()
+    sys.exit(rc)
+
+
+def _sigterm(signum, frame) -> None:
+    from kvtool.io.staging import Interrupted
+
+    raise Interrupted()
 
 
 if __name__ == "__main__":

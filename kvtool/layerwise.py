@@ -76,9 +76,8 @@ def _skeleton(src: Path, dtype: torch.dtype, attn: str | None):
     from accelerate import init_empty_weights
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from kvtool.torch_utils import kv_cache_only_quantization
-
     from kvtool.io.preflight import check_loadable
+    from kvtool.torch_utils import kv_cache_only_quantization, load_error
 
     check_loadable(src)
     try:
@@ -89,8 +88,7 @@ def _skeleton(src: Path, dtype: torch.dtype, attn: str | None):
             model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attn,
                                                      trust_remote_code=False)
     except (OSError, ValueError, KeyError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise InputError(f"cannot build the model with transformers: {first}", file=str(src)) from None
+        raise load_error(exc, src, "cannot build the model with transformers") from None
     return model.eval()
 
 
@@ -336,9 +334,8 @@ def _whole(src: Path, device, dtype, attn: str | None, layers_path: str | None, 
     that lacks tensors the model needs is refused rather than silently filled with random weights."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from kvtool.torch_utils import kv_cache_only_quantization
-
     from kvtool.io.preflight import check_loadable
+    from kvtool.torch_utils import kv_cache_only_quantization, load_error
 
     check_loadable(src)
     try:
@@ -349,8 +346,7 @@ def _whole(src: Path, device, dtype, attn: str | None, layers_path: str | None, 
                                                            attn_implementation=attn, output_loading_info=True,
                                                            trust_remote_code=False)
     except (OSError, ValueError, KeyError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise InputError(f"cannot load the model with transformers: {first}", file=str(src)) from None
+        raise load_error(exc, src, "cannot load the model with transformers") from None
     missing = sorted(info.get("missing_keys") or ())
     if missing:
         raise InputError(f"the checkpoint lacks {len(missing)} tensor(s) the model needs, e.g. {missing[0]!r}",

@@ -41,13 +41,12 @@ def load_model(path: str | Path, *, device: torch.device, dtype: torch.dtype, at
     """Load a causal LM for inference; one-line InputError on failure."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    kwargs = {"dtype": dtype, "attn_implementation": attn}
+    kwargs = {"dtype": dtype, "attn_implementation": attn, "trust_remote_code": False}
     if device_map:
         kwargs["device_map"] = device_map
     from kvtool.io.preflight import check_loadable
 
     check_loadable(path)
-    kwargs["trust_remote_code"] = False
     try:
         config = AutoConfig.from_pretrained(str(path), trust_remote_code=False)
         if kv_cache_only_quantization(getattr(config, "quantization_config", None)):
@@ -57,8 +56,7 @@ def load_model(path: str | Path, *, device: torch.device, dtype: torch.dtype, at
             kwargs["config"] = config
         model = AutoModelForCausalLM.from_pretrained(str(path), **kwargs)
     except (OSError, ValueError, KeyError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise InputError(f"cannot load the model with transformers: {first}", file=str(path)) from None
+        raise load_error(exc, path, "cannot load the model with transformers") from None
     if not device_map:
         model.to(device)
     model.eval()
@@ -87,5 +85,20 @@ def load_tokenizer(path: str | Path):
     try:
         return AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)
     except (OSError, ValueError, KeyError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise InputError(f"cannot load the tokenizer: {first}", file=str(path)) from None
+        raise load_error(exc, path, "cannot load the tokenizer") from None
+
+
+def load_error(exc: Exception, path: str | Path, what: str) -> InputError:
+    """One line for a transformers loading failure; remote code is named by its auto_map entry."""
+    text = str(exc).strip()
+    if "trust_remote_code" in text or "custom code" in text:  # transformers refused (trust_remote_code=False)
+        from kvtool.io.preflight import refuse_auto_map
+
+        try:
+            refuse_auto_map(Path(path))
+        except InputError as named:
+            return named
+        return InputError(f"{what}: the checkpoint needs its own Python code; kvtool never runs it "
+                          "(trust_remote_code=False)", file=str(path))
+    first = text.splitlines()[0] if text else type(exc).__name__
+    return InputError(f"{what}: {first}", file=str(path))

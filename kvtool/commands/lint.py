@@ -33,6 +33,8 @@ def register(app: typer.Typer) -> None:
 
         if config is not None and isolated:
             raise UsageError("--config and --isolated exclude each other")
+        if config is not None and config.is_dir():
+            raise UsageError("is a folder, not a settings file", file=str(config), field="--config")
         if config is not None and not config.is_file():
             raise UsageError("no such file", file=str(config), field="--config")
         settings = load_settings(None if isolated else (config or find_pyproject()))

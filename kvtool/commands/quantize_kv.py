@@ -30,7 +30,8 @@ def register(app: typer.Typer) -> None:
         eval_text: Optional[List[str]] = typer.Option(None, "--eval-text",
                                                       help="Held-out text for the report (default: kvtool's built-in evaluation text)."),
         eval_tokens: int = typer.Option(1024, "--eval-tokens", help="Tokens of held-out text for the report."),
-        copy: bool = typer.Option(False, "--copy", help="Copy the source shards instead of hard-linking them."),
+        link: bool = typer.Option(False, "--link", help="Hard-link the unchanged source shards into DST instead of "
+                                  "copying them: saves disk, but editing either copy in place changes both."),
         force: bool = typer.Option(False, "--force", help="Replace a non-empty DST."),
     ) -> int:
         from kvtool.io.preflight import check_loadable
@@ -42,7 +43,7 @@ def register(app: typer.Typer) -> None:
         opts = QuantizeOptions(calib_texts=list(calib_text), calib_tokens=calib_tokens, seq_len=seq_len,
                                strategy=strategy, observer=observer, format=fmt, device=device, dtype=dtype,
                                evaluate=not no_eval, eval_texts=list(eval_text) if eval_text else None,
-                               eval_tokens=eval_tokens, force=force, link=not copy)
+                               eval_tokens=eval_tokens, force=force, link=link)
         check_options(opts)
         result = run(src, dst, opts)
         typer.echo(render(result), nl=False)

@@ -9,10 +9,10 @@ import typer
 
 def register(app: typer.Typer) -> None:
     @app.command("rope", help="Apply, verify and explain RoPE scaling (yarn, llama3, longrope, linear, dynamic); "
-                              "writes config.json only, weights are linked untouched.")
+                              "writes config.json only, other files are copied unchanged.")
     def rope(
         src: str = typer.Argument(..., help="Model folder, config.json, or hub id (hub: --show only)."),
-        dst: Optional[str] = typer.Argument(None, help="Output folder (new config.json, other files hard-linked)."),
+        dst: Optional[str] = typer.Argument(None, help="Output folder (new config.json, other files copied)."),
         rope_type: Optional[str] = typer.Option(None, "--type", help="linear | dynamic | yarn | longrope | llama3"),
         factor: Optional[float] = typer.Option(None, "--factor", help="Scaling factor (>= 1)."),
         target_context: Optional[int] = typer.Option(None, "--target-context", help="Target context N: factor = N / original length."),
@@ -28,6 +28,8 @@ def register(app: typer.Typer) -> None:
         layer_type: str = typer.Option("full_attention", "--layer-type", help="Per-layer-type configs (gemma3): which layers to scale."),
         layout: str = typer.Option("both", "--layout", help="both (legacy rope_scaling + v5 rope_parameters) | legacy | v5"),
         in_place: bool = typer.Option(False, "--in-place", help="Edit SRC/config.json (after writing config.json.bak)."),
+        link: bool = typer.Option(False, "--link", help="Hard-link unchanged files into DST instead of copying: saves "
+                                  "disk, but editing either copy in place changes both."),
         show: bool = typer.Option(False, "--show", help="Explain the RoPE setup: wavelengths before/after, served context."),
         plot: Optional[str] = typer.Option(None, "--plot", help="Draw wavelength per dimension, before/after, to FILE.png (needs matplotlib)."),
     ) -> int:
@@ -38,5 +40,5 @@ def register(app: typer.Typer) -> None:
             theta=theta, options={"beta_fast": beta_fast, "beta_slow": beta_slow, "attention_factor": attention_factor,
                                   "low_freq_factor": low_freq_factor, "high_freq_factor": high_freq_factor},
             short_factor_file=short_factor_file, long_factor_file=long_factor_file, layer_type=layer_type,
-            layout=layout, in_place=in_place, show=show, plot=plot,
+            layout=layout, in_place=in_place, link=link, show=show, plot=plot,
         ))

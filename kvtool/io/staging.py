@@ -3,18 +3,31 @@
 `staged_output(dst, force=..., protect=[src])` yields the temporary folder. On success it is
 renamed to DST (an existing non-empty DST is replaced only with `force`). On any exception,
 Ctrl-C or SIGTERM included, the temporary folder is removed and DST is left as it was, so an
-interrupted run never leaves a DST that looks valid. A full disk (ENOSPC) and other OS errors
-become one-line InputErrors. `copy_side_files` copies tokenizer, generation config, chat template
-and other non-weight files, never the old weights or index.
+interrupted run never leaves a DST that looks valid. A full disk (ENOSPC), a file-size limit
+(EFBIG) and other OS errors become one-line InputErrors. `copy_side_files` copies tokenizer,
+generation config, chat template and other non-weight files, never the old weights or index.
+
+A run killed with SIGKILL cannot clean up: its hidden `.DST.kvtool-tmp-PID-*` folder stays. Every
+staging folder holds a marker file naming the host and process that made it; the next run to the
+same DST removes those whose process is gone (`sweep_stale`) and says so in one stderr line.
+Nothing without that marker is ever removed.
+
+Outputs never share an inode with their source: `copy_file` reflinks when the file system can
+(a copy-on-write clone) and otherwise copies bytes (copy_file_range, in the kernel). Hard links
+are made only when a command's `--link` asks for them.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import os
+import re
 import shutil
 import signal
+import socket
+import sys
 import threading
 import uuid
 from pathlib import Path
@@ -24,6 +37,10 @@ from kvtool.errors import InputError, KvtoolError, UsageError
 
 TMP_MARK = ".kvtool-tmp-"
 OLD_MARK = ".kvtool-old-"
+WORK_MARK = ".kvtool-work-"
+MARKER = ".kvtool-staging.json"  # inside every staging folder kvtool creates; removed before the rename
+# .DST.kvtool-{tmp,work}-PID-HEX8 (a .kvtool-old- folder is a previous DST being replaced: never swept)
+_STAGING_NAME = re.compile(r"^\.(?P<dst>.+)\.kvtool-(?P<kind>tmp|work)-(?P<pid>\d+)-[0-9a-f]{8}$")
 
 # Never copied: weights (rewritten), pickles, the config and provenance (written by the command).
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle", ".gguf", ".h5", ".msgpack")
@@ -34,14 +51,51 @@ class Interrupted(KeyboardInterrupt):
     """SIGTERM turned into an exception so cleanup runs (as Ctrl-C does)."""
 
 
+# What the current process has written, for the one line an interrupted run prints (kvtool.cli).
+COMPLETED: list[Path] = []
+
+
+def interrupted_line() -> str:
+    """The line printed on Ctrl-C / SIGTERM: what was, and was not, written."""
+    if COMPLETED:
+        done = ", ".join(str(p) for p in COMPLETED)
+        return f"kvtool: interrupted after the output was complete: {done} is written"
+    return "kvtool: interrupted: nothing was written"
+
+
+@contextlib.contextmanager
+def scratch_outputs() -> Iterator[None]:
+    """Outputs staged inside the block are scratch (a recipe step's folder): not reported as written."""
+    n = len(COMPLETED)
+    try:
+        yield
+    finally:
+        del COMPLETED[n:]
+
+
+def _resolve(path: Path, what: str) -> Path:
+    try:
+        return Path(path).resolve()
+    except (OSError, RuntimeError):  # RuntimeError: a symlink loop (Python < 3.13)
+        raise UsageError(f"cannot resolve the {what} (symlink loop?)", file=str(path)) from None
+
+
 def check_destination(dst: Path, *, force: bool, protect: Iterable[Path] = ()) -> None:
-    """Refuse a DST that is a file, non-empty without force, or the same as / above a protected input."""
+    """Refuse a DST that is a file, non-empty without force, or the same as, inside or above a protected input.
+
+    Paths are compared after resolving symlinks, so a link into SRC is as inside as SRC/sub is.
+    """
     dst = Path(dst)
-    rdst = dst.resolve()
+    rdst = _resolve(dst, "destination")
     for p in protect:
-        rp = Path(p).resolve()
+        rp = _resolve(Path(p), "source")
         if rdst == rp or rdst in rp.parents:
             raise UsageError("destination is the input checkpoint (or a folder containing it); choose another", file=str(dst))
+        if rp in rdst.parents:
+            raise UsageError(f"destination is inside the source folder {p}; kvtool never writes into its input",
+                             file=str(dst))
+    if dst.is_symlink() and not dst.exists():
+        raise UsageError("destination is a dangling symlink", file=str(dst))
     if dst.exists() and not dst.is_dir():
         raise UsageError("destination exists and is not a folder", file=str(dst))
     if dst.is_dir() and any(dst.iterdir()) and not force:
@@ -73,7 +127,73 @@ def _os_error_message(exc: OSError) -> str:
         return "no space left on device; nothing was written"
     if exc.errno == errno.EDQUOT:
         return "disk quota exceeded; nothing was written"
+    if exc.errno == errno.EFBIG:
+        return "file too large for the file system or the process's file-size limit (ulimit -f); nothing was written"
     return f"{exc.strerror or exc}; nothing was written"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OSError):
+        return True  # someone else's live process
+    return True
+
+
+def make_staging_dir(parent: Path, dst_name: str, kind: str = "tmp") -> Path:
+    """Create `.DST.kvtool-KIND-PID-HEX` in `parent` with its marker file (host, pid)."""
+    folder = parent / f".{dst_name}.kvtool-{kind}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    folder.mkdir()
+    (folder / MARKER).write_text(json.dumps({"host": socket.gethostname(), "pid": os.getpid()}) + "\n",
+                                 encoding="utf-8")
+    return folder
+
+
+def stale_staging_dirs(parent: Path, dst_name: str) -> tuple[list[Path], list[Path]]:
+    """(removable, left alone) hidden staging folders for `dst_name` in `parent` whose process is gone.
+
+    Removable: kvtool's marker names this host and a process that no longer exists. Left alone:
+    the name looks like kvtool's but there is no readable marker, or it was made on another host.
+    """
+    removable: list[Path] = []
+    foreign: list[Path] = []
+    try:
+        entries = list(parent.iterdir())
+    except OSError:
+        return [], []
+    host = socket.gethostname()
+    for p in sorted(entries):
+        m = _STAGING_NAME.match(p.name)
+        if not m or m["dst"] != dst_name or p.is_symlink() or not p.is_dir():
+            continue
+        pid = int(m["pid"])
+        if pid == os.getpid() or _pid_alive(pid):
+            continue  # a run in progress (or this one)
+        try:
+            mark = json.loads((p / MARKER).read_text(encoding="utf-8"))
+            ours = mark.get("pid") == pid and mark.get("host") == host
+        except (OSError, ValueError, AttributeError):
+            ours = False
+        (removable if ours else foreign).append(p)
+    return removable, foreign
+
+
+def sweep_stale(parent: Path, dst_name: str) -> None:
+    """Remove staging folders left by killed kvtool runs for this DST; one stderr line says what."""
+    removable, foreign = stale_staging_dirs(parent, dst_name)
+    gone = []
+    for p in removable:
+        shutil.rmtree(p, ignore_errors=True)
+        if not p.exists():
+            gone.append(p.name)
+    if gone:
+        print(f"kvtool: removed {len(gone)} staging folder(s) left by an interrupted kvtool run: {', '.join(gone)}",
+              file=sys.stderr)
+    if foreign:
+        print(f"kvtool: note: left alone {len(foreign)} folder(s) named like kvtool staging but without its marker "
+              f"(or from another host): {', '.join(str(p) for p in foreign)}", file=sys.stderr)
 
 
 @contextlib.contextmanager
@@ -84,15 +204,20 @@ def staged_output(dst: str | Path, *, force: bool = False, protect: Iterable[Pat
     parent = dst.parent if str(dst.parent) else Path(".")
     try:
         parent.mkdir(parents=True, exist_ok=True)
-        tmp = parent / f".{dst.name}{TMP_MARK}{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        tmp.mkdir()
+        sweep_stale(parent, dst.name)
+        tmp = make_staging_dir(parent, dst.name)
     except OSError as exc:
         raise InputError(f"cannot create the output folder: {_os_error_message(exc)}", file=str(dst)) from None
     try:
         with sigterm_as_interrupt():
             yield tmp
             _commit(tmp, dst, force)
+            COMPLETED.append(dst)
     except BaseException as exc:
+        if not tmp.exists():  # renamed into place just before the interrupt landed: DST is complete
+            if dst not in COMPLETED:
+                COMPLETED.append(dst)
+            raise
         shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(exc, OSError) and not isinstance(exc, KvtoolError):
             raise InputError(_os_error_message(exc), file=str(dst)) from None
@@ -100,6 +225,7 @@ def staged_output(dst: str | Path, *, force: bool = False, protect: Iterable[Pat
 
 
 def _commit(tmp: Path, dst: Path, force: bool) -> None:
+    (tmp / MARKER).unlink()  # the marker stays until the last moment: a run killed before this is swept
     if dst.is_dir():
         if any(dst.iterdir()):
             if not force:  # appeared while we were writing
@@ -108,10 +234,11 @@ def _commit(tmp: Path, dst: Path, force: bool) -> None:
             os.replace(dst, old)
             try:
                 os.replace(tmp, dst)
-            except BaseException:
-                os.replace(old, dst)  # put the previous output back
-                raise
-            shutil.rmtree(old, ignore_errors=True)
+            finally:  # decided by what is on disk, so an interrupt between the two lines cannot mislead it
+                if tmp.exists():
+                    os.replace(old, dst)  # the new output did not move in: put the previous one back
+                else:
+                    shutil.rmtree(old, ignore_errors=True)
             return
         dst.rmdir()
     os.replace(tmp, dst)
@@ -125,12 +252,84 @@ def is_side_file(path: Path) -> bool:
     return not name.endswith(WEIGHT_SUFFIXES)
 
 
+def check_inside(root: Path, path: Path) -> None:
+    """Refuse a file of `root` that is a symlink leading outside it: kvtool reads only the folders it was
+    given (the same rule as the weights' KV704, Hugging Face cache snapshots included)."""
+    from kvtool.io.weight_files import is_inside
+
+    if not is_inside(Path(root), Path(path).relative_to(root).as_posix()):
+        raise InputError(f"is a symlink to {_resolve(path, 'file')}, outside the model folder; kvtool does not "
+                         "read it", file=str(path))
+
+
 # link() failures that mean "links are not possible here", where a copy is the right fallback
 _NO_LINK_ERRNOS = (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EACCES)
+# clone / copy_file_range failures after which a plain read-write copy is the right fallback
+_NO_FAST_COPY = (errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EINVAL, errno.EPERM,
+                 errno.ENOTTY, errno.EBADF)
+_FICLONE = 0x40049409  # linux/fs.h: _IOW(0x94, 9, int)
 
 
-def link_or_copy(src: Path, dst: Path, *, link: bool = True) -> bool:
-    """Hard-link src to dst (same bytes, no extra disk), copying when links are impossible; True if linked."""
+def _reflink(fin, fout) -> bool:
+    if not sys.platform.startswith("linux"):
+        return False
+    import fcntl
+
+    try:
+        fcntl.ioctl(fout.fileno(), _FICLONE, fin.fileno())
+        return True
+    except OSError as exc:
+        if exc.errno in _NO_FAST_COPY:
+            return False
+        raise
+
+
+def _copy_range(fin, fout, size: int) -> bool:
+    if not hasattr(os, "copy_file_range"):
+        return False
+    done = 0
+    while done < size:
+        try:
+            n = os.copy_file_range(fin.fileno(), fout.fileno(), size - done)
+        except OSError as exc:
+            if done == 0 and exc.errno in _NO_FAST_COPY:
+                return False
+            raise
+        if n == 0:  # the source shrank under us, or the call copies nothing here: finish with read/write
+            break
+        done += n
+    if done < size:
+        fin.seek(done)
+        fout.seek(done)
+        shutil.copyfileobj(fin, fout, 1 << 20)
+    return True
+
+
+def copy_file(src: Path, dst: Path) -> str:
+    """Copy `src` to a new file `dst` (never the same inode); returns "reflink", "copy_file_range" or "copy".
+
+    A reflink shares disk blocks copy-on-write (btrfs, XFS, bcachefs): writing either file later leaves
+    the other as it was, unlike a hard link. Permission bits and times are copied too.
+    """
+    size = os.stat(src).st_size
+    with open(src, "rb") as fin, open(dst, "xb") as fout:
+        if _reflink(fin, fout):
+            how = "reflink"
+        elif _copy_range(fin, fout, size):
+            how = "copy_file_range"
+        else:
+            shutil.copyfileobj(fin, fout, 1 << 20)
+            how = "copy"
+    shutil.copystat(src, dst)
+    return how
+
+
+def link_or_copy(src: Path, dst: Path, *, link: bool = False) -> bool:
+    """Copy src to dst (`copy_file`); with link=True hard-link instead where possible. True if linked.
+
+    Hard links share the file: editing either path in place changes both. Commands only link when
+    the user asked (`--link`).
+    """
     if link:
         try:
             os.link(src, dst)
@@ -138,7 +337,7 @@ def link_or_copy(src: Path, dst: Path, *, link: bool = True) -> bool:
         except OSError as exc:
             if exc.errno not in _NO_LINK_ERRNOS:
                 raise
-    shutil.copy2(src, dst)
+    copy_file(src, dst)
     return False
 
 
@@ -148,6 +347,7 @@ def copy_side_files(src: str | Path, dst: str | Path) -> list[str]:
     copied: list[str] = []
     for p in sorted(src.iterdir()):
         if p.is_file() and is_side_file(p):
-            shutil.copy2(p, dst / p.name)
+            check_inside(src, p)
+            copy_file(p, dst / p.name)
             copied.append(p.name)
     return copied

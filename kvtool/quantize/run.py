@@ -26,7 +26,7 @@ class QuantizeOptions:
     eval_texts: list[str] | None = None  # None: the built-in held-out pydoc evaluation text
     eval_tokens: int = 1024
     force: bool = False
-    link: bool = True
+    link: bool = False  # hard-link the source shards (--link) instead of copying them
     layerwise: bool = True  # False: load the whole model for calibration (the reference the tests compare with)
 
 

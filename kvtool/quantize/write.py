@@ -1,7 +1,8 @@
 """The quantize-kv output folder: the source shards unchanged, one new scale shard, an index.
 
-The source's safetensors files are hard-linked into the staging folder when the file system
-allows it (copied otherwise), so every original tensor is byte-for-byte the source's. The scales
+The source's safetensors files are copied into the staging folder (a reflink where the file
+system can: no extra disk, yet a separate file), so every original tensor is byte-for-byte the
+source's and editing DST never changes SRC; `--link` hard-links them instead. The scales
 go into `model-kv-scales.safetensors`; `model.safetensors.index.json` maps every tensor to its file
 (transformers and vLLM both read shard names from the index, so the extra shard needs no renaming).
 The folder is staged and renamed into place only when complete; the source is never written.
@@ -49,7 +50,7 @@ def scale_tensors(result, attn_prefix, per_head: bool) -> dict[str, torch.Tensor
 
 
 def write_output(src: Path, tmp: Path, *, config: dict, scales: dict[str, torch.Tensor], metadata: dict[str, str],
-                 provenance: dict, link: bool = True) -> WriteSummary:
+                 provenance: dict, link: bool = False) -> WriteSummary:
     """Fill the staging folder `tmp` (created by kvtool.io.staging.staged_output)."""
     from safetensors.torch import save_file
 

@@ -3,7 +3,10 @@
 Each transforming step (convert, rope, quantize-kv) writes a new model folder into a work folder
 next to DST; checking steps (lint, eval) read the current folder. Only when every step and gate
 has passed is the last folder renamed to DST, with kvtool-report.json and kvtool-report.md
-inside. A failed gate exits 1 and leaves no DST (the report goes to DST.kvtool-failed.json).
+inside. A failed gate exits 1 and leaves no DST (the report goes to DST.kvtool-failed.json, or
+DST.kvtool-failed.N.json when that name is taken: an earlier report is never overwritten).
+`--keep-intermediate` moves the work folder to DST.intermediate; an existing one is replaced only
+with --force.
 """
 
 from __future__ import annotations
@@ -13,14 +16,13 @@ import os
 import platform
 import shutil
 import time
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 from kvtool import __version__
 from kvtool.checkpoint import open_checkpoint
-from kvtool.errors import GateFailed, InputError
+from kvtool.errors import GateFailed, InputError, UsageError
 from kvtool.io.preflight import preflight
 from kvtool.recipes.load import Recipe, Step, load_recipe
 from kvtool.recipes.plan import plan_recipe
@@ -241,12 +243,16 @@ def apply_recipe(recipe_path: str | Path, src: str | Path, dst: str | Path, *, d
         echo(f"  {step.index}. {step.kind}: {desc}")
     if dry_run:
         return {"recipe": str(recipe.path), "plan": plan, "dry_run": True}
-    from kvtool.io.staging import check_destination
+    from kvtool.io.staging import check_destination, make_staging_dir, scratch_outputs, sweep_stale
 
     dst = Path(dst)
     check_destination(dst, force=force, protect=[src])
-    work = dst.parent / f".{dst.name}.kvtool-work-{uuid.uuid4().hex[:8]}"
-    work.mkdir(parents=True)
+    kept = dst.parent / f"{dst.name}.intermediate"
+    if keep_intermediate:
+        _check_intermediate(kept, force=force, src=src)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    sweep_stale(dst.parent, dst.name)
+    work = make_staging_dir(dst.parent, dst.name, "work")
     ctx = RunContext(recipe=recipe, src=src, current=src, work=work, device=device, progress=progress)
     report = {"kvtool_report_version": 1, "recipe": {"path": str(recipe.path), "name": recipe.name,
               "description": recipe.description}, "source": str(src), "destination": str(dst),
@@ -257,7 +263,8 @@ def apply_recipe(recipe_path: str | Path, src: str | Path, dst: str | Path, *, d
         for step in recipe.steps:
             echo(f"[{step.index}/{len(recipe.steps)}] {step.kind} ...")
             t0 = time.perf_counter()
-            res = RUNNERS[step.kind](ctx, step)
+            with scratch_outputs():  # a step's folder is scratch: an interrupted run has not written it
+                res = RUNNERS[step.kind](ctx, step)
             res.seconds = round(time.perf_counter() - t0, 3)
             report["steps"].append(res.__dict__)
             echo(f"[{step.index}/{len(recipe.steps)}] {step.kind}: {'ok' if res.passed else 'FAILED'} ({res.seconds:.1f} s)")
@@ -269,20 +276,57 @@ def apply_recipe(recipe_path: str | Path, src: str | Path, dst: str | Path, *, d
         report["passed"] = failed is None
         report["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         if failed is not None:
-            failed_report = dst.parent / f"{dst.name}.kvtool-failed.json"
-            failed_report.write_text(json.dumps(report, indent=2, default=str) + "\n", encoding="utf-8")
+            failed_report = _write_new(dst.parent, f"{dst.name}.kvtool-failed", ".json",
+                                       json.dumps(report, indent=2, default=str) + "\n")
             raise GateFailed(f"step {failed.index} ({failed.kind}) failed: {_why(failed)}; no output was written "
                              f"(report: {failed_report})", file=str(recipe.path))
         _finish(ctx, dst, report, force=force)
     finally:
         if keep_intermediate and work.exists():
-            kept = dst.parent / f"{dst.name}.intermediate"
-            shutil.rmtree(kept, ignore_errors=True)
+            from kvtool.io.staging import MARKER
+
+            (work / MARKER).unlink(missing_ok=True)
+            if kept.exists() and force:  # checked up front: --force was given to replace it
+                shutil.rmtree(kept)
+            if kept.exists():  # appeared while we worked: keep both, never delete it
+                kept = _unique(dst.parent, f"{dst.name}.intermediate", "")
             os.replace(work, kept)
             echo(f"intermediate folders kept in {kept}")
         else:
             shutil.rmtree(work, ignore_errors=True)
     return report
+
+
+def _check_intermediate(kept: Path, *, force: bool, src: Path) -> None:
+    """DST.intermediate is the user's once it exists: replaced only with --force, never inside SRC."""
+    from kvtool.io.staging import check_destination
+
+    if kept.is_symlink() or (kept.exists() and not kept.is_dir()):
+        raise UsageError("exists and is not a folder; --keep-intermediate will not replace it", file=str(kept))
+    if kept.exists() and not force:
+        raise UsageError("exists (an earlier --keep-intermediate run?); remove it or use --force to replace it",
+                         file=str(kept), field="--keep-intermediate")
+    check_destination(kept, force=True, protect=[src])
+
+
+def _unique(parent: Path, stem: str, suffix: str) -> Path:
+    """parent/stem+suffix, or stem.N+suffix for the first N free: nothing existing is reused."""
+    path, n = parent / f"{stem}{suffix}", 1
+    while path.exists() or path.is_symlink():
+        path, n = parent / f"{stem}.{n}{suffix}", n + 1
+    return path
+
+
+def _write_new(parent: Path, stem: str, suffix: str, text: str) -> Path:
+    """Write text to a new file (never over an existing file or through a symlink); returns its path."""
+    while True:
+        path = _unique(parent, stem, suffix)
+        try:
+            with open(path, "x", encoding="utf-8") as fh:  # O_EXCL: fails on anything already there
+                fh.write(text)
+            return path
+        except FileExistsError:
+            continue  # created between the check and the open: take the next name
 
 
 def _why(res: StepResult) -> str:
@@ -295,14 +339,14 @@ def _why(res: StepResult) -> str:
 
 
 def _finish(ctx: RunContext, dst: Path, report: dict, *, force: bool) -> None:
-    """Move the final model into DST (hard-linking the source when no step transformed it)."""
+    """Move the final model into DST (copying the source when no step transformed it)."""
     from kvtool.io.staging import staged_output
     from kvtool.recipes.report import render_markdown
 
     with staged_output(dst, force=force, protect=[ctx.src]) as tmp:
         final = ctx.current
         if final == ctx.src:
-            _link_tree(final, tmp)
+            _copy_tree(final, tmp)
         else:
             for item in final.iterdir():
                 os.replace(item, tmp / item.name)
@@ -310,9 +354,11 @@ def _finish(ctx: RunContext, dst: Path, report: dict, *, force: bool) -> None:
         (tmp / "kvtool-report.md").write_text(render_markdown(report), encoding="utf-8")
 
 
-def _link_tree(src: Path, dst: Path) -> None:
-    from kvtool.io.staging import link_or_copy
+def _copy_tree(src: Path, dst: Path) -> None:
+    """The source's top-level files, copied (never hard-linked: DST must not share an inode with SRC)."""
+    from kvtool.io.staging import check_inside, copy_file
 
-    for item in src.iterdir():
+    for item in sorted(src.iterdir()):
         if item.is_file():
-            link_or_copy(item, dst / item.name)
+            check_inside(src, item)
+            copy_file(item, dst / item.name)

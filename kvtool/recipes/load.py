@@ -112,6 +112,8 @@ def _schema_error(err, lines: _LineMap, file: str) -> InputError:
 def load_recipe(path: str | Path) -> Recipe:
     """Parse and validate a recipe; InputError (exit 2) with file, key and line on any problem."""
     p = Path(path)
+    if p.is_dir():
+        raise InputError("is a folder, not a recipe file", file=str(p))
     if not p.is_file():
         raise InputError("no such recipe file", file=str(p))
     text = read_text(p, what="recipe", limit=4 * 1024 * 1024)

@@ -34,6 +34,7 @@ class RopeArgs:
     layer_type: str = "full_attention"
     layout: str = "both"
     in_place: bool = False
+    link: bool = False  # hard-link unchanged files into DST instead of copying them
     show: bool = False
     plot: str | None = None
 
@@ -109,7 +110,7 @@ def run(a: RopeArgs) -> int:
     if a.in_place:
         written = _write_in_place(ckpt, text)
     else:
-        written = _write_dst(ckpt, Path(a.dst), text)
+        written = _write_dst(ckpt, Path(a.dst), text, link=a.link)
     typer.echo(f"rope: {summary}")
     for note in plan.notes:
         typer.echo(f"  {note}")
@@ -167,8 +168,8 @@ def _write_in_place(ckpt, text: str) -> str:
     return f"{cfg} rewritten (backup: {backup.name})"
 
 
-def _write_dst(ckpt, dst: Path, text: str) -> str:
-    from kvtool.io.staging import link_or_copy, staged_output
+def _write_dst(ckpt, dst: Path, text: str, *, link: bool = False) -> str:
+    from kvtool.io.staging import check_inside, link_or_copy, staged_output
 
     if ckpt.hub:
         raise UsageError("writing needs a local model folder; download it first (huggingface-cli download)",
@@ -182,7 +183,8 @@ def _write_dst(ckpt, dst: Path, text: str) -> str:
         except OSError as exc:
             raise InputError(f"cannot write: {exc.strerror or exc}", file=str(dst)) from None
         return f"{dst} written"
-    protect = [ckpt.root] if ckpt.root is not None else [ckpt.config_path.parent]
+    # a lone config.json: the file is the input (a DST folder beside it is fine, one holding it is not)
+    protect = [ckpt.root] if ckpt.root is not None else [ckpt.config_path]
     linked = copied = 0
     with staged_output(dst, protect=protect) as tmp:
         (tmp / "config.json").write_text(text, encoding="utf-8")
@@ -191,10 +193,14 @@ def _write_dst(ckpt, dst: Path, text: str) -> str:
                 rel = p.relative_to(ckpt.root)
                 if rel.parts[0].startswith(".") or rel == Path("config.json") or not p.is_file():
                     continue
+                check_inside(ckpt.root, p)
                 out = tmp / rel
                 out.parent.mkdir(parents=True, exist_ok=True)
-                if link_or_copy(p, out):  # weights untouched and no extra disk: same inode
+                # a copy (reflink where the file system can) by default: editing DST never changes SRC
+                if link_or_copy(p, out, link=link):
                     linked += 1
                 else:
                     copied += 1
+    if not link:
+        return f"{dst}/config.json written; {copied} other file(s) copied"
     return f"{dst}/config.json written; {linked} other file(s) hard-linked, {copied} copied"

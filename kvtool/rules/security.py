@@ -35,15 +35,18 @@ define("KV702", "pickle-files-present", "warning",
        """, hint="delete the pickle files from the deployed copy", topic="security")
 
 define("KV703", "remote-code", "warning",
-       "config.json auto_map points at Python code in the repository (trust_remote_code)",
+       "auto_map in config.json or tokenizer_config.json points at Python code in the repository (trust_remote_code)",
        """
-       What it does: flags an auto_map in config.json: the model class is Python code shipped with
-       the checkpoint.
+       What it does: flags an auto_map in config.json (the model or config class) or in
+       tokenizer_config.json (the tokenizer class): Python code shipped with the checkpoint.
        Why it matters: loading needs trust_remote_code=True, which executes that code with the
-       server's privileges; the code can change with every revision of the repository.
-       Example: {"auto_map": {"AutoModelForCausalLM": "modeling_phi.PhiForCausalLM"}}
-       Fix: use the in-library model class (remove auto_map if the model_type is supported), or pin
-       and review the code revision.
+       server's privileges; the code can change with every revision of the repository. A
+       tokenizer's auto_map runs code as surely as the model's: serving stacks load the tokenizer
+       first. kvtool itself never runs it (trust_remote_code=False, stdin never read).
+       Example: {"auto_map": {"AutoModelForCausalLM": "modeling_phi.PhiForCausalLM"}} in config.json,
+       or {"auto_map": {"AutoTokenizer": ["tokenization_x.XTokenizer", null]}} in tokenizer_config.json.
+       Fix: use the in-library model and tokenizer classes (remove auto_map if the model_type and
+       tokenizer_class are supported), or pin and review the code revision.
        """, hint="prefer the in-library model class, or pin and review the remote code", topic="security")
 
 define("KV704", "index-path-escape", "error",
@@ -74,20 +77,35 @@ def check_pickles(ctx) -> None:
                file=ctx.file_of(ckpt.pickle_files[0]))
 
 
+def _auto_map_targets(am) -> str:
+    """The Python classes an auto_map names, shortened for one line."""
+    if isinstance(am, dict):
+        vals = []
+        for v in am.values():  # tokenizer entries are [slow, fast] pairs, either may be null
+            vals.extend(x for x in (v if isinstance(v, list) else [v]) if x)
+        targets = sorted({str(v) for v in vals})
+    else:
+        targets = [str(am)]
+    return ", ".join(targets[:3]) + (" ..." if len(targets) > 3 else "")
+
+
 @checker("security")
 def check_remote_code(ctx) -> None:
-    cfg = ctx.spec.full_config
-    am = cfg.get("auto_map")
-    if not am:
-        return
-    targets = sorted({v if isinstance(v, str) else str(v) for v in am.values()}) if isinstance(am, dict) else [str(am)]
-    shown = ", ".join(targets[:3]) + (" ..." if len(targets) > 3 else "")
-    mt = ctx.spec.model_type
-    if is_known(mt):
-        tail = f"with trust_remote_code it replaces the in-library {mt} class, so serve without that flag"
-    else:
-        tail = "loading needs trust_remote_code, which runs that code"
-    ctx.report("KV703", f"auto_map names Python code in the repository ({shown}); {tail}", path="auto_map")
+    am = ctx.spec.full_config.get("auto_map")
+    if am:
+        mt = ctx.spec.model_type
+        if is_known(mt):
+            tail = f"with trust_remote_code it replaces the in-library {mt} class, so serve without that flag"
+        else:
+            tail = "loading needs trust_remote_code, which runs that code"
+        ctx.report("KV703", f"auto_map names Python code in the repository ({_auto_map_targets(am)}); {tail}",
+                   path="auto_map")
+    tok_am = (ctx.checkpoint.tokenizer_config or {}).get("auto_map") if isinstance(
+        ctx.checkpoint.tokenizer_config, dict) else None
+    if tok_am:
+        ctx.report("KV703", f"tokenizer_config.json auto_map names Python code in the repository "
+                   f"({_auto_map_targets(tok_am)}); loading the tokenizer with trust_remote_code runs it",
+                   path="auto_map", file=ctx.file_of("tokenizer_config.json"))
 
 
 @checker("security")

@@ -254,7 +254,7 @@ def test_exception_mid_write_leaves_no_destination(tmp_path, monkeypatch, capsys
     assert checksums(src) == before
 
 
-def test_ctrl_c_mid_write_leaves_no_destination(tmp_path, monkeypatch):
+def test_ctrl_c_mid_write_leaves_no_destination(tmp_path, monkeypatch, capsys):
     from kvtool.io import writer
 
     src = llama(tmp_path / "src")
@@ -264,6 +264,7 @@ def test_ctrl_c_mid_write_leaves_no_destination(tmp_path, monkeypatch):
 
     monkeypatch.setattr(writer.ShardWriter, "_slot", interrupted)
     assert run(src, tmp_path / "out", "--to", "mqa") == 130
+    assert capsys.readouterr().err.splitlines()[-1] == "kvtool: interrupted: nothing was written"
     assert not (tmp_path / "out").exists() and leftovers(tmp_path) == []
 
 

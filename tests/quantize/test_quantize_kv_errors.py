@@ -118,7 +118,8 @@ def test_a_failure_while_writing_leaves_no_destination_and_the_source_intact(tin
     assert {p.name: p.read_bytes() for p in src.iterdir()} == before
 
 
-def test_write_output_maps_every_tensor_and_links_the_shards(tiny, tmp_path):
+@pytest.mark.parametrize("link", [False, True], ids=["copy", "link"])
+def test_write_output_maps_every_tensor_and_copies_or_links_the_shards(tiny, tmp_path, link):
     import torch
     from safetensors import safe_open
 
@@ -131,9 +132,14 @@ def test_write_output_maps_every_tensor_and_links_the_shards(tiny, tmp_path):
         summary = write_output(src, tmp, config={"model_type": "llama"}, provenance={"command": "quantize-kv"},
                                metadata={"kvtool.kv_scale_point": "post_rope"},
                                scales={"model.layers.0.self_attn.k_scale": torch.full((1,), 0.5),
-                                       "model.layers.0.self_attn.v_scale": torch.full((2, 1, 1), 0.25)})
-    assert summary.linked == ["model.safetensors"] and summary.copied == []
-    assert (dst / "model.safetensors").stat().st_ino == (src / "model.safetensors").stat().st_ino
+                                       "model.layers.0.self_attn.v_scale": torch.full((2, 1, 1), 0.25)},
+                               link=link)
+    same_inode = (dst / "model.safetensors").stat().st_ino == (src / "model.safetensors").stat().st_ino
+    if link:
+        assert summary.linked == ["model.safetensors"] and summary.copied == [] and same_inode
+    else:
+        assert summary.copied == ["model.safetensors"] and summary.linked == [] and not same_inode
+    assert (dst / "model.safetensors").read_bytes() == (src / "model.safetensors").read_bytes()
     index = json.loads((dst / "model.safetensors.index.json").read_text())
     assert index["weight_map"] == {"model.embed_tokens.weight": "model.safetensors",
                                    "model.layers.0.self_attn.k_scale": SCALE_SHARD,

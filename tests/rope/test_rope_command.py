@@ -53,12 +53,12 @@ LLAMA = {"model_type": "llama", "hidden_size": 256, "num_attention_heads": 4, "n
          "intermediate_size": 512, "torch_dtype": "float32"}
 
 
-def test_yarn_both_layouts_links_weights_and_keeps_input(tmp_path, capsys):
+def test_yarn_both_layouts_copies_weights_and_keeps_input(tmp_path, capsys):
     src = model(tmp_path, LLAMA)
     before = digest(src)
     assert run(src, tmp_path / "dst", "--type", "yarn", "--target-context", 32768) == 0
     out = capsys.readouterr().out
-    assert "yarn factor 8" in out and "hard-linked" in out
+    assert "yarn factor 8" in out and "3 other file(s) copied" in out
     dst = tmp_path / "dst"
     cfg = cfg_of(dst)
     assert cfg["max_position_embeddings"] == 32768
@@ -68,9 +68,18 @@ def test_yarn_both_layouts_links_weights_and_keeps_input(tmp_path, capsys):
                                       "original_max_position_embeddings": 4096}
     assert digest(src) == before  # input untouched
     for name in ("model.safetensors", "tokenizer.json", "sub/extra.txt"):
-        assert os.stat(src / name).st_ino == os.stat(dst / name).st_ino  # hard links, same bytes
+        assert (src / name).read_bytes() == (dst / name).read_bytes()
+        assert os.stat(src / name).st_ino != os.stat(dst / name).st_ino  # copies: editing DST leaves SRC alone
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no staging leftovers
     assert lint_one(str(dst), LintOptions()).failing(strict=True) == []
+
+
+def test_link_option_hard_links_unchanged_files(tmp_path, capsys):
+    src = model(tmp_path, LLAMA)
+    assert run(src, tmp_path / "dst", "--type", "linear", "--factor", 2, "--link") == 0
+    assert "3 other file(s) hard-linked, 0 copied" in capsys.readouterr().out
+    for name in ("model.safetensors", "tokenizer.json", "sub/extra.txt"):
+        assert os.stat(src / name).st_ino == os.stat(tmp_path / "dst" / name).st_ino
 
 
 @pytest.mark.parametrize("rope_type,new_max,extra", [
@@ -276,14 +285,14 @@ def test_rope_command_never_imports_torch_or_transformers(tmp_path):
     assert r.returncode == 0, r.stderr
 
 
-def test_copies_when_hard_links_fail(tmp_path, monkeypatch, capsys):
+def test_link_copies_when_hard_links_fail(tmp_path, monkeypatch, capsys):
     src = model(tmp_path, LLAMA)
 
     def no_links(a, b):
         raise OSError(18, "Invalid cross-device link")
 
     monkeypatch.setattr(os, "link", no_links)
-    assert run(src, tmp_path / "dst", "--type", "linear", "--factor", 2) == 0
+    assert run(src, tmp_path / "dst", "--type", "linear", "--factor", 2, "--link") == 0
     assert "0 other file(s) hard-linked, 3 copied" in capsys.readouterr().out
     dst = tmp_path / "dst"
     assert (dst / "model.safetensors").read_bytes() == (src / "model.safetensors").read_bytes()
