@@ -36,6 +36,7 @@ def register(app: typer.Typer) -> None:
         from kvtool.budget.report import render_json, render_text
         from kvtool.checkpoint import open_checkpoint
         from kvtool.kvcache import KV_CACHE_DTYPES
+        from kvtool.numbers import require_valid_numbers
         from kvtool.spec import build_spec
         from kvtool.units import parse_size
 
@@ -63,6 +64,7 @@ def register(app: typer.Typer) -> None:
 
         ckpt = open_checkpoint(model, read_side_files=False)
         spec = build_spec(ckpt.config)
+        require_valid_numbers(spec, str(ckpt.config_path))
         opts = BudgetOptions(
             max_model_len=max_model_len, batch=batch or 1, batch_given=batch is not None,
             kv_cache_dtype=kv_cache_dtype, block_size=block_size, tensor_parallel_size=tensor_parallel_size,

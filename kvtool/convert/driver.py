@@ -23,6 +23,7 @@ from kvtool.checkpoint import Checkpoint, open_checkpoint
 from kvtool.convert.config_edit import dump_config, kv_field_is_boolean, rewrite_config
 from kvtool.errors import InputError, UsageError
 from kvtool.io.writer import PlannedTensor
+from kvtool.numbers import require_valid_numbers
 from kvtool.spec import ModelSpec, build_spec, get_path
 
 # --dtype choices -> safetensors dtype (None: keep what is stored) and the config's dtype name.
@@ -199,6 +200,7 @@ def make_plan(src: str | Path, *, to: str, groups: int | None = None, method: st
     if not ckpt.headers:
         raise InputError("no safetensors weights in the model folder", file=str(src_path))
     spec = build_spec(ckpt.config)
+    require_valid_numbers(spec, str(ckpt.config_path))
     arch = spec.arch
     _refuse_unsupported(arch, spec, ckpt)
     H, KV, hd, L = spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.num_layers

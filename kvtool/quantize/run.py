@@ -107,6 +107,7 @@ def prepare(src: str, dst: str, opts: QuantizeOptions):
     from kvtool.quantize.config import with_kv_cache_scheme
     from kvtool.quantize.observers import parse_spec
     from kvtool.quantize.write import existing_scales
+    from kvtool.numbers import require_valid_numbers
     from kvtool.spec import build_spec
 
     check_options(opts)
@@ -120,6 +121,7 @@ def prepare(src: str, dst: str, opts: QuantizeOptions):
     if not ckpt.has_weights:
         raise InputError("no safetensors weights in the model folder", file=src)
     spec = build_spec(ckpt.config)
+    require_valid_numbers(spec, str(ckpt.config_path))
     arch = spec.arch
     if not is_known(spec.model_type):
         raise InputError(f"model_type {spec.model_type!r} has no architecture table; kvtool cannot name its "

@@ -23,6 +23,7 @@ from kvtool.checkpoint import open_checkpoint
 from kvtool.errors import GateFailed, InputError
 from kvtool.recipes.load import Recipe, Step, load_recipe
 from kvtool.recipes.plan import plan_recipe
+from kvtool.numbers import require_valid_numbers
 from kvtool.spec import build_spec
 
 
@@ -233,6 +234,7 @@ def apply_recipe(recipe_path: str | Path, src: str | Path, dst: str | Path, *, d
     if not src.is_dir():
         raise InputError("SRC must be a model folder", file=str(src))
     ckpt = open_checkpoint(src)
+    require_valid_numbers(build_spec(ckpt.config), str(ckpt.config_path))
     plan = plan_recipe(recipe, ckpt.config, ckpt.has_weights)
     echo(f"recipe {recipe.name} ({recipe.path}): {len(recipe.steps)} step(s)")
     for step, desc in zip(recipe.steps, plan):

@@ -13,6 +13,7 @@ import typer
 from kvtool.checkpoint import open_checkpoint
 from kvtool.errors import EXIT_OK, InputError, UsageError
 from kvtool.jsonfile import atomic_write_text, dump_json_like, read_text
+from kvtool.numbers import require_valid_numbers
 from kvtool.rope import show as sh
 from kvtool.rope.apply import RopeRequest, lint_findings, plan_rope, target_params
 from kvtool.spec import build_spec
@@ -61,6 +62,7 @@ def run(a: RopeArgs) -> int:
     ckpt = open_checkpoint(a.src, read_weights=False)
     spec = build_spec(ckpt.config)
     source = str(ckpt.config_path)
+    require_valid_numbers(spec, source)
 
     if a.rope_type is None:
         states = sh.current_states(spec)
