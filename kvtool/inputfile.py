@@ -36,6 +36,17 @@ def kind_of(mode: int) -> str:
     return "not a regular file"
 
 
+def not_regular(path: str | os.PathLike) -> str | None:
+    """Why `path` is not a regular file ("not found", "is a folder", ...), or None when it is one."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return "not found"
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror or type(exc).__name__})"
+    return None if stat.S_ISREG(mode) else f"is {kind_of(mode)}, not a file"
+
+
 def read_bytes(path: str | os.PathLike, *, what: str = "file", limit: int = JSON_LIMIT,
                field: str | None = None) -> bytes:
     """The whole file, or InputError (one line naming the file) if it is not a regular file or too big."""
@@ -43,7 +54,7 @@ def read_bytes(path: str | os.PathLike, *, what: str = "file", limit: int = JSON
     try:
         fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:
-        raise InputError(f"cannot read {what}: no such file", file=name, field=field) from None
+        raise InputError("no such file", file=name, field=field) from None
     except OSError as exc:
         raise InputError(f"cannot read {what}: {exc.strerror or type(exc).__name__}", file=name, field=field) from None
     try:

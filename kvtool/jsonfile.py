@@ -46,9 +46,18 @@ def load_json_object(path: Path, *, what: str = "JSON file") -> JsonDocument:
     """Read a JSON object; raise InputError naming the file and line/column on any problem."""
     text = read_text(path, what=what)
     nonstandard: list[str] = []
+    data = parse_json(text, path, what=what, nonstandard=nonstandard)
+    if not isinstance(data, dict):
+        raise InputError(f"expected a JSON object, found {type(data).__name__}", file=str(path))
+    return JsonDocument(path=path, data=data, text=text, nonstandard=nonstandard)
+
+
+def parse_json(text: str, path: Path | str, *, what: str = "JSON file", nonstandard: list | None = None):
+    """Any JSON value, with integers and nesting bounded; Infinity / NaN tokens are appended to `nonstandard`."""
+    found = nonstandard if nonstandard is not None else []
 
     def _constant(token: str):
-        nonstandard.append(token)
+        found.append(token)
         return float(token.replace("Infinity", "inf").replace("NaN", "nan"))
 
     def _int(token: str) -> int:
@@ -70,9 +79,7 @@ def load_json_object(path: Path, *, what: str = "JSON file") -> JsonDocument:
         raise InputError(f"JSON nested more than {MAX_JSON_DEPTH} levels deep", file=str(path)) from None
     if _deeper_than(data, MAX_JSON_DEPTH):
         raise InputError(f"JSON nested more than {MAX_JSON_DEPTH} levels deep", file=str(path))
-    if not isinstance(data, dict):
-        raise InputError(f"expected a JSON object, found {type(data).__name__}", file=str(path))
-    return JsonDocument(path=path, data=data, text=text, nonstandard=nonstandard)
+    return data
 
 
 def _deeper_than(data, limit: int) -> bool:

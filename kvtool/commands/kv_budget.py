@@ -7,6 +7,7 @@ from typing import Optional
 import typer
 
 from kvtool.errors import EXIT_FINDINGS, EXIT_OK, UsageError
+from kvtool.numbers import QUANTITY_BOUNDS, show
 
 
 def register(app: typer.Typer) -> None:
@@ -45,11 +46,12 @@ def register(app: typer.Typer) -> None:
         if kv_cache_dtype not in KV_CACHE_DTYPES:
             raise UsageError(f"unknown KV-cache dtype {kv_cache_dtype!r}; choose from {', '.join(KV_CACHE_DTYPES)}",
                              field="--kv-cache-dtype")
-        _positive(max_model_len, "--max-model-len")
-        _positive(batch, "--batch")
-        _positive(block_size, "--block-size")
-        _positive(tensor_parallel_size, "--tensor-parallel-size")
-        _positive(max_num_batched_tokens, "--max-num-batched-tokens")
+        tokens = QUANTITY_BOUNDS["max_position"].high  # the config bound on a context length
+        _positive(max_model_len, "--max-model-len", tokens)
+        _positive(batch, "--batch", 1 << 30)
+        _positive(block_size, "--block-size", 1 << 20)
+        _positive(tensor_parallel_size, "--tensor-parallel-size", QUANTITY_BOUNDS["num_heads"].high)
+        _positive(max_num_batched_tokens, "--max-num-batched-tokens", tokens)
         if not 0 < gpu_memory_utilization <= 1:
             raise UsageError(f"{gpu_memory_utilization:g} is not in (0, 1]", field="--gpu-memory-utilization")
         reserve_bytes = 0
@@ -81,6 +83,8 @@ def register(app: typer.Typer) -> None:
         return EXIT_FINDINGS if b.problems else EXIT_OK
 
 
-def _positive(value: int | None, name: str) -> None:
+def _positive(value: int | None, name: str, high: int) -> None:
     if value is not None and value < 1:
         raise UsageError(f"must be at least 1, got {value}", field=name)
+    if value is not None and value > high:
+        raise UsageError(f"must be at most {high:,}, got {show(value)}", field=name)

@@ -7,6 +7,7 @@ schemas/recipe.schema.json). Paths in a recipe are relative to the recipe file.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -117,8 +118,6 @@ def _schema_error(err, lines: _LineMap, file: str) -> InputError:
 def load_recipe(path: str | Path) -> Recipe:
     """Parse and validate a recipe; InputError (exit 2) with file, key and line on any problem."""
     p = Path(path)
-    if not p.is_file():
-        raise InputError("no such recipe file", file=str(p))
     text = read_text(p, what="recipe", limit=RECIPE_LIMIT)
     try:
         node, data = _load_bounded(text, str(p))
@@ -133,6 +132,10 @@ def load_recipe(path: str | Path) -> Recipe:
     if lines.duplicates:
         dpath, line = lines.duplicates[0]
         raise InputError(f"line {line}: duplicate key {dpath[-1]!r}", file=str(p), field=_dotted(dpath))
+    bad = _nonfinite(data, ())
+    if bad is not None:
+        raise InputError(f"line {lines.line(bad)}: .nan / .inf is not a usable number here", file=str(p),
+                         field=_dotted(bad))
     errors = sorted(_validator().iter_errors(data), key=lambda e: (lines.line(tuple(e.absolute_path)), list(e.absolute_path)))
     if errors:
         raise _schema_error(_most_specific(errors), lines, str(p))
@@ -199,6 +202,18 @@ def _expanded_size(root: yaml.Node) -> int:
         return total
 
     return size(root, 0)
+
+
+def _nonfinite(value, path: tuple) -> tuple | None:
+    """Path of the first NaN / infinite float (YAML's .nan, .inf): JSON Schema bounds let them through."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return path
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for k, v in items:
+        found = _nonfinite(v, path + (k,))
+        if found is not None:
+            return found
+    return None
 
 
 def _most_specific(errors):
