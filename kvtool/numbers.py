@@ -68,6 +68,9 @@ QUANTITY_BOUNDS: dict[str, Bound] = {
     "pad_token_id": Bound("int", -(1 << 31), 1 << 31, "a token id", listable=True),
 }
 
+# Quantities that hold the RoPE settings: when set (not null) they must be JSON objects.
+OBJECT_QUANTITIES = ("rope_scaling", "rope_parameters")
+
 # Keys inside a rope_scaling / rope_parameters dict (whatever the rope_type).
 ROPE_PARAM_BOUNDS: dict[str, Bound] = {
     "rope_theta": QUANTITY_BOUNDS["rope_theta"],
@@ -166,6 +169,10 @@ def invalid_quantities(spec) -> dict[str, BadNumber]:
         bad = problem(r.value, b)
         if bad:
             out[name] = BadNumber(spec.prefixed(r.key), *bad)
+    for name in OBJECT_QUANTITIES:
+        r = spec.values.get(name)
+        if r is not None and r.key is not None and r.value is not None and not isinstance(r.value, dict):
+            out[name] = BadNumber(spec.prefixed(r.key), show(r.value), "a JSON object (the RoPE settings) or null")
     return out
 
 
