@@ -100,3 +100,11 @@ def test_every_real_config_is_inside_the_bounds() -> None:
     for f in files:
         data = load_json_object(Path(f)).data
         assert not build_spec(data).invalid, (f, {k: v.message for k, v in build_spec(data).invalid.items()})
+
+
+def test_docs_table_is_current() -> None:
+    """docs/input-limits.md carries the bound table as bounds_markdown() renders it."""
+    from kvtool.numbers import bounds_markdown
+
+    doc = (Path(__file__).parents[1] / "docs" / "input-limits.md").read_text(encoding="utf-8")
+    assert bounds_markdown() in doc, "regenerate the table in docs/input-limits.md from kvtool.numbers"
