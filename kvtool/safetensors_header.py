@@ -6,10 +6,13 @@ Every malformation is returned as a `HeaderProblem`, never raised: lint reports 
 from __future__ import annotations
 
 import json
+import stat
 import struct
 from dataclasses import dataclass, field
 from math import prod
 from pathlib import Path
+
+from kvtool.inputfile import kind_of
 
 MAX_HEADER_BYTES = 100 * 1000 * 1000
 
@@ -66,12 +69,16 @@ def read_header(path: Path, file: str | None = None) -> SafetensorsHeader:
     """Parse one safetensors header; bounded by MAX_HEADER_BYTES and the file size."""
     name = file or path.name
     try:
-        size = path.stat().st_size
+        st = path.stat()
+        size = st.st_size
     except OSError as exc:
         h = SafetensorsHeader(name, path, 0)
         h.problems.append(HeaderProblem("unreadable", f"cannot stat: {exc.strerror or exc}"))
         return h
     h = SafetensorsHeader(name, path, size)
+    if not stat.S_ISREG(st.st_mode):  # a FIFO blocks and a device never ends: never opened
+        h.problems.append(HeaderProblem("unreadable", f"is {kind_of(st.st_mode)}, not a regular file"))
+        return h
     if size == 0:
         h.problems.append(HeaderProblem("empty", "file is empty"))
         return h

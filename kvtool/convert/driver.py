@@ -23,6 +23,7 @@ from kvtool.checkpoint import Checkpoint, open_checkpoint
 from kvtool.convert.config_edit import dump_config, kv_field_is_boolean, rewrite_config
 from kvtool.errors import InputError, UsageError
 from kvtool.io.writer import PlannedTensor
+from kvtool.jsonfile import load_json_object
 from kvtool.numbers import require_valid_numbers
 from kvtool.spec import ModelSpec, build_spec, get_path
 
@@ -356,8 +357,8 @@ def provenance(plan: ConvertPlan, method_obj=None) -> dict:
     previous = plan.src / "kvtool.json"
     if previous.is_file():
         try:
-            prov["source_provenance"] = json.loads(previous.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+            prov["source_provenance"] = load_json_object(previous, what="kvtool.json").data
+        except InputError:
             pass
     return prov
 

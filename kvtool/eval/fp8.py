@@ -13,7 +13,6 @@ without a scale uses 1.0, as vLLM does.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +22,7 @@ import torch
 
 from kvtool import kv_scale_names
 from kvtool.errors import InputError
+from kvtool.jsonfile import load_json_object
 
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
@@ -116,8 +116,8 @@ def read_checkpoint_scales(folder: str | Path) -> KVScales:
     index = root / "model.safetensors.index.json"
     if index.is_file():
         try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+            weight_map = load_json_object(index, what="safetensors index").data["weight_map"]
+        except (InputError, KeyError, TypeError) as exc:
             raise InputError(f"unreadable safetensors index ({type(exc).__name__})", file=str(index)) from None
         by_file: dict[str, list[str]] = {}
         for name, fname in weight_map.items():

@@ -10,11 +10,11 @@ read. A plain read into a fresh buffer is freed with the tensor.)
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator
 
 from kvtool.errors import InputError
+from kvtool.jsonfile import load_json_object
 from kvtool.safetensors_header import TensorInfo, read_header
 
 if TYPE_CHECKING:  # torch and numpy are imported lazily: this module is importable without them
@@ -59,10 +59,7 @@ class CheckpointReader:
         index = self.folder / INDEX_NAME
         if index.is_file():
             self.index_path = index
-            try:
-                data = json.loads(index.read_text(encoding="utf-8"))
-            except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-                raise InputError(f"cannot read the safetensors index: {exc}", file=str(index)) from None
+            data = load_json_object(index, what="safetensors index").data  # bounded; InputError naming it
             wm = data.get("weight_map") if isinstance(data, dict) else None
             if not isinstance(wm, dict) or not wm:
                 raise InputError("weight_map is missing or empty", file=str(index), field="weight_map")
