@@ -104,10 +104,10 @@ def prepare(src: str, dst: str, opts: QuantizeOptions):
     from kvtool.architectures import is_known
     from kvtool.checkpoint import open_checkpoint
     from kvtool.io.staging import check_destination
+    from kvtool.numbers import require_valid_numbers
     from kvtool.quantize.config import with_kv_cache_scheme
     from kvtool.quantize.observers import parse_spec
     from kvtool.quantize.write import existing_scales
-    from kvtool.numbers import require_valid_numbers
     from kvtool.spec import build_spec
 
     check_options(opts)

@@ -126,3 +126,12 @@ def test_option_numbers(tmp_path, args, option) -> None:
     m = tmp_path / "m"
     shutil.copytree(TINY, m)
     check_refusal([a.replace("{m}", str(m)) for a in args], sources=[m], names=[option])
+
+
+@pytest.mark.parametrize("key,value", [("num_key_value_heads", 0), ("num_hidden_layers", 10**9),
+                                       ("num_attention_heads", NAN)], ids=["kv0", "layers1e9", "headsNaN"])
+def test_quantize_kv_refuses_before_loading_anything(tmp_path, model, key, value) -> None:
+    m = model(key, value)
+    out = tmp_path / "out"
+    check_refusal(["quantize-kv", m, out, "--device", "cpu", "--calib-text", TINY / "config.json"],
+                  sources=[m], dst=out, names=[str(m / "config.json"), key])
