@@ -276,9 +276,12 @@ class _ModelPool:
 
     def _load(self, spec: str) -> _Loaded:
         from kvtool.checkpoint import open_checkpoint
+        from kvtool.numbers import require_valid_numbers
+        from kvtool.spec import build_spec
         from kvtool.torch_utils import load_model, load_tokenizer
 
         ckpt = open_checkpoint(spec, read_weights=False)
+        require_valid_numbers(build_spec(ckpt.config), str(ckpt.config_path))  # before transformers reads it
         model = load_model(spec, device=self.device, dtype=self.dtype, device_map=self.device_map)
         tok = load_tokenizer(spec)
         _unbounded(tok)

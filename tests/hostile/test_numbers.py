@@ -135,3 +135,8 @@ def test_quantize_kv_refuses_before_loading_anything(tmp_path, model, key, value
     out = tmp_path / "out"
     check_refusal(["quantize-kv", m, out, "--device", "cpu", "--calib-text", TINY / "config.json"],
                   sources=[m], dst=out, names=[str(m / "config.json"), key])
+
+
+def test_eval_refuses_before_transformers_reads_the_config(model) -> None:
+    m = model("num_key_value_heads", 0)
+    check_refusal(["eval", m, "--device", "cpu"], sources=[m], names=[str(m / "config.json"), "num_key_value_heads"])
