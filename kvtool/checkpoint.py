@@ -14,21 +14,12 @@ from pathlib import Path
 
 from kvtool.errors import InputError
 from kvtool.jsonfile import JsonDocument, load_json_object
-from kvtool.safetensors_header import SafetensorsHeader, TensorInfo, read_header
+from kvtool.io.weight_files import INDEX_NAME, PICKLE_SUFFIXES, ReaderProblem, scan_weights
+from kvtool.safetensors_header import SafetensorsHeader, TensorInfo
 
-PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".ckpt", ".pickle")
-INDEX_NAME = "model.safetensors.index.json"
+__all__ = ["INDEX_NAME", "PICKLE_SUFFIXES", "Checkpoint", "ReaderProblem", "open_checkpoint"]
+
 HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
-
-
-@dataclass(frozen=True)
-class ReaderProblem:
-    """Something wrong found while reading; lint turns each kind into a coded finding."""
-
-    kind: str  # header | index-escape | index-missing-file | index-missing-tensor | index-extra | pickle | empty-weights
-    message: str
-    file: str | None = None
-    tensor: str | None = None
 
 
 @dataclass
@@ -124,71 +115,8 @@ def _open_folder(text: str, root: Path, read_weights: bool, read_side_files: boo
 
 
 def _read_weights(ckpt: Checkpoint, root: Path) -> None:
-    index_path = root / INDEX_NAME
-    files: list[str]
-    if index_path.is_file():
-        ckpt.index_doc = load_json_object(index_path, what="safetensors index")
-        files = _index_files(ckpt, root)
-    else:
-        files = sorted(p.name for p in root.glob("*.safetensors") if p.is_file())
-    for name in files:
-        h = read_header(root / name, name)
-        ckpt.headers.append(h)
-        for prob in h.problems:
-            ckpt.problems.append(ReaderProblem("header", prob.message, name, prob.tensor))
-    if ckpt.index_doc is not None:
-        _check_index_entries(ckpt)
-
-
-def _index_files(ckpt: Checkpoint, root: Path) -> list[str]:
-    """Shard names from the index, refusing any that escape the model folder."""
-    wm = ckpt.index_doc.data.get("weight_map")
-    index_name = INDEX_NAME
-    if not isinstance(wm, dict):
-        ckpt.problems.append(ReaderProblem("index-invalid", "weight_map is missing or not an object", index_name))
-        return []
-    files: list[str] = []
-    root_resolved = root.resolve()
-    for tensor, fname in wm.items():
-        if not isinstance(fname, str) or not fname:
-            ckpt.problems.append(ReaderProblem("index-invalid", f"weight_map entry is not a file name: {fname!r}", index_name, tensor))
-            continue
-        if fname in files:
-            continue
-        p = Path(fname)
-        escapes = p.is_absolute() or ".." in p.parts or "\\" in fname
-        if not escapes:
-            try:
-                escapes = root_resolved not in (root / p).resolve().parents
-            except (OSError, RuntimeError):
-                escapes = True
-        if escapes:
-            ckpt.problems.append(ReaderProblem(
-                "index-escape", f"weight_map names {fname!r}, outside the model folder; it was not opened", index_name, tensor))
-            files.append(None)  # type: ignore[arg-type]  # placeholder keeps dedupe simple
-            continue
-        if not (root / p).is_file():
-            ckpt.problems.append(ReaderProblem("index-missing-file", f"shard {fname!r} named by the index does not exist", index_name, tensor))
-            files.append(None)  # type: ignore[arg-type]
-            continue
-        files.append(fname)
-    return [f for f in dict.fromkeys(files) if f]
-
-
-def _check_index_entries(ckpt: Checkpoint) -> None:
-    wm = ckpt.index_doc.data.get("weight_map")
-    if not isinstance(wm, dict):
-        return
-    present = {name: h.file for h in ckpt.headers for name in h.tensors}
-    opened = {h.file for h in ckpt.headers}
-    for tensor, fname in wm.items():
-        if fname in opened and present.get(tensor) != fname:
-            ckpt.problems.append(ReaderProblem(
-                "index-missing-tensor", f"index maps {tensor!r} to {fname!r} but that shard has no such tensor", INDEX_NAME, tensor))
-    for tensor, fname in present.items():
-        if tensor not in wm:
-            ckpt.problems.append(ReaderProblem(
-                "index-extra", f"tensor {tensor!r} in {fname!r} is not listed in the index", fname, tensor))
+    scan = scan_weights(root)  # the one locator and validator every reader shares
+    ckpt.index_doc, ckpt.headers, ckpt.problems = scan.index_doc, scan.headers, scan.problems
 
 
 def _optional_json(path: Path) -> dict | None:

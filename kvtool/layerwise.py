@@ -78,12 +78,16 @@ def _skeleton(src: Path, dtype: torch.dtype, attn: str | None):
 
     from kvtool.torch_utils import kv_cache_only_quantization
 
+    from kvtool.io.preflight import check_loadable
+
+    check_loadable(src)
     try:
-        config = AutoConfig.from_pretrained(str(src))
+        config = AutoConfig.from_pretrained(str(src), trust_remote_code=False)
         if kv_cache_only_quantization(getattr(config, "quantization_config", None)):
             del config.quantization_config  # plain weights; only the KV cache is described
         with init_empty_weights(include_buffers=False):
-            model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attn)
+            model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attn,
+                                                     trust_remote_code=False)
     except (OSError, ValueError, KeyError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise InputError(f"cannot build the model with transformers: {first}", file=str(src)) from None
@@ -334,12 +338,16 @@ def _whole(src: Path, device, dtype, attn: str | None, layers_path: str | None, 
 
     from kvtool.torch_utils import kv_cache_only_quantization
 
+    from kvtool.io.preflight import check_loadable
+
+    check_loadable(src)
     try:
-        config = AutoConfig.from_pretrained(str(src))
+        config = AutoConfig.from_pretrained(str(src), trust_remote_code=False)
         if kv_cache_only_quantization(getattr(config, "quantization_config", None)):
             del config.quantization_config  # plain weights; only the KV cache is described
         model, info = AutoModelForCausalLM.from_pretrained(str(src), config=config, dtype=dtype,
-                                                           attn_implementation=attn, output_loading_info=True)
+                                                           attn_implementation=attn, output_loading_info=True,
+                                                           trust_remote_code=False)
     except (OSError, ValueError, KeyError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise InputError(f"cannot load the model with transformers: {first}", file=str(src)) from None

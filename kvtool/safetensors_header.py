@@ -1,29 +1,51 @@
 """Read safetensors headers (8-byte little-endian length + JSON) without touching tensor data.
 
+The validity rules are those of the safetensors library itself, version 0.8.0
+(huggingface/safetensors, safetensors/src/tensor.rs: `SafeTensors::read_metadata`,
+`Metadata::validate`, and serde_json's parsing of `HashMetadata` / `TensorInfo`), so that a file
+the library refuses is refused here and a file it accepts is accepted
+(tests/hostile/test_safetensors_differential.py checks both against the installed library):
+
+- the file holds at least the 8 length bytes; the length is at most 100,000,000 and fits the file;
+- the header is UTF-8 and one JSON value (surrounding JSON whitespace allowed, nothing else), in
+  serde_json's grammar: no NaN/Infinity, no lone surrogate escapes, numbers within f64 range,
+  nesting at most 127 deep;
+- it is an object; `__metadata__` appears at most once and is null or a string -> string map;
+- every other key is a tensor: a map (or a 3-item array) with dtype, shape and data_offsets, each
+  given once (unknown fields are ignored); dtype a known name (or serde's `{"F32": null}`);
+  shape and offsets unsigned 64-bit integers; offsets exactly two;
+- a tensor name given twice keeps the last entry (serde's map), but every entry must parse;
+- sorted by (begin, end), the tensors tile the data section from 0 with no gap or overlap, each
+  holds exactly shape x dtype bits / 8 bytes (whole bytes, no u64 overflow), and the last one
+  ends at the end of the file.
+
 Every malformation is returned as a `HeaderProblem`, never raised: lint reports them as findings.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import stat
 import struct
 from dataclasses import dataclass, field
 from math import prod
 from pathlib import Path
 
-from kvtool.inputfile import kind_of
+MAX_HEADER_BYTES = 100_000_000  # safetensors' MAX_HEADER_SIZE
+MAX_JSON_DEPTH = 127  # serde_json's recursion limit (128) as nesting depth
+U64_MAX = 2**64 - 1
 
-MAX_HEADER_BYTES = 100 * 1000 * 1000
-
-# Bytes per element for safetensors dtype strings.
-DTYPE_BYTES: dict[str, float] = {
-    "F64": 8, "I64": 8, "U64": 8,
-    "F32": 4, "I32": 4, "U32": 4,
-    "F16": 2, "BF16": 2, "I16": 2, "U16": 2,
-    "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1, "I8": 1, "U8": 1, "BOOL": 1,
-    "F4": 0.5, "F6_E2M3": 0.75, "F6_E3M2": 0.75,
+# Bits per element of each safetensors dtype (safetensors `Dtype::bitsize`).
+DTYPE_BITS: dict[str, int] = {
+    "BOOL": 8, "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6, "U8": 8, "I8": 8,
+    "F8_E5M2": 8, "F8_E4M3": 8, "F8_E8M0": 8, "F8_E4M3FNUZ": 8, "F8_E5M2FNUZ": 8,
+    "I16": 16, "U16": 16, "F16": 16, "BF16": 16, "I32": 32, "U32": 32, "F32": 32,
+    "C64": 64, "F64": 64, "I64": 64, "U64": 64,
 }
+# Bytes per element (fractional for the sub-byte floats).
+DTYPE_BYTES: dict[str, float] = {k: v / 8 for k, v in DTYPE_BITS.items()}
+TENSOR_FIELDS = ("dtype", "shape", "data_offsets")
 
 
 @dataclass(frozen=True)
@@ -65,84 +87,225 @@ class SafetensorsHeader:
         return not self.problems
 
 
+class _Invalid(ValueError):
+    """One header problem; parsing stops at the first, as the library's does."""
+
+    def __init__(self, kind: str, message: str, tensor: str | None = None):
+        super().__init__(message)
+        self.problem = HeaderProblem(kind, message, tensor)
+
+
+class _Pairs(list):
+    """A JSON object as its (key, value) pairs in order: duplicates stay visible."""
+
+
+class _Number:
+    """A JSON number that is not an unsigned 64-bit integer (floats, negatives, -0, huge ints)."""
+
+    def __init__(self, text: str):
+        self.text = text
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+def _parse_float(text: str) -> _Number:
+    if math.isinf(float(text)):
+        raise _Invalid("bad-json", f"number {text[:20]} is out of range")
+    return _Number(text)
+
+
+def _parse_int(text: str):
+    if text.startswith("-") or len(text) > 20 or int(text) > U64_MAX:
+        return _parse_float(text)  # serde_json reads these as i64 or f64, never as an unsigned size
+    return int(text)
+
+
+def _reject_constant(text: str):
+    raise _Invalid("bad-json", f"header is not valid JSON: {text} is not a JSON value")
+
+
 def read_header(path: Path, file: str | None = None) -> SafetensorsHeader:
-    """Parse one safetensors header; bounded by MAX_HEADER_BYTES and the file size."""
+    """Parse and validate one safetensors header, reading only the 8 + header-length bytes."""
     name = file or path.name
     try:
         st = path.stat()
-        size = st.st_size
     except OSError as exc:
         h = SafetensorsHeader(name, path, 0)
         h.problems.append(HeaderProblem("unreadable", f"cannot stat: {exc.strerror or exc}"))
         return h
-    h = SafetensorsHeader(name, path, size)
-    if not stat.S_ISREG(st.st_mode):  # a FIFO blocks and a device never ends: never opened
-        h.problems.append(HeaderProblem("unreadable", f"is {kind_of(st.st_mode)}, not a regular file"))
-        return h
-    if size == 0:
-        h.problems.append(HeaderProblem("empty", "file is empty"))
-        return h
-    if size < 8:
-        h.problems.append(HeaderProblem("bad-length", f"file is {size} bytes, shorter than the 8-byte header length"))
+    h = SafetensorsHeader(name, path, st.st_size)
+    if not stat.S_ISREG(st.st_mode):
+        h.problems.append(HeaderProblem("unreadable", "is not a regular file"))
         return h
     try:
         with path.open("rb") as fh:
-            (n,) = struct.unpack("<Q", fh.read(8))
-            if n > MAX_HEADER_BYTES:
-                h.problems.append(HeaderProblem("too-large", f"header length {n} exceeds the {MAX_HEADER_BYTES} byte limit"))
-                return h
-            if n == 0 or 8 + n > size:
-                h.problems.append(HeaderProblem("bad-length", f"header length {n} does not fit a {size} byte file"))
-                return h
-            raw = fh.read(n)
+            _validate(h, fh)
+    except _Invalid as exc:
+        h.tensors, h.metadata = {}, {}
+        h.problems.append(exc.problem)
     except OSError as exc:
         h.problems.append(HeaderProblem("unreadable", f"cannot read: {exc.strerror or exc}"))
-        return h
-    h.header_size = n
-    try:
-        obj = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        h.problems.append(HeaderProblem("bad-json", f"header is not valid JSON: {exc}"))
-        return h
-    if not isinstance(obj, dict):
-        h.problems.append(HeaderProblem("bad-json", "header is not a JSON object"))
-        return h
-    data_len = size - 8 - n
-    meta = obj.pop("__metadata__", None)
-    if isinstance(meta, dict):
-        h.metadata = {str(k): v if isinstance(v, str) else json.dumps(v) for k, v in meta.items()}
-    elif meta is not None:
-        h.problems.append(HeaderProblem("bad-entry", "__metadata__ is not an object"))
-    for tname, entry in obj.items():
-        info = _tensor_entry(tname, entry, name, data_len, h.problems)
-        if info is not None:
-            h.tensors[tname] = info
     return h
 
 
-def _tensor_entry(tname, entry, file, data_len, problems) -> TensorInfo | None:
-    if not isinstance(entry, dict):
-        problems.append(HeaderProblem("bad-entry", "entry is not an object", tname))
-        return None
-    dtype, shape, offs = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
-    if not isinstance(dtype, str) or dtype not in DTYPE_BYTES:
-        problems.append(HeaderProblem("bad-entry", f"unknown dtype {dtype!r}", tname))
-        return None
-    if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
-        problems.append(HeaderProblem("bad-entry", f"invalid shape {shape!r}", tname))
-        return None
-    if (
-        not isinstance(offs, list) or len(offs) != 2
-        or not all(isinstance(o, int) and not isinstance(o, bool) for o in offs)
-    ):
-        problems.append(HeaderProblem("bad-entry", f"invalid data_offsets {offs!r}", tname))
-        return None
-    begin, end = offs
-    if begin < 0 or end < begin or end > data_len:
-        problems.append(HeaderProblem("offsets", f"data_offsets [{begin}, {end}] outside the {data_len} byte data section", tname))
-        return None
-    expected = prod(shape) * DTYPE_BYTES[dtype] if shape else DTYPE_BYTES[dtype]
-    if end - begin != int(expected):
-        problems.append(HeaderProblem("offsets", f"{end - begin} bytes stored but {dtype}{shape} needs {int(expected)}", tname))
-        return None
-    return TensorInfo(tname, dtype, tuple(shape), file, (begin, end))
+def _validate(h: SafetensorsHeader, fh) -> None:
+    size = h.file_size
+    if size < 8:
+        raise _Invalid("empty" if size == 0 else "bad-length",
+                       f"file is {size} bytes, shorter than the 8-byte header length")
+    (n,) = struct.unpack("<Q", fh.read(8))
+    if n > MAX_HEADER_BYTES:
+        raise _Invalid("too-large", f"header length {n} exceeds the {MAX_HEADER_BYTES} byte limit")
+    if 8 + n > size:
+        raise _Invalid("bad-length", f"header length {n} does not fit a {size} byte file")
+    raw = fh.read(n)
+    if len(raw) != n:
+        raise _Invalid("bad-length", "file ends inside the header")
+    h.header_size = n
+    obj = _parse_json(raw)
+    if not isinstance(obj, _Pairs):
+        raise _Invalid("bad-json", "header is not a JSON object")
+    entries: dict[str, TensorInfo] = {}
+    seen_metadata = False
+    for key, value in obj:
+        if key == "__metadata__":
+            if seen_metadata:
+                raise _Invalid("bad-entry", "__metadata__ is given twice")
+            seen_metadata = True
+            h.metadata = _metadata(value)
+        else:
+            entries.pop(key, None)  # serde's map: the last entry of a repeated name wins
+            entries[key] = _tensor_entry(key, value, h.file)
+    end = _check_layout(entries.values())
+    data_len = size - 8 - n
+    if end != data_len:
+        what = "bytes after the last tensor" if end < data_len else "the file ends before the last tensor"
+        raise _Invalid("offsets", f"tensors cover {end} bytes of a {data_len} byte data section ({what})")
+    h.tensors = entries
+
+
+def _parse_json(raw: bytes):
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise _Invalid("bad-json", f"header is not valid UTF-8: {exc.reason} at byte {exc.start}") from None
+    try:
+        obj = json.loads(text, object_pairs_hook=_Pairs, parse_float=_parse_float, parse_int=_parse_int,
+                         parse_constant=_reject_constant)
+    except json.JSONDecodeError as exc:
+        raise _Invalid("bad-json", f"header is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise _Invalid("bad-json", f"header JSON nests deeper than {MAX_JSON_DEPTH} levels") from None
+    _check_tree(obj)
+    return obj
+
+
+def _check_tree(obj) -> None:
+    """serde_json's limits Python's json does not have: nesting depth and lone surrogate escapes."""
+    stack = [(obj, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, str):
+            _check_string(node)
+        elif isinstance(node, list):  # arrays and _Pairs objects
+            if depth > MAX_JSON_DEPTH:
+                raise _Invalid("bad-json", f"header JSON nests deeper than {MAX_JSON_DEPTH} levels")
+            for item in node:
+                if isinstance(item, tuple):  # an object's (key, value)
+                    _check_string(item[0])
+                    stack.append((item[1], depth + 1))
+                else:
+                    stack.append((item, depth + 1))
+
+
+def _check_string(s: str) -> None:
+    if any("\ud800" <= ch <= "\udfff" for ch in s):
+        raise _Invalid("bad-json", "header is not valid JSON: a string holds a lone surrogate escape")
+
+
+def _metadata(value) -> dict[str, str]:
+    if value is None:
+        return {}
+    if not isinstance(value, _Pairs):
+        raise _Invalid("bad-entry", "__metadata__ is not a map of strings to strings")
+    out: dict[str, str] = {}
+    for k, v in value:
+        if not isinstance(v, str):
+            raise _Invalid("bad-entry", f"__metadata__ value of {k!r} is not a string: {_show(v)}")
+        out[k] = v
+    return out
+
+
+def _tensor_entry(name: str, entry, file: str) -> TensorInfo:
+    if isinstance(entry, _Pairs):
+        fields: dict = {}
+        for k, v in entry:
+            if k in TENSOR_FIELDS:
+                if k in fields:
+                    raise _Invalid("bad-entry", f"field {k} is given twice", name)
+                fields[k] = v
+        missing = [k for k in TENSOR_FIELDS if k not in fields]
+        if missing:
+            raise _Invalid("bad-entry", f"entry has no {missing[0]}", name)
+        dtype, shape, offsets = (fields[k] for k in TENSOR_FIELDS)
+    elif isinstance(entry, list) and len(entry) == 3:  # serde also reads a struct from a sequence
+        dtype, shape, offsets = entry
+    else:
+        raise _Invalid("bad-entry", f"entry is not an object with dtype, shape and data_offsets: {_show(entry)}", name)
+    dtype = _dtype(name, dtype)
+    if not isinstance(shape, list) or isinstance(shape, _Pairs) or not all(_is_u64(d) for d in shape):
+        raise _Invalid("bad-entry", f"invalid shape {_show(shape)}", name)
+    if (not isinstance(offsets, list) or isinstance(offsets, _Pairs) or len(offsets) != 2
+            or not all(_is_u64(o) for o in offsets)):
+        raise _Invalid("bad-entry", f"invalid data_offsets {_show(offsets)}", name)
+    return TensorInfo(name, dtype, tuple(shape), file, (offsets[0], offsets[1]))
+
+
+def _dtype(name: str, value) -> str:
+    if isinstance(value, _Pairs) and len(value) == 1 and value[0][1] is None:
+        value = value[0][0]  # serde's externally tagged form of a unit variant: {"F32": null}
+    if not isinstance(value, str) or value not in DTYPE_BITS:
+        raise _Invalid("bad-entry", f"unknown dtype {_show(value)}", name)
+    return value
+
+
+def _is_u64(x) -> bool:
+    return type(x) is int and 0 <= x <= U64_MAX
+
+
+def _check_layout(entries) -> int:
+    """safetensors' Metadata::validate: offsets tile [0, end) in (begin, end) order; sizes match shapes."""
+    start, prev = 0, None
+    for info in sorted(entries, key=lambda t: t.data_offsets):
+        begin, end = info.data_offsets
+        if begin != start or end < begin:
+            if end < begin:
+                why = "end before begin"
+            elif begin < start:
+                why = f"overlaps {prev!r}, which ends at {start}"
+            else:
+                why = f"leaves a gap of {begin - start} bytes after {prev!r}" if prev else f"the first tensor starts at {begin}, not 0"
+            raise _Invalid("offsets", f"data_offsets [{begin}, {end}]: {why}", info.name)
+        start, prev = end, info.name
+        numel = 1
+        for d in info.shape:  # the library's checked fold: overflow anywhere is an error, even before a 0
+            numel *= d
+            if numel > U64_MAX:
+                raise _Invalid("offsets", f"shape {list(info.shape)} overflows 64 bits", info.name)
+        bits = numel * DTYPE_BITS[info.dtype]
+        if bits > U64_MAX:
+            raise _Invalid("offsets", f"{info.dtype}{list(info.shape)} overflows 64 bits", info.name)
+        if bits % 8:
+            raise _Invalid("offsets", f"{info.dtype}{list(info.shape)} is not a whole number of bytes", info.name)
+        if end - begin != bits // 8:
+            raise _Invalid("offsets", f"{end - begin} bytes stored but {info.dtype}{list(info.shape)} needs {bits // 8}",
+                           info.name)
+    return start
+
+
+def _show(value) -> str:
+    if isinstance(value, _Pairs):
+        value = dict(value)
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."

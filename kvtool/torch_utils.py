@@ -44,8 +44,12 @@ def load_model(path: str | Path, *, device: torch.device, dtype: torch.dtype, at
     kwargs = {"dtype": dtype, "attn_implementation": attn}
     if device_map:
         kwargs["device_map"] = device_map
+    from kvtool.io.preflight import check_loadable
+
+    check_loadable(path)
+    kwargs["trust_remote_code"] = False
     try:
-        config = AutoConfig.from_pretrained(str(path))
+        config = AutoConfig.from_pretrained(str(path), trust_remote_code=False)
         if kv_cache_only_quantization(getattr(config, "quantization_config", None)):
             # weights are plain: don't make transformers load a quantizer (compressed-tensors) for
             # a scheme that only describes the KV cache; kvtool.eval.fp8 reads the scales itself
@@ -77,8 +81,11 @@ def kv_cache_only_quantization(qc) -> bool:
 def load_tokenizer(path: str | Path):
     from transformers import AutoTokenizer
 
+    from kvtool.io.preflight import check_loadable
+
+    check_loadable(path)
     try:
-        return AutoTokenizer.from_pretrained(str(path))
+        return AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)
     except (OSError, ValueError, KeyError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise InputError(f"cannot load the tokenizer: {first}", file=str(path)) from None

@@ -77,6 +77,12 @@ def register(app: typer.Typer) -> None:
             raise UsageError("quality gates need --eval", field="--max-ppl-increase" if max_ppl_increase else "--max-kld")
         if want_eval:
             _eval_api()  # fail before converting when the eval API is missing
+        if want_eval or method_obj.array_api == "torch":  # transformers will load SRC: no checkpoint code
+            from pathlib import Path
+
+            from kvtool.io.preflight import refuse_auto_map
+
+            refuse_auto_map(Path(src))
         result = run_convert(plan, dst, method_obj=method_obj, force=force, progress=progress, device=device)
         typer.echo(render_result(result), nl=False)
         if want_eval:

@@ -62,6 +62,9 @@ def register(app: typer.Typer) -> None:
                 raise UsageError("compares against a baseline; give --baseline", field=explicit[0])
             gates = {}  # the default PPL gate needs a baseline; without one, PPL alone
         texts, text_name = read_texts(text, dataset)
+        from kvtool.io.preflight import check_loadable
+
+        check_loadable(model, baseline)  # refuse a bad folder before torch and transformers are imported
 
         from kvtool.eval.api import evaluate
 

@@ -35,6 +35,8 @@ def register(app: typer.Typer) -> None:
         from kvtool.budget.budget import BudgetOptions, compute
         from kvtool.budget.gpus import resolve
         from kvtool.budget.report import render_json, render_text
+        from pathlib import Path
+
         from kvtool.checkpoint import open_checkpoint
         from kvtool.kvcache import KV_CACHE_DTYPES
         from kvtool.numbers import require_valid_numbers
@@ -64,7 +66,12 @@ def register(app: typer.Typer) -> None:
         if (reserve is not None or gpu_memory_utilization != 0.9) and gpu is None:
             raise UsageError("--reserve and --gpu-memory-utilization need --gpu-memory", field="--gpu-memory")
 
-        ckpt = open_checkpoint(model, read_side_files=False)
+        if Path(model).is_dir():  # header sizes come from the weights: refuse any a reader would refuse
+            from kvtool.io.preflight import preflight
+
+            ckpt = preflight(model, read_side_files=False, require_weights=False)
+        else:
+            ckpt = open_checkpoint(model, read_side_files=False)
         spec = build_spec(ckpt.config)
         require_valid_numbers(spec, str(ckpt.config_path))
         opts = BudgetOptions(

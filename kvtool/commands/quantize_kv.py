@@ -33,6 +33,9 @@ def register(app: typer.Typer) -> None:
         copy: bool = typer.Option(False, "--copy", help="Copy the source shards instead of hard-linking them."),
         force: bool = typer.Option(False, "--force", help="Replace a non-empty DST."),
     ) -> int:
+        from kvtool.io.preflight import check_loadable
+
+        check_loadable(src)  # refuse a bad folder before check_options imports torch
         from kvtool.quantize.run import QuantizeOptions, check_options, quantize_kv as run
         from kvtool.quantize.report import render
 

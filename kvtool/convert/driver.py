@@ -19,7 +19,8 @@ from pathlib import Path
 
 from kvtool import __version__
 from kvtool.architectures import Architecture
-from kvtool.checkpoint import Checkpoint, open_checkpoint
+from kvtool.checkpoint import Checkpoint
+from kvtool.io.preflight import preflight
 from kvtool.convert.config_edit import dump_config, kv_field_is_boolean, rewrite_config
 from kvtool.errors import InputError, UsageError
 from kvtool.io.writer import PlannedTensor
@@ -194,12 +195,7 @@ def make_plan(src: str | Path, *, to: str, groups: int | None = None, method: st
     src_path = Path(src)
     if not src_path.is_dir():
         raise InputError("SRC must be a model folder (config.json + safetensors)", file=str(src))
-    ckpt = open_checkpoint(src_path)
-    if ckpt.problems:
-        p = ckpt.problems[0]
-        raise InputError(p.message, file=str(src_path / p.file) if p.file else str(src_path), field=p.tensor)
-    if not ckpt.headers:
-        raise InputError("no safetensors weights in the model folder", file=str(src_path))
+    ckpt = preflight(src_path)  # corrupt weights, escaping index, pickles only: refused before any read
     spec = build_spec(ckpt.config)
     require_valid_numbers(spec, str(ckpt.config_path))
     arch = spec.arch

@@ -275,13 +275,13 @@ class _ModelPool:
         return _Loaded(src or type(module).__name__, module, tok, folder, module.config.to_dict())
 
     def _load(self, spec: str) -> _Loaded:
-        from kvtool.checkpoint import open_checkpoint
+        from kvtool.io.preflight import preflight
         from kvtool.numbers import require_valid_numbers
         from kvtool.spec import build_spec
         from kvtool.torch_utils import load_model, load_tokenizer
 
-        ckpt = open_checkpoint(spec, read_weights=False)
-        require_valid_numbers(build_spec(ckpt.config), str(ckpt.config_path))  # before transformers reads it
+        ckpt = preflight(spec, model_code=True, read_side_files=False)  # before transformers sees the folder
+        require_valid_numbers(build_spec(ckpt.config), str(ckpt.config_path))
         model = load_model(spec, device=self.device, dtype=self.dtype, device_map=self.device_map)
         tok = load_tokenizer(spec)
         _unbounded(tok)

@@ -22,7 +22,6 @@ import torch
 
 from kvtool import kv_scale_names
 from kvtool.errors import InputError
-from kvtool.jsonfile import load_json_object
 
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
@@ -112,25 +111,20 @@ def read_checkpoint_scales(folder: str | Path) -> KVScales:
     """The KV scales stored in a model folder's safetensors (only those tensors are read)."""
     from safetensors import SafetensorError, safe_open
 
+    from kvtool.io.weight_files import raise_first_error, scan_weights
+
     root = Path(folder)
-    index = root / "model.safetensors.index.json"
-    if index.is_file():
-        try:
-            weight_map = load_json_object(index, what="safetensors index").data["weight_map"]
-        except (InputError, KeyError, TypeError) as exc:
-            raise InputError(f"unreadable safetensors index ({type(exc).__name__})", file=str(index)) from None
-        by_file: dict[str, list[str]] = {}
-        for name, fname in weight_map.items():
-            if kv_scale_names.is_kv_scale(name):
-                by_file.setdefault(fname, []).append(name)
-    else:
-        by_file = {p.name: None for p in sorted(root.glob("*.safetensors"))}  # type: ignore[misc]
+    scan = scan_weights(root)  # the shared checks: no path outside the folder, no file the library refuses
+    raise_first_error(scan, root)
     out = KVScales(source="checkpoint")
-    for fname, names in by_file.items():
-        path = root / fname
+    for h in scan.headers:
+        path = root / h.file
+        names = [n for n in h.tensors if kv_scale_names.is_kv_scale(n)]
+        if not names:
+            continue
         try:
             with safe_open(str(path), framework="pt") as f:
-                for name in names if names is not None else [n for n in f.keys() if kv_scale_names.is_kv_scale(n)]:
+                for name in names:
                     _store(out, name, f.get_tensor(name), str(path))
         except (OSError, RuntimeError, ValueError, SafetensorError) as exc:
             raise InputError(f"cannot read KV scales: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}",

@@ -14,14 +14,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Iterator
 
 from kvtool.errors import InputError
-from kvtool.jsonfile import load_json_object
-from kvtool.safetensors_header import TensorInfo, read_header
+from kvtool.io.weight_files import INDEX_NAME, raise_first_error, scan_weights
+from kvtool.safetensors_header import TensorInfo
 
 if TYPE_CHECKING:  # torch and numpy are imported lazily: this module is importable without them
     import numpy as np
     import torch
 
-INDEX_NAME = "model.safetensors.index.json"
+__all__ = ["INDEX_NAME", "CheckpointReader", "st_to_torch_dtype"]
 
 
 def st_to_torch_dtype(st: str):
@@ -56,41 +56,15 @@ class CheckpointReader:
 
     # --- headers ---------------------------------------------------------------------------
     def _scan(self) -> None:
-        index = self.folder / INDEX_NAME
-        if index.is_file():
-            self.index_path = index
-            data = load_json_object(index, what="safetensors index").data  # bounded; InputError naming it
-            wm = data.get("weight_map") if isinstance(data, dict) else None
-            if not isinstance(wm, dict) or not wm:
-                raise InputError("weight_map is missing or empty", file=str(index), field="weight_map")
-            files = list(dict.fromkeys(wm.values()))
-            for f in files:
-                if not isinstance(f, str) or Path(f).is_absolute() or ".." in Path(f).parts:
-                    raise InputError(f"weight_map names {f!r}, outside the model folder", file=str(index), field="weight_map")
-        else:
-            files = sorted(p.name for p in self.folder.glob("*.safetensors") if p.is_file())
-        if not files:
-            raise InputError("no safetensors weights in the model folder", file=str(self.folder))
-        for f in files:
-            path = self.folder / f
-            if not path.is_file():
-                raise InputError("shard named by the index does not exist", file=str(path))
-            h = read_header(path, f)
-            if h.problems:
-                p = h.problems[0]
-                raise InputError(p.message, file=str(path), field=p.tensor)
-            for name, info in h.tensors.items():
-                if name in self._infos:
-                    raise InputError(f"tensor {name!r} is stored twice (also in {self._infos[name].file})", file=str(path))
-                self._infos[name] = info
-            self._metadata[f] = dict(h.metadata)
-            self._data_start[f] = 8 + h.header_size
-            self._files.append(f)
-        if self.index_path is not None:
-            missing = [n for n, f in wm.items() if n not in self._infos or self._infos[n].file != f]
-            if missing:
-                raise InputError(f"index names {len(missing)} tensor(s) not found in their shard, e.g. {missing[0]!r}",
-                                 file=str(self.index_path), field="weight_map")
+        scan = scan_weights(self.folder)
+        raise_first_error(scan, self.folder)
+        if scan.index_doc is not None:
+            self.index_path = scan.index_doc.path
+        for h in scan.headers:
+            self._infos.update(h.tensors)
+            self._metadata[h.file] = dict(h.metadata)
+            self._data_start[h.file] = 8 + h.header_size
+            self._files.append(h.file)
 
     # --- metadata access -------------------------------------------------------------------
     def names(self) -> list[str]:

@@ -102,7 +102,7 @@ def text_hash(texts: list[str]) -> str:
 def prepare(src: str, dst: str, opts: QuantizeOptions):
     """All checks that need no model: (checkpoint, architecture, spec, new config). Raises exit-2 errors."""
     from kvtool.architectures import is_known
-    from kvtool.checkpoint import open_checkpoint
+    from kvtool.io.preflight import preflight
     from kvtool.io.staging import check_destination
     from kvtool.numbers import require_valid_numbers
     from kvtool.quantize.config import with_kv_cache_scheme
@@ -114,12 +114,7 @@ def prepare(src: str, dst: str, opts: QuantizeOptions):
     src_path = Path(src)
     if not src_path.is_dir():
         raise InputError("is not a model folder (quantize-kv needs config.json and safetensors weights)", file=src)
-    ckpt = open_checkpoint(src)
-    if ckpt.problems:
-        p = ckpt.problems[0]
-        raise InputError(p.message, file=str(src_path / p.file) if p.file else src, field=p.tensor)
-    if not ckpt.has_weights:
-        raise InputError("no safetensors weights in the model folder", file=src)
+    ckpt = preflight(src, model_code=True)  # before any load: corrupt weights, pickles, auto_map refused
     spec = build_spec(ckpt.config)
     require_valid_numbers(spec, str(ckpt.config_path))
     arch = spec.arch
@@ -144,6 +139,7 @@ def prepare(src: str, dst: str, opts: QuantizeOptions):
 
 
 def quantize_kv(src: str, dst: str, opts: QuantizeOptions, *, log=print) -> QuantizeResult:
+    ckpt, arch, spec, new_config = prepare(src, dst, opts)  # refuses bad input before torch is imported
     from kvtool import __version__, kv_scale_names
     from kvtool.io.staging import staged_output
     from kvtool.layerwise import describe, open_layerwise, release_free_memory
@@ -153,7 +149,6 @@ def quantize_kv(src: str, dst: str, opts: QuantizeOptions, *, log=print) -> Quan
     from kvtool.quantize.write import scale_tensors, write_output
     from kvtool.torch_utils import load_model, load_tokenizer, pick_device, pick_dtype
 
-    ckpt, arch, spec, new_config = prepare(src, dst, opts)
     calib = read_texts(opts.calib_texts, "--calib-text")
     eval_texts = read_texts(opts.eval_texts, "--eval-text") if opts.eval_texts else None
     fmt = get_format(opts.format)

@@ -21,6 +21,7 @@ from typing import Callable
 from kvtool import __version__
 from kvtool.checkpoint import open_checkpoint
 from kvtool.errors import GateFailed, InputError, KvtoolError
+from kvtool.io.preflight import preflight
 from kvtool.numbers import require_valid_numbers
 from kvtool.recipes.load import Recipe, Step, load_recipe
 from kvtool.recipes.plan import plan_recipe
@@ -235,7 +236,8 @@ def apply_recipe(recipe_path: str | Path, src: str | Path, dst: str | Path, *, d
     src = Path(src)
     if not src.is_dir():
         raise InputError("SRC must be a model folder", file=str(src))
-    ckpt = open_checkpoint(src)
+    loads_model = any(s.kind in ("quantize-kv", "eval") or s.options.get("method") == "aware" for s in recipe.steps)
+    ckpt = preflight(src, model_code=loads_model, require_weights=False)
     require_valid_numbers(build_spec(ckpt.config), str(ckpt.config_path))
     plan = plan_recipe(recipe, ckpt.config, ckpt.has_weights)
     echo(f"recipe {recipe.name} ({recipe.path}): {len(recipe.steps)} step(s)")

@@ -10,6 +10,7 @@ from pathlib import Path
 import typer
 
 from kvtool.checkpoint import open_checkpoint
+from kvtool.io.preflight import preflight
 from kvtool.errors import EXIT_OK, InputError, UsageError
 from kvtool.jsonfile import atomic_write_text, dump_json_like, parse_json, read_text
 from kvtool.numbers import FACTOR_LIST_BOUND, problem, require_valid_numbers
@@ -58,7 +59,10 @@ def run(a: RopeArgs) -> int:
     if a.dst is not None and a.in_place:
         raise UsageError("give DST or --in-place, not both", field="--in-place")
 
-    ckpt = open_checkpoint(a.src, read_weights=False)
+    if writes and Path(a.src).is_dir():  # DST gets SRC's weight files: refuse any a reader would refuse
+        ckpt = preflight(a.src, read_side_files=False, require_weights=False)
+    else:
+        ckpt = open_checkpoint(a.src, read_weights=False)
     spec = build_spec(ckpt.config)
     source = str(ckpt.config_path)
     require_valid_numbers(spec, source)

@@ -78,19 +78,22 @@ define("KV605", "lm-head-ignored", "warning",
        """, hint="set tie_word_embeddings false if the stored lm_head is distinct", topic="weights")
 
 define("KV606", "safetensors-header-invalid", "error",
-       "A safetensors file's header is unreadable, oversized, or inconsistent with the file",
+       "A safetensors file is one the safetensors library refuses to open",
        """
-       What it does: validates every safetensors header without reading tensor data: the 8-byte
-       length (not zero, not past the file end, at most 100 MB), valid JSON, known dtypes,
-       shapes, and data offsets inside the data section with the size the shape needs.
-       Why it matters: a truncated upload or a corrupt file fails deep in the loader (or, for a
-       malicious header, exhausts memory); lint reports it before deployment.
-       Example: a shard cut short during upload (offsets past the end of the file).
+       What it does: validates every safetensors header by the library's own rules (safetensors
+       0.8.0, src/tensor.rs read_metadata / Metadata::validate) without reading tensor data: the
+       8-byte length (at most 100 MB, inside the file), UTF-8 JSON as serde_json reads it, a
+       string-to-string __metadata__ given once, known dtypes, integer shapes, and data_offsets that,
+       sorted, tile the data section from 0 to the last byte of the file with no gap, overlap or
+       trailing bytes, each tensor holding exactly shape x dtype bytes.
+       Why it matters: the library refuses such a file, so the model does not load; a tool that
+       reads it anyway (overlapping offsets) hands one tensor's bytes to another.
+       Example: two tensors with data_offsets [0, 4096], or 16 bytes after the last tensor.
        Fix: re-download or re-save the file.
        """, hint="re-download or re-save the safetensors file", topic="weights")
 
 define("KV607", "index-invalid", "error",
-       "model.safetensors.index.json has no usable weight_map",
+       "model.safetensors.index.json has no usable weight_map (missing, empty, or not file names)",
        """
        What it does: checks that the sharded-checkpoint index has a weight_map object whose values
        are shard file names.
@@ -128,8 +131,30 @@ define("KV610", "shard-missing", "error",
        Fix: download or upload the missing shard.
        """, hint="download or upload the missing shard", topic="weights")
 
+define("KV611", "safetensors-without-index", "error",
+       "Several safetensors files and no model.safetensors.index.json",
+       """
+       What it does: flags a model folder with more than one *.safetensors file and no index.
+       Why it matters: without an index transformers reads only model.safetensors and silently
+       ignores the other files (or finds no weights at all when none has that name), so which
+       files form the model is ambiguous; kvtool refuses to guess.
+       Example: model-00001-of-00002.safetensors and model-00002-of-00002.safetensors, no index.
+       Fix: add the index (save_pretrained writes it), or remove the files that are not the model.
+       """, hint="add model.safetensors.index.json or remove the stray files", topic="weights")
+
+define("KV612", "tensor-in-two-shards", "error",
+       "One tensor name is stored in two safetensors files",
+       """
+       What it does: flags a tensor name that appears in more than one shard.
+       Why it matters: which copy a loader uses depends on the index or on file order; the other
+       copy is silently ignored, and the two may differ.
+       Example: model.norm.weight in both model-00001-of-00002 and model-00002-of-00002.
+       Fix: regenerate the shards so each tensor is stored once.
+       """, hint="re-save the checkpoint so each tensor is stored once", topic="weights")
+
 _READER_CODES = {"header": "KV606", "index-invalid": "KV607", "index-missing-tensor": "KV608",
-                 "index-extra": "KV609", "index-missing-file": "KV610"}
+                 "index-extra": "KV609", "index-missing-file": "KV610",
+                 "unindexed-shards": "KV611", "tensor-twice": "KV612"}
 
 
 @checker("weights")
@@ -212,7 +237,7 @@ def check_projection_shapes(ctx) -> None:
 
 
 def _incomplete(ckpt) -> bool:
-    return any(p.kind in ("header", "index-missing-file", "index-escape") for p in ckpt.problems)
+    return any(p.is_error for p in ckpt.problems)
 
 
 def _layer_pattern(spec) -> re.Pattern | None:

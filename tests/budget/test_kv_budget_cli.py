@@ -29,6 +29,8 @@ def tiny(tmp_path):
     write_safetensors(folder / "a.safetensors", {"model.embed_tokens.weight": np.zeros((128, 64), np.float16),
                                                  "lm_head.weight": np.zeros((64, 64), np.float16)})
     write_safetensors(folder / "b.safetensors", {"x": np.zeros(4096, np.float32)})
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {
+        "model.embed_tokens.weight": "a.safetensors", "lm_head.weight": "a.safetensors", "x": "b.safetensors"}}))
     return folder
 
 
@@ -252,8 +254,8 @@ def test_weight_estimate_without_safetensors(tmp_path, capsys, dtype, quant, lay
     assert d["weight_source"] == "estimate"
 
 
-def test_unreadable_shard_is_reported_in_the_notes(tiny, capsys):
+def test_unreadable_shard_is_refused(tiny, capsys):
     (tiny / "b.safetensors").write_bytes(b"\x00\x01")  # truncated: no header
-    d = run_json(capsys, str(tiny))
-    assert d["weight_bytes"] == 128 * 64 * 2 + 64 * 64 * 2  # what could be read
-    assert any("the weight total may be short" in n for n in d["notes"])
+    rc, out, err = run(capsys, str(tiny))
+    assert rc == 2 and not out and len(err.strip().splitlines()) == 1
+    assert "b.safetensors" in err and "shorter than the 8-byte header length" in err

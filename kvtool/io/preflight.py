@@ -1,0 +1,72 @@
+"""The one gate every command passes before it reads tensors or hands a folder to transformers.
+
+`preflight` refuses, with one line naming the file and field, before anything is loaded:
+- weights any reader would refuse (kvtool.io.weight_files: corrupt safetensors by the library's own
+  rules, an index that escapes the folder, names missing shards or tensors, or stores a tensor twice,
+  several files with no index);
+- a folder whose weights exist only as pickle files (kvtool never unpickles: transformers would call
+  torch.load on them);
+- with `model_code=True` (the command loads the model or tokenizer with transformers): an auto_map in
+  config.json or tokenizer_config.json, which names Python files shipped with the checkpoint. kvtool
+  passes trust_remote_code=False as well, but refuses by name rather than let a loader decide.
+
+The loaders (kvtool.torch_utils, kvtool.layerwise) call `check_loadable` again, so a caller that skips
+the command-level gate is still refused.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from kvtool.errors import InputError
+from kvtool.io.weight_files import raise_first_error
+
+# Files whose auto_map makes transformers import code from the checkpoint folder.
+CODE_MAPS = ("config.json", "tokenizer_config.json")
+
+
+def preflight(source: str | os.PathLike, *, model_code: bool = False, read_side_files: bool = True,
+              require_weights: bool = True):
+    """Open a checkpoint and refuse it if any reader would; returns the kvtool.checkpoint.Checkpoint.
+
+    require_weights=False accepts a folder with no weights at all (a config-only recipe), never one
+    whose weights are pickles only."""
+    from kvtool.checkpoint import open_checkpoint
+
+    ckpt = open_checkpoint(source, read_side_files=read_side_files)
+    if ckpt.root is not None:
+        raise_first_error(ckpt, ckpt.root, require_weights=require_weights)
+        if model_code:
+            refuse_auto_map(ckpt.root)
+    elif model_code:
+        _refuse_entries(ckpt.config.get("auto_map"), str(ckpt.config_path) if not ckpt.hub else ckpt.source)
+    return ckpt
+
+
+def check_loadable(*paths: str | os.PathLike | None) -> None:
+    """Each local folder among `paths` must pass preflight with model code refused (hub ids and None pass).
+
+    Loaders call it, and commands that import torch call it first so a refusal costs no torch import."""
+    for path in paths:
+        if path is not None and Path(path).is_dir():
+            preflight(path, model_code=True, read_side_files=False)
+
+
+def refuse_auto_map(root: Path) -> None:
+    from kvtool.jsonfile import load_json_object
+
+    for name in CODE_MAPS:
+        path = root / name
+        if path.is_file():
+            _refuse_entries(load_json_object(path).data.get("auto_map"), str(path))
+
+
+def _refuse_entries(auto_map, file: str) -> None:
+    if auto_map is None or auto_map == {}:
+        return
+    if not isinstance(auto_map, dict):
+        raise InputError(f"names checkpoint code ({auto_map!r:.60}); kvtool never runs it", file=file, field="auto_map")
+    key, target = next(iter(auto_map.items()))
+    shown = ", ".join(str(t) for t in target if t) if isinstance(target, list) else str(target)
+    raise InputError(f"names checkpoint code ({shown[:80]}); kvtool never runs it", file=file, field=f"auto_map.{key}")
