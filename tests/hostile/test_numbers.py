@@ -116,8 +116,10 @@ OPTIONS = [
      "--max-shard-size"),
     (["rope", "{m}", "--show", "--type", "linear", "--factor", "nan"], "--factor"),
     (["rope", "{m}", "--show", "--type", "linear", "--factor", "0"], "--factor"),
-    (["rope", "{m}", "--show", "--type", "linear", "--factor", "inf"], "factor"),
-    (["rope", "{m}", "--show", "--type", "linear", "--factor", "2", "--theta", "inf"], "rope_theta"),
+    (["rope", "{m}", "--show", "--type", "linear", "--factor", "inf"], "--factor"),
+    (["rope", "{m}", "--show", "--type", "yarn", "--factor", "2", "--beta-fast", "nan"], "--beta-fast"),
+    (["rope", "{m}", "--show", "--type", "linear", "--target-context", "0"], "--target-context"),
+    (["rope", "{m}", "--show", "--type", "linear", "--factor", "2", "--theta", "inf"], "--theta"),
 ]
 
 
