@@ -65,11 +65,17 @@ def _fifo(path: Path) -> Path:
     return path
 
 
+def _sparse(path: Path) -> Path:
+    with path.open("wb") as fh:
+        fh.truncate(1 << 30)  # 1 GiB that takes no disk: its size alone must refuse it
+    return path
+
+
 SPECIALS = {
     "fifo": lambda p: _fifo(p),
     "dev-zero": lambda p: p.symlink_to("/dev/zero") or p,
     "folder": lambda p: p.mkdir() or p,
-    "sparse-1GB": lambda p: (os.truncate(p.open("wb").name, 1 << 30), p)[1],
+    "sparse-1GB": _sparse,
 }
 KIND_WORDS = {"fifo": "FIFO", "dev-zero": "character device", "folder": "folder", "sparse-1GB": "byte limit"}
 
