@@ -100,8 +100,9 @@ def _open_folder(text: str, root: Path, read_weights: bool, read_side_files: boo
     cfg = root / "config.json"
     if _is_symlink_loop(cfg):
         raise InputError("symlink loop", file=str(cfg))
-    if not cfg.is_file():
+    if not cfg.exists() and not cfg.is_symlink():
         raise InputError("no config.json in the model folder", file=str(cfg))
+    # a config.json that is a folder, FIFO or device: load_json_object names what it is
     ckpt = Checkpoint(source=text, root=root, config_doc=load_json_object(cfg, what="config"))
     if read_side_files:
         ckpt.generation_config = _optional_json(root / "generation_config.json")

@@ -21,6 +21,7 @@ from fnmatch import fnmatch
 from pathlib import Path, PurePosixPath
 
 from kvtool.errors import UsageError
+from kvtool.inputfile import TOML_LIMIT, read_text
 
 _KEYS = {"select", "ignore", "strict", "tensor-parallel-size", "format", "per-file-ignores"}
 
@@ -68,11 +69,9 @@ def _load_toml(path: Path) -> dict:
             import tomli as tomllib  # type: ignore[no-redef]
         except ModuleNotFoundError:
             raise UsageError("reading [tool.kvtool] needs Python 3.11+ or `pip install tomli`", file=str(path)) from None
+    text = read_text(path, what="pyproject.toml", limit=TOML_LIMIT)  # InputError (exit 2) if unreadable
     try:
-        with path.open("rb") as fh:
-            return tomllib.load(fh)
-    except OSError as exc:
-        raise UsageError(f"cannot read: {exc.strerror or exc}", file=str(path)) from None
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise UsageError(f"invalid TOML: {exc}", file=str(path)) from None
 

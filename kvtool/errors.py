@@ -22,6 +22,14 @@ class KvtoolError(Exception):
         self.field = field
         super().__init__(self.line())
 
+    def relocate(self, temporary: str, user: str) -> KvtoolError:
+        """Name the user's path where the error names kvtool's temporary one (a staging or work folder)."""
+        if self.file:
+            self.file = self.file.replace(temporary, user)
+        self.message = self.message.replace(temporary, user)
+        self.args = (self.line(),)
+        return self
+
     def line(self) -> str:
         where = ""
         if self.file:

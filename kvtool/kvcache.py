@@ -111,9 +111,9 @@ def layers(spec, *, kv_heads: int | None = None) -> list[LayerKV]:
         if lt == "sliding_attention":
             window = spec.sliding_window
         elif lt == "chunked_attention":
-            window = spec.get("attention_chunk_size")
+            window = spec.number("attention_chunk_size")
         if spec.is_mla:
-            latent = _dim(spec.get("kv_lora_rank")) + _dim(spec.get("qk_rope_head_dim"))
+            latent = _dim(spec.number("kv_lora_rank")) + _dim(spec.number("qk_rope_head_dim"))
             out.append(LayerKV(i, lt, "MLA", 1, latent, window, latent, h))
             continue
         if not kvh or not hd:

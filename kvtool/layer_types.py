@@ -66,7 +66,7 @@ def _alternating(spec, n):
 def _max_window_layers(spec, n):
     if not spec.get("use_sliding_window", False) or spec.sliding_window is None:
         return None
-    mwl = _int(spec.get("max_window_layers"))
+    mwl = _int(spec.number("max_window_layers"))
     if mwl is None:
         return None
     # qwen2 / qwen3: layers from max_window_layers on use the window
@@ -76,7 +76,7 @@ def _max_window_layers(spec, n):
 def _max_window_layers_alternating(spec, n):
     if not spec.get("use_sliding_window", False) or not spec.sliding_window:
         return None
-    mwl = _int(spec.get("max_window_layers"))
+    mwl = _int(spec.number("max_window_layers"))
     if mwl is None:
         return None
     # qwen2_moe: even layers below max_window_layers use the window
@@ -107,7 +107,7 @@ def _no_rope_flags(spec, n):
 
 
 def _chunked_no_rope(spec, n):
-    chunk = spec.get("attention_chunk_size")
+    chunk = spec.number("attention_chunk_size")
     if not isinstance(chunk, int):
         return None
     # llama4: layers with RoPE (flag 1) use chunked local attention; NoPE layers are global

@@ -62,11 +62,17 @@ def lint_one(source: str, options: LintOptions) -> ModelReport:
 
 
 def _drop_schema_duplicates(findings: list[Finding]) -> list[Finding]:
-    """A schema violation (KV90x) on a key another rule already reports adds nothing: keep the specific one."""
+    """A schema violation (KV90x) on a key another rule already reports as an error adds nothing: keep the
+    specific one (a warning such as KV002 on the key does not replace an error). The number bound (KV906)
+    is the most generic of all: any other error left on its key replaces it."""
+    from kvtool.rules.numbers import NUMBER_CODE
     from kvtool.rules.schema import SCHEMA_CODES
 
-    covered = {f.path for f in findings if f.path and f.code not in SCHEMA_CODES}
-    return [f for f in findings if not (f.code in SCHEMA_CODES and f.path in covered)]
+    generic = (*SCHEMA_CODES, NUMBER_CODE)
+    covered = {f.path for f in findings if f.path and f.code not in generic and f.severity == "error"}
+    kept = [f for f in findings if not (f.code in SCHEMA_CODES and f.path in covered)]
+    errors = {f.path for f in kept if f.path and f.code != NUMBER_CODE and f.severity == "error"}
+    return [f for f in kept if not (f.code == NUMBER_CODE and f.path in errors)]
 
 
 def kv_summary(spec) -> dict | None:

@@ -53,11 +53,18 @@ class ModelSpec:
     layer_types: list[str] = field(default_factory=list)
     rope: dict[str, RopeParams] = field(default_factory=dict)  # layer type ("default" for all) -> params
     issues: list[tuple[str, str]] = field(default_factory=list)  # (dotted key, message)
+    # Numeric values outside kvtool.numbers' bounds (quantity name or "rope:<type>:<key>" -> problem);
+    # the accessors below return None for them, so nothing computes with a NaN or 10^9 layers.
+    invalid: dict = field(default_factory=dict)
 
     # Convenience accessors ------------------------------------------------------------------
     def get(self, name: str, default: Any = None) -> Any:
         r = self.values.get(name)
         return default if r is None or r.value is None else r.value
+
+    def number(self, name: str) -> Any:
+        """A numeric value inside its bound, else None (kvtool.numbers reports why)."""
+        return None if name in self.invalid else self.get(name)
 
     def key(self, name: str) -> str | None:
         """The config key a quantity was read from (prefixed with the wrapper key)."""
@@ -75,19 +82,19 @@ class ModelSpec:
 
     @property
     def num_layers(self) -> int | None:
-        return _pos(self.get("num_layers"))
+        return _pos(self.number("num_layers"))
 
     @property
     def num_heads(self) -> int | None:
-        return _pos(self.get("num_heads"))
+        return _pos(self.number("num_heads"))
 
     @property
     def num_kv_heads(self) -> int | None:
-        return _pos(self.get("num_kv_heads"))
+        return _pos(self.number("num_kv_heads"))
 
     @property
     def hidden_size(self) -> int | None:
-        return _pos(self.get("hidden_size"))
+        return _pos(self.number("hidden_size"))
 
     @property
     def head_dim_explicit(self) -> bool:
@@ -95,7 +102,7 @@ class ModelSpec:
 
     @property
     def head_dim(self) -> int | None:
-        hd = _pos(self.get("head_dim"))
+        hd = _pos(self.number("head_dim"))
         if hd:
             return hd
         h, n = self.hidden_size, self.num_heads
@@ -105,15 +112,16 @@ class ModelSpec:
 
     @property
     def rotary_dim(self) -> int | None:
-        rd = _int(self.get("rotary_dim"))
+        rd = _int(self.number("rotary_dim"))
         if rd:
             return rd
         hd = self.head_dim
         if self.is_mla:
-            return _int(self.get("qk_rope_head_dim"))
+            return _int(self.number("qk_rope_head_dim"))
         if hd is None:
             return None
-        prf = self.get("partial_rotary_factor", 1.0)
+        prf = self.number("partial_rotary_factor")
+        prf = 1.0 if prf is None else prf
         try:
             return int(hd * float(prf))
         except (TypeError, ValueError, OverflowError):  # junk or non-finite factors are findings elsewhere
@@ -131,11 +139,11 @@ class ModelSpec:
 
     @property
     def max_position(self) -> int | None:
-        return _pos(self.get("max_position"))
+        return _pos(self.number("max_position"))
 
     @property
     def sliding_window(self) -> int | None:
-        return _pos(self.get("sliding_window"))
+        return _pos(self.number("sliding_window"))
 
     @property
     def dtype(self) -> str | None:
@@ -187,10 +195,13 @@ def build_spec(full_config: dict) -> ModelSpec:
     for name in arch.fields:
         spec.values[name] = _resolve(spec, name, set())
     from kvtool.layer_types import resolve_layer_types
+    from kvtool.numbers import invalid_quantities, invalid_rope
     from kvtool.rope.params import resolve_rope
 
+    spec.invalid = invalid_quantities(spec)  # before anything derives from the values
     spec.layer_types = resolve_layer_types(spec)
     spec.rope = resolve_rope(spec)
+    spec.invalid.update(invalid_rope(spec))
     return spec
 
 

@@ -36,11 +36,11 @@ def _i(v) -> int:
 def attention_params(spec) -> int:
     h, nh, kvh, hd = spec.hidden_size or 0, spec.num_heads or 0, spec.num_kv_heads or 0, spec.head_dim or 0
     if spec.is_mla:
-        q_lora = _i(spec.get("q_lora_rank"))
-        kv_lora = _i(spec.get("kv_lora_rank"))
-        rope = _i(spec.get("qk_rope_head_dim"))
-        nope = _i(spec.get("qk_nope_head_dim"))
-        v = _i(spec.get("v_head_dim")) or nope
+        q_lora = _i(spec.number("q_lora_rank"))
+        kv_lora = _i(spec.number("kv_lora_rank"))
+        rope = _i(spec.number("qk_rope_head_dim"))
+        nope = _i(spec.number("qk_nope_head_dim"))
+        v = _i(spec.number("v_head_dim")) or nope
         q = (h * q_lora + q_lora * nh * (nope + rope)) if q_lora else h * nh * (nope + rope)
         return q + h * (kv_lora + rope) + kv_lora * nh * (nope + v) + nh * v * h
     return h * nh * hd + 2 * h * kvh * hd + nh * hd * h
@@ -48,19 +48,19 @@ def attention_params(spec) -> int:
 
 def mlp_params(spec, layer: int) -> int:
     h = spec.hidden_size or 0
-    inter = _i(spec.get("intermediate_size")) or 4 * h  # GPT-2 / GPT-J leave n_inner null: 4 x hidden
-    experts = _i(spec.get("num_experts"))
-    dense_first = _i(spec.get("first_k_dense"))
+    inter = _i(spec.number("intermediate_size")) or 4 * h  # GPT-2 / GPT-J leave n_inner null: 4 x hidden
+    experts = _i(spec.number("num_experts"))
+    dense_first = _i(spec.number("first_k_dense"))
     if not experts or layer < dense_first:
         return 3 * h * inter
-    moe_inter = _i(spec.get("moe_intermediate_size")) or inter
-    shared = _i(spec.get("num_shared_experts"))
+    moe_inter = _i(spec.number("moe_intermediate_size")) or inter
+    shared = _i(spec.number("num_shared_experts"))
     return (experts + shared) * 3 * h * moe_inter + h * experts
 
 
 def estimate(spec) -> Estimate | None:
     """None when the config lacks the sizes needed (hidden size, layers, vocabulary)."""
-    h, n, vocab = spec.hidden_size, spec.num_layers, _i(spec.get("vocab_size"))
+    h, n, vocab = spec.hidden_size, spec.num_layers, _i(spec.number("vocab_size"))
     if not h or not n or not vocab:
         return None
     embed = vocab * h * (1 if spec.get("tie_word_embeddings") else 2)
@@ -93,7 +93,7 @@ def estimate(spec) -> Estimate | None:
                      "(the estimate is high)")
     if skipped:
         notes.append(f"{skipped} Mamba / linear-attention mixers not counted: the estimate is low")
-    if not _i(spec.get("intermediate_size")):
+    if not _i(spec.number("intermediate_size")):
         notes.append("the config gives no intermediate size; 4 x hidden assumed")
     return Estimate(total, int(embed * eb + layer_bytes), dtype, notes)
 

@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
+import re
+
 import typer
+
+from kvtool.errors import UsageError
+
+FORMATS = ("text", "json")
+DEVICES = ("auto", "cpu", "cuda", "cuda:N")
+_DEVICE = re.compile(r"auto|cpu|cuda(:\d{1,3})?")
 
 
 def register(app: typer.Typer) -> None:
@@ -14,13 +22,18 @@ def register(app: typer.Typer) -> None:
         dry_run: bool = typer.Option(False, "--dry-run", help="Validate the recipe against SRC and print the plan; do no work."),
         keep_intermediate: bool = typer.Option(False, "--keep-intermediate", help="Keep each step's output in DST.intermediate/."),
         force: bool = typer.Option(False, "--force", help="Replace a non-empty DST."),
-        device: str = typer.Option("auto", "--device", help="auto | cuda | cpu for steps that run the model."),
+        device: str = typer.Option("auto", "--device", help="auto | cpu | cuda | cuda:N for steps that run the model."),
         output_format: str = typer.Option("text", "--format", help="text | json (the run report on stdout)."),
     ) -> int:
         import json
         import sys
 
         from kvtool.recipes.apply import apply_recipe
+
+        if output_format not in FORMATS:
+            raise UsageError(f"must be one of {', '.join(FORMATS)}, not {output_format!r}", field="--format")
+        if not _DEVICE.fullmatch(device):
+            raise UsageError(f"must be one of {', '.join(DEVICES)}, not {device!r}", field="--device")
 
         def echo(line: str) -> None:
             print(line, file=sys.stderr if output_format == "json" else sys.stdout)

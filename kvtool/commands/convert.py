@@ -51,6 +51,9 @@ def register(app: typer.Typer) -> None:
             raise UsageError(str(exc), field="--max-shard-size") from None
         if shard_bytes <= 0:
             raise UsageError("must be positive", field="--max-shard-size")
+        if eval_tokens < 2:
+            raise UsageError(f"must be at least 2, got {eval_tokens}", field="--eval-tokens")
+        _gates(max_ppl_increase, max_kld)  # refuse a bad gate before any work, --dry-run too
         options = _parse_options(method_opt)
         # the calibrated method's own flags; any other method refuses them by name
         options.update({k: v for k, v in (("calib_text", calib_text), ("calib_tokens", calib_tokens),
@@ -130,7 +133,7 @@ def _eval_api():
 
 
 def _gates(max_ppl_increase: str | None, max_kld: float | None) -> dict:
-    from kvtool.units import parse_percent
+    from kvtool.units import gate_threshold, parse_percent
 
     gates: dict = {}
     if max_ppl_increase is not None:
@@ -139,7 +142,10 @@ def _gates(max_ppl_increase: str | None, max_kld: float | None) -> dict:
         except ValueError as exc:
             raise UsageError(str(exc), field="--max-ppl-increase") from None
     if max_kld is not None:
-        gates["--max-kld"] = float(max_kld)
+        try:
+            gates["--max-kld"] = gate_threshold(float(max_kld))
+        except ValueError as exc:
+            raise UsageError(str(exc), field="--max-kld") from None
     return gates
 
 

@@ -37,7 +37,7 @@ def register(app: typer.Typer) -> None:
         progress: Optional[bool] = typer.Option(None, "--progress/--no-progress", help="Progress bar on stderr (default: when stderr is a terminal)."),
     ) -> int:
         from kvtool.eval.texts import read_texts
-        from kvtool.units import parse_percent
+        from kvtool.units import gate_threshold, parse_percent
 
         if output_format not in ("text", "json"):
             raise UsageError(f"unknown format {output_format!r}; use text or json", field="--format")
@@ -48,7 +48,10 @@ def register(app: typer.Typer) -> None:
             except ValueError as exc:
                 raise UsageError(str(exc), field="--max-ppl-increase") from None
         if max_kld is not None:
-            gates["--max-kld"] = max_kld
+            try:
+                gates["--max-kld"] = gate_threshold(max_kld)
+            except ValueError as exc:
+                raise UsageError(str(exc), field="--max-kld") from None
         if min_top1 is not None:
             if not 0.0 <= min_top1 <= 1.0:
                 raise UsageError(f"must be between 0 and 1, got {min_top1}", field="--min-top1")

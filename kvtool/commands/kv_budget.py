@@ -7,6 +7,7 @@ from typing import Optional
 import typer
 
 from kvtool.errors import EXIT_FINDINGS, EXIT_OK, UsageError
+from kvtool.numbers import QUANTITY_BOUNDS, show
 
 
 def register(app: typer.Typer) -> None:
@@ -38,6 +39,7 @@ def register(app: typer.Typer) -> None:
 
         from kvtool.checkpoint import open_checkpoint
         from kvtool.kvcache import KV_CACHE_DTYPES
+        from kvtool.numbers import require_valid_numbers
         from kvtool.spec import build_spec
         from kvtool.units import parse_size
 
@@ -46,11 +48,12 @@ def register(app: typer.Typer) -> None:
         if kv_cache_dtype not in KV_CACHE_DTYPES:
             raise UsageError(f"unknown KV-cache dtype {kv_cache_dtype!r}; choose from {', '.join(KV_CACHE_DTYPES)}",
                              field="--kv-cache-dtype")
-        _positive(max_model_len, "--max-model-len")
-        _positive(batch, "--batch")
-        _positive(block_size, "--block-size")
-        _positive(tensor_parallel_size, "--tensor-parallel-size")
-        _positive(max_num_batched_tokens, "--max-num-batched-tokens")
+        tokens = QUANTITY_BOUNDS["max_position"].high  # the config bound on a context length
+        _positive(max_model_len, "--max-model-len", tokens)
+        _positive(batch, "--batch", 1 << 30)
+        _positive(block_size, "--block-size", 1 << 20)
+        _positive(tensor_parallel_size, "--tensor-parallel-size", QUANTITY_BOUNDS["num_heads"].high)
+        _positive(max_num_batched_tokens, "--max-num-batched-tokens", tokens)
         if not 0 < gpu_memory_utilization <= 1:
             raise UsageError(f"{gpu_memory_utilization:g} is not in (0, 1]", field="--gpu-memory-utilization")
         reserve_bytes = 0
@@ -70,6 +73,7 @@ def register(app: typer.Typer) -> None:
         else:
             ckpt = open_checkpoint(model, read_side_files=False)
         spec = build_spec(ckpt.config)
+        require_valid_numbers(spec, str(ckpt.config_path))
         opts = BudgetOptions(
             max_model_len=max_model_len, batch=batch or 1, batch_given=batch is not None,
             kv_cache_dtype=kv_cache_dtype, block_size=block_size, tensor_parallel_size=tensor_parallel_size,
@@ -86,6 +90,8 @@ def register(app: typer.Typer) -> None:
         return EXIT_FINDINGS if b.problems else EXIT_OK
 
 
-def _positive(value: int | None, name: str) -> None:
+def _positive(value: int | None, name: str, high: int) -> None:
     if value is not None and value < 1:
         raise UsageError(f"must be at least 1, got {value}", field=name)
+    if value is not None and value > high:
+        raise UsageError(f"must be at most {high:,}, got {show(value)}", field=name)

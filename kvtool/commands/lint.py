@@ -27,16 +27,16 @@ def register(app: typer.Typer) -> None:
         isolated: bool = typer.Option(False, "--isolated", help="Ignore every pyproject.toml."),
     ) -> int:
         from kvtool.config_file import find_pyproject, load_settings
+        from kvtool.inputfile import not_regular
         from kvtool.lint import lint_one
         from kvtool.output import FORMATS, render
         from kvtool.rules.registry import LintOptions, Selection
 
         if config is not None and isolated:
             raise UsageError("--config and --isolated exclude each other")
-        if config is not None and config.is_dir():
-            raise UsageError("is a folder, not a settings file", file=str(config), field="--config")
-        if config is not None and not config.is_file():
-            raise UsageError("no such file", file=str(config), field="--config")
+        why = not_regular(config) if config is not None else None
+        if why:  # "not found", or what it is instead of a file (a folder, a FIFO)
+            raise UsageError(why, file=str(config), field="--config")
         settings = load_settings(None if isolated else (config or find_pyproject()))
         fmt = output_format or settings.format or "text"
         if fmt not in FORMATS:

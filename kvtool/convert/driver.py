@@ -24,6 +24,8 @@ from kvtool.io.preflight import preflight
 from kvtool.convert.config_edit import dump_config, kv_field_is_boolean, rewrite_config
 from kvtool.errors import InputError, UsageError
 from kvtool.io.writer import PlannedTensor
+from kvtool.jsonfile import load_json_object
+from kvtool.numbers import require_valid_numbers
 from kvtool.spec import ModelSpec, build_spec, get_path
 
 # --dtype choices -> safetensors dtype (None: keep what is stored) and the config's dtype name.
@@ -195,6 +197,7 @@ def make_plan(src: str | Path, *, to: str, groups: int | None = None, method: st
         raise InputError("SRC must be a model folder (config.json + safetensors)", file=str(src))
     ckpt = preflight(src_path)  # corrupt weights, escaping index, pickles only: refused before any read
     spec = build_spec(ckpt.config)
+    require_valid_numbers(spec, str(ckpt.config_path))
     arch = spec.arch
     _refuse_unsupported(arch, spec, ckpt)
     H, KV, hd, L = spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.num_layers
@@ -350,8 +353,8 @@ def provenance(plan: ConvertPlan, method_obj=None) -> dict:
     previous = plan.src / "kvtool.json"
     if previous.is_file():
         try:
-            prov["source_provenance"] = json.loads(previous.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+            prov["source_provenance"] = load_json_object(previous, what="kvtool.json").data
+        except InputError:
             pass
     return prov
 

@@ -276,9 +276,12 @@ class _ModelPool:
 
     def _load(self, spec: str) -> _Loaded:
         from kvtool.io.preflight import preflight
+        from kvtool.numbers import require_valid_numbers
+        from kvtool.spec import build_spec
         from kvtool.torch_utils import load_model, load_tokenizer
 
         ckpt = preflight(spec, model_code=True, read_side_files=False)  # before transformers sees the folder
+        require_valid_numbers(build_spec(ckpt.config), str(ckpt.config_path))
         model = load_model(spec, device=self.device, dtype=self.dtype, device_map=self.device_map)
         tok = load_tokenizer(spec)
         _unbounded(tok)

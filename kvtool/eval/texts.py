@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Sequence
 
+from kvtool import inputfile
 from kvtool.errors import InputError, UsageError
 
 
@@ -39,17 +39,9 @@ def read_texts(files: Sequence[str] | None, dataset: str | None) -> tuple[list[s
 
 
 def read_text_file(name: str, field: str) -> str:
-    """A UTF-8 text file given on the command line; one-line InputError naming the file and option."""
-    try:
-        return Path(name).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InputError("no such file", file=name, field=field) from None
-    except IsADirectoryError:
-        raise InputError("is a folder, not a text file", file=name, field=field) from None
-    except UnicodeDecodeError as exc:
-        raise InputError(f"not UTF-8 text (byte {exc.start})", file=name, field=field) from None
-    except OSError as exc:
-        raise InputError(exc.strerror or str(exc), file=name, field=field) from None
+    """A regular UTF-8 text file given on the command line (at most inputfile.TEXT_LIMIT bytes; FIFOs and
+    devices are refused); one-line InputError naming the file and option."""
+    return inputfile.read_text(name, what="text file", limit=inputfile.TEXT_LIMIT, field=field)
 
 
 def _read_file(name: str) -> str:

@@ -220,7 +220,9 @@ def staged_output(dst: str | Path, *, force: bool = False, protect: Iterable[Pat
             raise
         shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(exc, OSError) and not isinstance(exc, KvtoolError):
-            raise InputError(_os_error_message(exc), file=str(dst)) from None
+            raise InputError(_os_error_message(exc), file=str(dst)).relocate(str(tmp), str(dst)) from None
+        if isinstance(exc, KvtoolError):  # errors name DST/file, never the hidden staging folder
+            exc.relocate(str(tmp), str(dst))
         raise
 
 

@@ -104,6 +104,7 @@ def prepare(src: str, dst: str, opts: QuantizeOptions):
     from kvtool.architectures import is_known
     from kvtool.io.preflight import preflight
     from kvtool.io.staging import check_destination
+    from kvtool.numbers import require_valid_numbers
     from kvtool.quantize.config import with_kv_cache_scheme
     from kvtool.quantize.observers import parse_spec
     from kvtool.quantize.write import existing_scales
@@ -115,6 +116,7 @@ def prepare(src: str, dst: str, opts: QuantizeOptions):
         raise InputError("is not a model folder (quantize-kv needs config.json and safetensors weights)", file=src)
     ckpt = preflight(src, model_code=True)  # before any load: corrupt weights, pickles, auto_map refused
     spec = build_spec(ckpt.config)
+    require_valid_numbers(spec, str(ckpt.config_path))
     arch = spec.arch
     if not is_known(spec.model_type):
         raise InputError(f"model_type {spec.model_type!r} has no architecture table; kvtool cannot name its "

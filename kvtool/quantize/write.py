@@ -18,6 +18,7 @@ import torch
 
 from kvtool import kv_scale_names
 from kvtool.errors import InputError
+from kvtool.jsonfile import load_json_object
 from kvtool.io.staging import link_or_copy
 
 SCALE_SHARD = "model-kv-scales.safetensors"
@@ -64,8 +65,8 @@ def write_output(src: Path, tmp: Path, *, config: dict, scales: dict[str, torch.
         old_meta: dict = {}
         if reader.index_path is not None:
             try:
-                old_meta = dict(json.loads(reader.index_path.read_text(encoding="utf-8")).get("metadata") or {})
-            except (OSError, ValueError, AttributeError):
+                old_meta = dict(load_json_object(reader.index_path, what="safetensors index").data.get("metadata") or {})
+            except (InputError, ValueError, TypeError, AttributeError):
                 old_meta = {}
     clash = [n for n in scales if n in weight_map]
     if clash:

@@ -22,8 +22,9 @@ from typing import Callable
 
 from kvtool import __version__
 from kvtool.checkpoint import open_checkpoint
-from kvtool.errors import GateFailed, InputError, UsageError
+from kvtool.errors import GateFailed, InputError, KvtoolError, UsageError
 from kvtool.io.preflight import preflight
+from kvtool.numbers import require_valid_numbers
 from kvtool.recipes.load import Recipe, Step, load_recipe
 from kvtool.recipes.plan import plan_recipe
 from kvtool.spec import build_spec
@@ -82,9 +83,11 @@ def run_convert_step(ctx: RunContext, step: Step) -> StepResult:
         calib = o.get("calibration") or {}
         files = _texts(ctx, calib, "calibration")
         if len(files) > 1:  # the aware method reads one file: join them
+            from kvtool.eval.texts import read_text_file
+
             joined = ctx.work / "text" / f"step{step.index}-calib.txt"
             joined.parent.mkdir(parents=True, exist_ok=True)
-            joined.write_text("\n\n".join(Path(f).read_text(encoding="utf-8") for f in files), encoding="utf-8")
+            joined.write_text("\n\n".join(read_text_file(f, "calibration.text") for f in files), encoding="utf-8")
             files = [str(joined)]
         options["calib_text"] = files[0]
         if "tokens" in calib:
@@ -237,6 +240,7 @@ def apply_recipe(recipe_path: str | Path, src: str | Path, dst: str | Path, *, d
         raise InputError("SRC must be a model folder", file=str(src))
     loads_model = any(s.kind in ("quantize-kv", "eval") or s.options.get("method") == "aware" for s in recipe.steps)
     ckpt = preflight(src, model_code=loads_model, require_weights=False)
+    require_valid_numbers(build_spec(ckpt.config), str(ckpt.config_path))
     plan = plan_recipe(recipe, ckpt.config, ckpt.has_weights)
     echo(f"recipe {recipe.name} ({recipe.path}): {len(recipe.steps)} step(s)")
     for step, desc in zip(recipe.steps, plan):
@@ -263,8 +267,13 @@ def apply_recipe(recipe_path: str | Path, src: str | Path, dst: str | Path, *, d
         for step in recipe.steps:
             echo(f"[{step.index}/{len(recipe.steps)}] {step.kind} ...")
             t0 = time.perf_counter()
-            with scratch_outputs():  # a step's folder is scratch: an interrupted run has not written it
-                res = RUNNERS[step.kind](ctx, step)
+            try:
+                with scratch_outputs():  # a step's folder is scratch: an interrupted run has not written it
+                    res = RUNNERS[step.kind](ctx, step)
+            except KvtoolError as exc:  # name DST, not the hidden work folder the steps write into
+                for s in recipe.steps:
+                    exc.relocate(str(ctx.new_folder(s)), str(dst))
+                raise
             res.seconds = round(time.perf_counter() - t0, 3)
             report["steps"].append(res.__dict__)
             echo(f"[{step.index}/{len(recipe.steps)}] {step.kind}: {'ok' if res.passed else 'FAILED'} ({res.seconds:.1f} s)")

@@ -7,6 +7,7 @@ schemas/recipe.schema.json). Paths in a recipe are relative to the recipe file.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -15,9 +16,14 @@ import yaml
 
 from kvtool.architectures import schemas_dir
 from kvtool.errors import InputError
-from kvtool.jsonfile import read_text
+from kvtool.inputfile import RECIPE_LIMIT, read_text
 
 RECIPE_SUFFIXES = (".yaml", ".yml")
+# A recipe is a few dozen nodes. Anchors and aliases are allowed, but the document they expand to is
+# bounded, so an alias bomb ("billion laughs") is refused after composing a few hundred nodes.
+MAX_YAML_NODES = 10_000  # nodes after expanding aliases
+MAX_YAML_DEPTH = 32
+MAX_YAML_ALIASES = 100
 
 
 @dataclass(frozen=True)
@@ -112,14 +118,9 @@ def _schema_error(err, lines: _LineMap, file: str) -> InputError:
 def load_recipe(path: str | Path) -> Recipe:
     """Parse and validate a recipe; InputError (exit 2) with file, key and line on any problem."""
     p = Path(path)
-    if p.is_dir():
-        raise InputError("is a folder, not a recipe file", file=str(p))
-    if not p.is_file():
-        raise InputError("no such recipe file", file=str(p))
-    text = read_text(p, what="recipe", limit=4 * 1024 * 1024)
+    text = read_text(p, what="recipe", limit=RECIPE_LIMIT)
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
+        node, data = _load_bounded(text, str(p))
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1} column {mark.column + 1}: " if mark else ""
@@ -131,6 +132,10 @@ def load_recipe(path: str | Path) -> Recipe:
     if lines.duplicates:
         dpath, line = lines.duplicates[0]
         raise InputError(f"line {line}: duplicate key {dpath[-1]!r}", file=str(p), field=_dotted(dpath))
+    bad = _nonfinite(data, ())
+    if bad is not None:
+        raise InputError(f"line {lines.line(bad)}: .nan / .inf is not a usable number here", file=str(p),
+                         field=_dotted(bad))
     errors = sorted(_validator().iter_errors(data), key=lambda e: (lines.line(tuple(e.absolute_path)), list(e.absolute_path)))
     if errors:
         raise _schema_error(_most_specific(errors), lines, str(p))
@@ -139,6 +144,76 @@ def load_recipe(path: str | Path) -> Recipe:
         (kind, options), = item.items()
         recipe.steps.append(Step(kind=kind, options=dict(options or {}), index=i + 1, line=lines.line(("steps", i, kind))))
     return recipe
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """SafeLoader that counts aliases and nesting while composing (before anything is expanded)."""
+
+    def __init__(self, stream: str, file: str):
+        super().__init__(stream)
+        self._file, self._aliases, self._depth = file, 0, 0
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            self._aliases += 1
+            if self._aliases > MAX_YAML_ALIASES:
+                raise InputError(f"more than {MAX_YAML_ALIASES} YAML aliases", file=self._file)
+        self._depth += 1
+        if self._depth > MAX_YAML_DEPTH:
+            raise InputError(f"YAML nested more than {MAX_YAML_DEPTH} levels deep", file=self._file)
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+
+def _load_bounded(text: str, file: str) -> tuple[yaml.Node | None, object]:
+    """(root node, data) with aliases, nesting and the alias-expanded size bounded; one parse."""
+    loader = _BoundedLoader(text, file)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None, None
+        if _expanded_size(node) > MAX_YAML_NODES:
+            raise InputError(f"YAML expands to more than {MAX_YAML_NODES} nodes (aliases repeat anchored "
+                             f"content)", file=file)
+        return node, loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
+def _expanded_size(root: yaml.Node) -> int:
+    """Nodes the document has once every alias is expanded, computed per distinct node (memoised)."""
+    sizes: dict[int, int] = {}
+
+    def size(node: yaml.Node, depth: int) -> int:
+        if id(node) in sizes:
+            return sizes[id(node)]
+        if depth > MAX_YAML_DEPTH + 1:  # a recursive alias (&a [*a]) never ends
+            return MAX_YAML_NODES + 1
+        total = 1
+        if isinstance(node, yaml.MappingNode):
+            for k, v in node.value:
+                total += size(k, depth + 1) + size(v, depth + 1)
+        elif isinstance(node, yaml.SequenceNode):
+            for item in node.value:
+                total += size(item, depth + 1)
+        sizes[id(node)] = total = min(total, MAX_YAML_NODES + 1)
+        return total
+
+    return size(root, 0)
+
+
+def _nonfinite(value, path: tuple) -> tuple | None:
+    """Path of the first NaN / infinite float (YAML's .nan, .inf): JSON Schema bounds let them through."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return path
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for k, v in items:
+        found = _nonfinite(v, path + (k,))
+        if found is not None:
+            return found
+    return None
 
 
 def _most_specific(errors):

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from kvtool.errors import UsageError
+from kvtool.inputfile import not_regular
 from kvtool.recipes.load import Recipe, Step
 from kvtool.spec import build_spec
 
@@ -36,8 +37,9 @@ def _text_paths(recipe: Recipe, step: Step, section: dict | None, *, required: b
             raise _fail(recipe, step, "needs calibration text: set calibration.text (a file relative to the recipe)")
         return
     for t, path in recipe.text_files(section):
-        if not path.is_file():
-            raise _fail(recipe, step, f"text file {t!r} not found (resolved to {path})")
+        why = not_regular(path)
+        if why:
+            raise _fail(recipe, step, f"text file {t!r} {why} (resolved to {path})")
 
 
 def plan_convert(recipe: Recipe, step: Step, state: PlanState) -> str:

@@ -16,6 +16,7 @@ import copy
 from dataclasses import dataclass, field
 
 from kvtool.errors import InputError, UsageError
+from kvtool.numbers import ROPE_PARAM_BOUNDS, problem
 from kvtool.rope import types as rt
 from kvtool.rope.params import (
     ORIGINAL_FROM_TOP, geometry_for, is_nested, raw_dict, rope_dict, theta_of, unprefixed,
@@ -128,6 +129,8 @@ def plan_rope(spec: ModelSpec, req: RopeRequest, *, source: str = "config.json")
     original = _original(spec, req, old, source)
     factor = _factor(req, original)
     theta = float(req.theta) if req.theta is not None else theta_of(spec, rp)
+    if req.theta is not None:
+        _check_bound(theta, "rope_theta", "--theta")
     if not theta > 0:
         raise UsageError(f"RoPE base must be positive, got {theta}", field="--theta")
 
@@ -173,12 +176,29 @@ def _factor(req: RopeRequest, original: int) -> float:
         raise UsageError("give --factor or --target-context, not both", field="--factor")
     if req.factor is None and req.target_context is None:
         raise UsageError("give --factor F or --target-context N", field="--factor")
+    _check_option_numbers(req)
     f = float(req.factor) if req.factor is not None else req.target_context / original
     if not f >= 1:
         what = f"--factor {req.factor}" if req.factor is not None else \
             f"--target-context {req.target_context} / original {original} = {f:g}"
         raise UsageError(f"{what} is below 1: it would shrink the context, not extend it", field="--factor")
     return f  # a float: transformers 4.x validators warn on an int factor
+
+
+def _check_option_numbers(req: RopeRequest) -> None:
+    """Each numeric option against the bound its config key has (kvtool.numbers), named by its flag."""
+    given = {"factor": req.factor, "original_max_position_embeddings": req.original, **req.options}
+    for key, value in given.items():
+        if value is not None and key in ROPE_PARAM_BOUNDS:
+            _check_bound(value, key, f"--{key.replace('_', '-')}")
+    if req.target_context is not None:
+        _check_bound(req.target_context, "original_max_position_embeddings", "--target-context")
+
+
+def _check_bound(value, key: str, flag: str) -> None:
+    bad = problem(value, ROPE_PARAM_BOUNDS[key])
+    if bad:
+        raise UsageError(f"got {bad[0]}; it must be {bad[1]}", field=flag)
 
 
 def _new_params(name: str, old: dict, req: RopeRequest, factor: float, original: int) -> dict:

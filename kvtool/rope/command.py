@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from dataclasses import dataclass, field
@@ -13,7 +12,8 @@ import typer
 from kvtool.checkpoint import open_checkpoint
 from kvtool.io.preflight import preflight
 from kvtool.errors import EXIT_OK, InputError, UsageError
-from kvtool.jsonfile import atomic_write_text, dump_json_like, read_text
+from kvtool.jsonfile import atomic_write_text, dump_json_like, parse_json, read_text
+from kvtool.numbers import FACTOR_LIST_BOUND, problem, require_valid_numbers
 from kvtool.rope import show as sh
 from kvtool.rope.apply import RopeRequest, lint_findings, plan_rope, target_params
 from kvtool.spec import build_spec
@@ -66,6 +66,7 @@ def run(a: RopeArgs) -> int:
         ckpt = open_checkpoint(a.src, read_weights=False)
     spec = build_spec(ckpt.config)
     source = str(ckpt.config_path)
+    require_valid_numbers(spec, source)
 
     if a.rope_type is None:
         states = sh.current_states(spec)
@@ -125,16 +126,11 @@ def _factor_list(path: str | None, option: str) -> list[float] | None:
     """A JSON list of positive numbers, or a JSON object holding one under short_factor / long_factor."""
     if path is None:
         return None
-    text = read_text(Path(path), what="factor list")
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InputError(f"invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}", file=path) from None
+    data = parse_json(read_text(Path(path), what="factor list"), path, what="factor list")
     if isinstance(data, dict):
         data = data.get(option.strip("-").replace("-file", "").replace("-", "_"))
-    if not (isinstance(data, list) and data and all(
-            isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0 for x in data)):
-        raise InputError(f"{option} expects a JSON list of positive numbers", file=path)
+    if not (isinstance(data, list) and data and not problem(data, FACTOR_LIST_BOUND)):
+        raise InputError(f"{option} expects a JSON list of finite numbers > 0 and <= 1e6", file=path)
     return [float(x) for x in data]
 
 
@@ -169,7 +165,7 @@ def _write_in_place(ckpt, text: str) -> str:
 
 
 def _write_dst(ckpt, dst: Path, text: str, *, link: bool = False) -> str:
-    from kvtool.io.staging import check_inside, link_or_copy, staged_output
+    from kvtool.io.staging import check_destination, check_inside, link_or_copy, staged_output
 
     if ckpt.hub:
         raise UsageError("writing needs a local model folder; download it first (huggingface-cli download)",
@@ -185,6 +181,9 @@ def _write_dst(ckpt, dst: Path, text: str, *, link: bool = False) -> str:
         return f"{dst} written"
     # a lone config.json: the file is the input (a DST folder beside it is fine, one holding it is not)
     protect = [ckpt.root] if ckpt.root is not None else [ckpt.config_path]
+    check_destination(dst, force=True, protect=protect)  # the input itself, or a file: refused
+    if dst.is_dir() and any(dst.iterdir()):  # rope has no --force (staging's message names it): never replaces
+        raise UsageError("destination folder is not empty; give a new or empty DST, or --in-place", file=str(dst))
     linked = copied = 0
     with staged_output(dst, protect=protect) as tmp:
         (tmp / "config.json").write_text(text, encoding="utf-8")

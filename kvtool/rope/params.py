@@ -23,7 +23,7 @@ def _params(d: dict) -> dict:
 
 
 def is_nested(rp: dict) -> bool:
-    return bool(rp) and all(k in KNOWN_TYPES and isinstance(v, dict) for k, v in rp.items())
+    return isinstance(rp, dict) and bool(rp) and all(k in KNOWN_TYPES and isinstance(v, dict) for k, v in rp.items())
 
 
 def resolve_rope(spec) -> dict[str, RopeParams]:

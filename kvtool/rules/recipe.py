@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from kvtool.inputfile import not_regular
 from kvtool.rules.registry import define
 
 define("KV961", "recipe-invalid", "error", "Recipe file does not match the recipe schema",
@@ -55,8 +56,9 @@ def lint_recipe_file(path: str):
     for step in recipe.steps:
         for sec in (step.options, step.options.get("calibration")):
             for t, resolved in recipe.text_files(sec):
-                if not resolved.is_file():
+                why = not_regular(resolved)
+                if why:
                     report.findings.append(finding(
-                        "KV962", f"step {step.index} ({step.kind}): text file {t!r} not found (resolved to {resolved})",
+                        "KV962", f"step {step.index} ({step.kind}): text file {t!r} {why} (resolved to {resolved})",
                         f"steps[{step.index - 1}].{step.kind}", step.line))
     return report

@@ -138,3 +138,12 @@ def test_link_or_copy_copies_by_default_and_links_only_when_asked(tmp_path, monk
     monkeypatch.setattr(os, "link", fail(errno.EIO))  # a real I/O error is not hidden by a copy
     with pytest.raises(OSError):
         link_or_copy(src, tmp_path / "eio.bin", link=True)
+
+
+def test_errors_name_dst_not_the_staging_folder(tmp_path):
+    dst = tmp_path / "out"
+    with pytest.raises(InputError) as e:
+        with staged_output(dst) as tmp:
+            raise InputError(f"bad tensor in {tmp}/model.safetensors", file=str(tmp / "config.json"))
+    assert e.value.file == str(dst / "config.json")
+    assert e.value.message == f"bad tensor in {dst}/model.safetensors" and ".kvtool-tmp-" not in str(e.value)

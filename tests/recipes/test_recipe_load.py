@@ -72,3 +72,36 @@ def test_every_observer_spelling_is_accepted(tmp_path, observer):
     # observer names carry hyphens (the default is absmax-pow2:2): the schema must not reject them
     r = load_recipe(_write(tmp_path, f"version: 1\nsteps:\n  - quantize-kv: {{observer: '{observer}'}}\n"))
     assert r.steps[0].options["observer"] == observer
+
+
+def test_a_few_aliases_are_fine(tmp_path):
+    p = tmp_path / "r.yaml"
+    p.write_text("version: 1\nx-common: &t {max_kld: 0.5}\nsteps:\n  - eval: {thresholds: *t}\n")
+    with pytest.raises(InputError, match="x-common"):  # unknown top-level key, but parsed: aliases resolved
+        load_recipe(p)
+
+
+@pytest.mark.parametrize("body,words", [
+    ("a0: &a0 [1, 1, 1, 1, 1, 1, 1, 1, 1, 1]\n" + "".join(
+        f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]\n" for i in range(1, 9)), "expands to more than"),
+    ("x: &a [*a]\n", "expands to more than"),
+    ("a: &a 1\nb: [" + ", ".join(["*a"] * 101) + "]\n", "more than 100 YAML aliases"),
+    ("x: " + "[" * 40 + "]" * 40 + "\n", "nested more than 32 levels"),
+])
+def test_yaml_bounds(tmp_path, body, words):
+    import time
+
+    p = tmp_path / "bomb.yaml"
+    p.write_text("version: 1\n" + body + "steps: []\n")
+    t0 = time.monotonic()
+    with pytest.raises(InputError, match=words) as e:
+        load_recipe(p)
+    assert e.value.file == str(p) and time.monotonic() - t0 < 2
+
+
+def test_nan_and_inf_are_refused_with_their_key(tmp_path):
+    p = tmp_path / "r.yaml"
+    p.write_text("version: 1\nsteps:\n  - eval: {thresholds: {max_kld: .inf}}\n")
+    with pytest.raises(InputError) as e:
+        load_recipe(p)
+    assert e.value.field == "steps[0].eval.thresholds.max_kld" and "line 3" in e.value.message

@@ -72,3 +72,20 @@ def test_added_tokens_decoder_beyond_vocab(tmp_path) -> None:
         {"added_tokens_decoder": {"0": {"content": "<unk>"}, "33": {"content": "<|im_end|>"}}}))
     (f,) = [x for x in lint_one(str(tmp_path), LintOptions()).findings if x.code == "KV503"]
     assert "added_tokens_decoder has ids up to 33" in f.message
+
+
+def test_number_bounds_kv906_and_who_reports_a_key(tmp_path) -> None:
+    """KV906 reports what no other rule does (10^9 layers); a specific error on the key replaces it, and a
+    warning (KV002's NaN token) does not hide the error the schema reports."""
+
+    def lint(**over):
+        folder = tmp_path / str(len(list(tmp_path.iterdir())))
+        write_config(folder, {**LLAMA, **over})
+        return [(f.code, f.path, f.severity) for f in lint_one(str(folder), LintOptions()).findings]
+
+    assert ("KV906", "num_hidden_layers", "error") in lint(num_hidden_layers=10**9)
+    heads = lint(num_key_value_heads=0)
+    assert ("KV101", "num_key_value_heads", "error") in heads and not [c for c in heads if c[0] == "KV906"]
+    nan = lint(num_attention_heads=float("nan"))
+    assert ("KV002", "num_attention_heads", "warning") in nan
+    assert [c for c in nan if c[2] == "error" and c[1] == "num_attention_heads"], nan
