@@ -69,7 +69,9 @@ NORM_SCOPES = ("head", "all")
 
 _TOP_KEYS = {"model_type", "aliases", "architectures", "description", "defaults", "fields", "kv_head_fields",
              "attention", "weights", "convert", "wrapper_keys", "legacy_keys"}
-_ATTN_KEYS = {"kind", "position", "layer_types", "kv_cache", "rope_layout"}
+# rope_types: the rope types the config class accepts when it accepts fewer than all (transformers'
+# Phi3Config.validate_rope raises for any type but default / longrope); absent: every type.
+_ATTN_KEYS = {"kind", "position", "layer_types", "kv_cache", "rope_layout", "rope_types"}
 # bias: roles whose projection always carries a bias; transposed: GPT-2 Conv1D weights stored [in, out];
 # base_prefix: leading prefix that checkpoints saved from the base model class (not *ForCausalLM) lack.
 # q_gated: q_proj also emits a per-head output gate, so it has 2 x heads x head_dim rows (Qwen3-Next / 3.5).
@@ -160,6 +162,9 @@ def _validate(data: dict, file: str) -> Architecture:
         _fail(file, f"attention.position must be one of {POSITIONS}")
     if attn.get("rope_layout") not in (None, *ROPE_LAYOUTS):
         _fail(file, f"attention.rope_layout must be one of {ROPE_LAYOUTS}")
+    rts = attn.get("rope_types")
+    if rts is not None and not (isinstance(rts, list) and rts and all(isinstance(t, str) and t for t in rts)):
+        _fail(file, "attention.rope_types must be a non-empty list of rope type names")
     for r in attn.get("layer_types", []):
         if r not in LAYER_RESOLVERS:
             _fail(file, f"attention.layer_types: unknown resolver {r!r}")

@@ -115,7 +115,10 @@ def test_unknown_type_and_aliases():
 
 
 def test_served_context_follows_vllm():
-    assert rt.served_context(EXAMPLES["yarn"], 999) == 512 * 8
+    # vllm 0.33 _get_and_verify_max_len: yarn keeps max_position_embeddings (tests/oracle/test_vllm_facts.py)
+    assert rt.served_context(EXAMPLES["yarn"], 999) == 999
+    assert rt.served_context({"rope_type": "yarn", "original_max_position_embeddings": 512}, 999) is None
+    assert rt.served_context({"rope_type": "made-up"}, 999) is None
     assert rt.served_context(EXAMPLES["linear"], 4096) == 4096 * 4
     assert rt.served_context(EXAMPLES["dynamic"], 4096) == 4096 * 4
     assert rt.served_context(EXAMPLES["llama3"], 131072) == 131072
