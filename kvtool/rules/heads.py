@@ -21,7 +21,9 @@ define("KV102", "kv-heads-not-dividing", "error",
        """
        What it does: checks that num_attention_heads is divisible by num_key_value_heads.
        Why it matters: grouped-query attention shares each KV head among an equal number of query
-       heads; an uneven split cannot be expressed and model classes fail in repeat_kv.
+       heads; an uneven split cannot be expressed and model classes fail in repeat_kv. MLA models
+       (DeepSeek-V2/V3, Kimi-K2, GLM-5) too: their transformers attention still repeats the
+       decompressed KV heads by num_attention_heads // num_key_value_heads.
        Example: {"num_attention_heads": 32, "num_key_value_heads": 6}
        Fix: choose a KV-head count that divides the query heads (`kvtool convert --to gqa --groups G`
        lists the valid G).
@@ -31,8 +33,6 @@ define("KV102", "kv-heads-not-dividing", "error",
 @checker("heads")
 def check_kv_heads(ctx) -> None:
     spec = ctx.spec
-    if spec.is_mla:
-        return
     h, kv = spec.get("num_heads"), spec.get("num_kv_heads")
     kv_key = spec.key("num_kv_heads") or "num_key_value_heads"
     if kv is None or h is None:

@@ -155,6 +155,8 @@ def build() -> None:
     fx("KV101", "fail_too_many", lambda d: write(d, c(LLAMA, num_key_value_heads=8)))
     fx("KV101", "fail_zero", lambda d: write(d, c(LLAMA, num_key_value_heads=0)))
     fx("KV101", "pass", lambda d: write(d, LLAMA))
+    fx("KV102", "fail_mla_uneven", lambda d: write(d, c(DEEPSEEK, num_key_value_heads=3)))
+    fx("KV102", "pass_mla", lambda d: write(d, DEEPSEEK))
     fx("KV102", "fail", lambda d: write(d, c(LLAMA, num_attention_heads=4, num_key_value_heads=3)))
     fx("KV102", "pass", lambda d: write(d, LLAMA))
     fx("KV103", "fail_tp4", lambda d: write(d, c(LLAMA, hidden_size=24, num_attention_heads=6, num_key_value_heads=2),
@@ -307,6 +309,8 @@ def build() -> None:
     fx("KV801", "pass_modelopt", lambda d: write(
         d, c(LLAMA, quantization_config={"quant_method": "modelopt", "kv_cache_quant_algo": "FP8"}),
         llama_tensors(LLAMA, extra=scales(LLAMA, {"k": "k_proj.k_scale", "v": "v_proj.v_scale"}))))
+    fx("KV801", "fail_output_scale_only", lambda d: write(d, q, llama_tensors(LLAMA, extra=scales(
+        LLAMA, {"k": "k_proj.output_scale", "v": "v_proj.output_scale"}))))
     fx("KV801", "pass_legacy_kv_scale", lambda d: write(d, q, llama_tensors(LLAMA, extra=scales(LLAMA, {"kv": "kv_scale"}))))
     fx("KV802", "fail", lambda d: write(d, LLAMA, llama_tensors(LLAMA, extra=scales(LLAMA, {"k": "k_scale", "v": "v_scale"}))))
     fx("KV802", "pass", lambda d: write(d, LLAMA, llama_tensors(LLAMA)))
