@@ -239,6 +239,9 @@ def build() -> None:
     # KV5xx dtype / vocab / positions -------------------------------------------------------
     fx("KV501", "fail_typo", lambda d: write(d, c(LLAMA, torch_dtype="bf16")))
     fx("KV501", "fail_int", lambda d: write(d, c(LLAMA, torch_dtype="int8")))
+    fx("KV501", "fail_wrapper_top_level", lambda d: write(d, {
+        "model_type": "llava", "architectures": ["LlavaForConditionalGeneration"], "dtype": "float17",
+        "text_config": c(LLAMA, torch_dtype=_DROP, dtype="bfloat16"), "vision_config": {"model_type": "clip_vision_model"}}))
     fx("KV501", "pass_v5", lambda d: write(d, c(LLAMA, torch_dtype=_DROP, dtype="bfloat16")))
     fx("KV502", "fail", lambda d: write(d, c(LLAMA, dtype="bfloat16", torch_dtype="float32")))
     fx("KV502", "pass", lambda d: write(d, c(LLAMA, dtype="bfloat16", torch_dtype="bfloat16")))
