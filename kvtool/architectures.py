@@ -71,7 +71,11 @@ _TOP_KEYS = {"model_type", "aliases", "architectures", "description", "defaults"
              "attention", "weights", "convert", "wrapper_keys", "legacy_keys"}
 # rope_types: the rope types the config class accepts when it accepts fewer than all (transformers'
 # Phi3Config.validate_rope raises for any type but default / longrope); absent: every type.
-_ATTN_KEYS = {"kind", "position", "layer_types", "kv_cache", "rope_layout", "rope_types"}
+# hidden_divisible_by_heads: the config class refuses hidden_size % num_attention_heads != 0 even with
+# head_dim set (transformers' validate_architecture of LlamaConfig, Gemma3TextConfig, ...).
+# rope_rewrites: legacy type names the config class renames before validating (Phi3Config: su, yarn -> longrope).
+_ATTN_KEYS = {"kind", "position", "layer_types", "kv_cache", "rope_layout", "rope_types", "rope_rewrites",
+              "hidden_divisible_by_heads"}
 # bias: roles whose projection always carries a bias; transposed: GPT-2 Conv1D weights stored [in, out];
 # base_prefix: leading prefix that checkpoints saved from the base model class (not *ForCausalLM) lack.
 # q_gated: q_proj also emits a per-head output gate, so it has 2 x heads x head_dim rows (Qwen3-Next / 3.5).
@@ -162,9 +166,14 @@ def _validate(data: dict, file: str) -> Architecture:
         _fail(file, f"attention.position must be one of {POSITIONS}")
     if attn.get("rope_layout") not in (None, *ROPE_LAYOUTS):
         _fail(file, f"attention.rope_layout must be one of {ROPE_LAYOUTS}")
+    if not isinstance(attn.get("hidden_divisible_by_heads", False), bool):
+        _fail(file, "attention.hidden_divisible_by_heads must be true or false")
     rts = attn.get("rope_types")
     if rts is not None and not (isinstance(rts, list) and rts and all(isinstance(t, str) and t for t in rts)):
         _fail(file, "attention.rope_types must be a non-empty list of rope type names")
+    rw = attn.get("rope_rewrites", {})
+    if not (isinstance(rw, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in rw.items())):
+        _fail(file, "attention.rope_rewrites must map rope type names to rope type names")
     for r in attn.get("layer_types", []):
         if r not in LAYER_RESOLVERS:
             _fail(file, f"attention.layer_types: unknown resolver {r!r}")

@@ -55,6 +55,7 @@ class RopeKind:
     engines: tuple[str, ...] = ("transformers", "vllm")
     scaling: bool = True  # takes a `factor` and extends the context
     applicable: bool = False  # `kvtool rope --type` may write it
+    whole_head: bool = False  # frequencies cover all head_dim dims (zeros past the rotary part)
 
     def allowed_keys(self) -> frozenset:
         req: set[str] = set()
@@ -169,6 +170,9 @@ def _check_dynamic(params: dict, g: Geometry) -> list[Problem]:
     a = params.get("alpha")
     if a is not None and (not _num(a) or a < 1):
         out.append(Problem("KV215", "alpha", f"alpha is {a!r}; it must be a number >= 1"))
+    elif a is not None and params.get("factor") is None:
+        out.append(Problem("KV216", "alpha", "dynamic with alpha and no factor is vLLM's NTK-alpha variant "
+                           "(DynamicNTKAlphaRotaryEmbedding); transformers requires factor and refuses it"))
     return out
 
 
@@ -204,7 +208,7 @@ KINDS: dict[str, RopeKind] = {k.name: k for k in (
              ("factor", "original_max_position_embeddings", "low_freq_factor", "high_freq_factor"),
              compute=_math("llama3"), validate=_check_llama3, context="as_is", applicable=True),
     RopeKind("proportional", "proportional RoPE (transformers, vLLM >= 0.33): rotary part spread over the full head_dim",
-             (), frozenset({"factor"}), compute=_math("proportional"), validate=_check_factor),
+             (), frozenset({"factor"}), compute=_math("proportional"), validate=_check_factor, whole_head=True),
     RopeKind("ntk", "fixed NTK base stretch (vLLM), optionally mixed", ("factor",), frozenset({"mixed_b"}),
              compute=_math("ntk"), validate=_check_factor, engines=("vllm",)),
     RopeKind("axial", "axial 2-D RoPE for vision towers (transformers)", engines=("transformers",),
@@ -216,6 +220,10 @@ KINDS: dict[str, RopeKind] = {k.name: k for k in (
 
 # Legacy names: what transformers / vLLM turn them into.
 ALIASES = {"su": "longrope", "mrope": "default"}
+# Aliases only vLLM rewrites (vllm/transformers_utils/config.py, patch_legacy_rope_type): transformers'
+# ROPE_INIT_FUNCTIONS has no "su", and only config classes whose table lists it in
+# attention.rope_rewrites (Phi3Config) rename it.
+VLLM_ONLY_ALIASES = frozenset({"su"})
 # `type` / `rope_type` pairs that differ in spelling but mean the same (vLLM accepts them together).
 COMPATIBLE_PAIRS = {("su", "longrope"), ("longrope", "su"), ("mrope", "default"), ("default", "mrope")}
 

@@ -199,10 +199,12 @@ define("KV215", "rope-param-invalid", "error", "A RoPE parameter has an invalid 
 define("KV216", "rope-type-one-engine", "warning", "The RoPE type is implemented by only one of transformers / vLLM",
        """
        What it does: flags RoPE types that only one engine implements (vLLM only: ntk, deepseek_yarn,
-       deepseek_llama_scaling, xdrope, mllama4; transformers only: axial).
+       deepseek_llama_scaling, xdrope, mllama4, the legacy name "su" outside Phi-3, dynamic with
+       alpha and no factor; transformers only: axial).
        Why it matters: the checkpoint loads in one stack and fails in the other (transformers looks
        the type up in ROPE_INIT_FUNCTIONS; vLLM raises "Unknown RoPE scaling type"), so evaluation
-       in transformers and serving in vLLM cannot both happen.
+       in transformers and serving in vLLM cannot both happen. A warning, not an error: the engine
+       that implements it serves the checkpoint.
        Example: {"rope_scaling": {"rope_type": "deepseek_yarn", "factor": 40, ...}}: DeepSeek's own
        configs say "yarn" and let vLLM pick its DeepSeek variant.
        Fix: use the portable type (yarn instead of deepseek_yarn) unless the model only ever runs on
@@ -317,10 +319,19 @@ def _check_one(ctx, spec, layer_type, rp) -> None:
 def _check_architecture(ctx, spec, kind, raw, base, at) -> None:
     """What the model's own transformers classes do with this type (KV217, KV218, KV219)."""
     accepted = spec.arch.attention.get("rope_types")
-    if accepted and kind.name not in accepted:
+    rewrites = spec.arch.attention.get("rope_rewrites", {})
+    written = raw.get("rope_type", raw.get("type"))
+    target = rt.KINDS.get(rewrites.get(written, ""))
+    if target is not None and target is not kind and target.missing(raw):
+        ctx.report("KV217", f"{base}: {spec.model_type}'s config class rewrites rope type {written!r} to "
+                   f"{target.name!r}, which requires {', '.join(target.missing(raw))}", path=at("rope_type"))
+    elif target is None and accepted and kind.name not in accepted:
         ctx.report("KV217", f"{base}: {spec.model_type} accepts rope types {', '.join(accepted)} only; transformers' "
                    f"config class refuses {kind.name!r}", path=at("rope_type"))
-    if "partial_rotary_factor" in spec.arch.fields or "rotary_dim" in spec.arch.fields:
+    if written in rt.VLLM_ONLY_ALIASES and written not in rewrites:
+        ctx.report("KV216", f"{base}: rope type {written!r} is vLLM's legacy name for {kind.name!r}; transformers' "
+                   f"{spec.model_type} does not know it (write {kind.name!r})", path=at("rope_type"))
+    if kind.whole_head or "partial_rotary_factor" in spec.arch.fields or "rotary_dim" in spec.arch.fields:
         return  # the attention rotates head_dim x partial_rotary_factor dims
     prf, where = raw.get("partial_rotary_factor"), at("partial_rotary_factor")
     if prf is None:

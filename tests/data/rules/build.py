@@ -172,7 +172,9 @@ def build() -> None:
     fx("KV105", "fail", lambda d: write(d, c(LLAMA, head_dim=8)))
     fx("KV105", "pass", lambda d: write(d, c(LLAMA, head_dim=4)))
     fx("KV106", "fail", lambda d: write(d, c(LLAMA, hidden_size=18)))
-    fx("KV106", "pass_explicit_head_dim", lambda d: write(d, c(LLAMA, hidden_size=18, head_dim=4)))
+    fx("KV106", "pass_explicit_head_dim", lambda d: write(d, c(LLAMA, hidden_size=18, head_dim=4, model_type="mistral",
+                                                             architectures=["MistralForCausalLM"])))
+    fx("KV106", "fail_llama_explicit_head_dim", lambda d: write(d, c(LLAMA, hidden_size=18, head_dim=4)))
     fx("KV107", "fail_partial", lambda d: write(d, c(LLAMA, hidden_size=64, head_dim=16, partial_rotary_factor=0.3125,
                                                      model_type="stablelm", architectures=["StableLmForCausalLM"])))
     fx("KV107", "fail_odd_head_dim", lambda d: write(d, c(LLAMA, hidden_size=20, num_attention_heads=4, head_dim=5)))
