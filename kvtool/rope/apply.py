@@ -108,7 +108,8 @@ def plan_rope(spec: ModelSpec, req: RopeRequest, *, source: str = "config.json")
             raise UsageError(f"--{opt.replace('_', '-')} applies to --type {' / '.join(types)} only", field="--type")
 
     rope_key, rp = target_params(spec, req.layer_type)
-    nested = len(spec.rope) > 1 or is_nested(spec.get("rope_parameters") or {})
+    nested = len(spec.rope) > 1 or is_nested(spec.get("rope_parameters") or {}) or \
+        bool(spec.arch.attention.get("rope_per_layer_type"))
     have = sorted(set(spec.layer_types) | {"full_attention"})
     if req.layer_type not in have:
         raise UsageError(f"{name} has no {req.layer_type!r} layers (layer types: {', '.join(have)})",
@@ -269,6 +270,9 @@ def _v5_params(spec, req: RopeRequest, new: dict, theta: float, rope_key: str, n
             existing = old_v5.get(lt) if isinstance(old_v5.get(lt), dict) else None
             d = dict(existing) if existing else flat({"rope_type": rp.rope_type, **rp.params}, theta_of(spec, rp))
         out[lt] = d
+    for lt in sorted(set(spec.layer_types) & {"sliding_attention", "chunked_attention"} - set(out)):
+        # layer types that ran plain RoPE on the one legacy theta (Olmo3's sliding layers): say so per type
+        out[lt] = flat({"rope_type": "default"}, theta_of(spec, spec.rope[rope_key]))
     return out
 
 

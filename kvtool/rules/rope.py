@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 
 from kvtool.rope import types as rt
-from kvtool.rope.params import geometry_for, legacy_view, raw_dict, rope_dict, v5_view
+from kvtool.rope.params import geometry_for, is_nested, legacy_view, raw_dict, rope_dict, v5_view
 from kvtool.rules.registry import checker, define
 from kvtool.values import is_number as _num
 
@@ -180,6 +180,8 @@ define("KV214", "rope-layouts-disagree", "error", "Legacy rope_scaling / rope_th
        Why it matters: transformers 4.x reads the legacy keys, transformers 5 prefers rope_scaling
        over rope_parameters but keeps rope_parameters' own theta, other tools read one or the other:
        the same checkpoint runs with different position encodings depending on the stack.
+       Architectures whose config class keeps RoPE per layer type (Olmo3, Gemma-3) also need a nested
+       rope_parameters: a flat one beside rope_scaling fails in Olmo3Config (KeyError 'full_attention').
        Example: {"rope_theta": 10000, "rope_parameters": {"rope_type": "default", "rope_theta": 500000}}
        Fix: make both layouts say the same (`kvtool rope` writes them together).
        """, hint="make the legacy and v5 RoPE fields identical", topic="rope")
@@ -380,6 +382,13 @@ def _check_context(ctx, spec, kind, params, base, at) -> None:
 def _check_layouts(ctx, spec) -> None:
     v5 = v5_view(spec)
     if v5 is None:
+        return
+    rp_key = spec.key("rope_parameters") or "rope_parameters"
+    if spec.arch.attention.get("rope_per_layer_type") and not is_nested(spec.get("rope_parameters")) and \
+            isinstance(spec.get("rope_scaling"), dict) and spec.get("rope_scaling"):
+        ctx.report("KV214", f"{rp_key} is flat but {spec.model_type} keeps RoPE per layer type: beside rope_scaling "
+                   "transformers' config class fails (KeyError 'full_attention'); nest it under full_attention / "
+                   "sliding_attention", path=rp_key)
         return
     legacy = legacy_view(spec)
     has_legacy = isinstance(spec.get("rope_scaling"), dict) and bool(spec.get("rope_scaling")) or \
