@@ -213,8 +213,10 @@ KINDS: dict[str, RopeKind] = {k.name: k for k in (
              compute=_math("ntk"), validate=_check_factor, engines=("vllm",)),
     RopeKind("axial", "axial 2-D RoPE for vision towers (transformers)", engines=("transformers",),
              context="as_is", scaling=False),
-    RopeKind("xdrope", "XD-RoPE sections with an NTK alpha (vLLM, Hunyuan-VL)", ("alpha", "xdrope_section"),
-             engines=("vllm",), context="as_is", scaling=False),
+    RopeKind("bailing_mrope", "Bailing multimodal RoPE sections (vLLM)", ("mrope_section",), engines=("vllm",),
+             scaling=False),
+    RopeKind("openpangu", "openPangu interleaved multimodal RoPE (vLLM)", ("mrope_section",),
+             frozenset({"mrope_interleaved"}), engines=("vllm",), scaling=False),
     RopeKind("mllama4", "Llama 4 vision-tower RoPE (vLLM)", engines=("vllm",), context="as_is", scaling=False),
 )}
 

@@ -19,7 +19,7 @@ define("KV201", "rope-type-unknown", "error", "RoPE type is not one transformers
        """
        What it does: checks that rope_scaling / rope_parameters names a RoPE type that transformers
        or vLLM implement (default, linear, dynamic, yarn, longrope / su, llama3, proportional, ntk,
-       deepseek_yarn, mrope, axial, xdrope, mllama4).
+       deepseek_yarn, mrope, axial, mllama4, bailing_mrope, openpangu).
        Why it matters: vLLM refuses it at load: vllm 0.33,
        vllm/model_executor/layers/rotary_embedding/__init__.py, get_rope raises
        ValueError("Unknown RoPE scaling type ..."). transformers 5 only warns while loading the
@@ -201,7 +201,7 @@ define("KV215", "rope-param-invalid", "error", "A RoPE parameter has an invalid 
 define("KV216", "rope-type-one-engine", "warning", "The RoPE type is implemented by only one of transformers / vLLM",
        """
        What it does: flags RoPE types that only one engine implements (vLLM only: ntk, deepseek_yarn,
-       deepseek_llama_scaling, xdrope, mllama4, the legacy name "su" outside Phi-3, dynamic with
+       deepseek_llama_scaling, mllama4, bailing_mrope, openpangu, the legacy name "su" outside Phi-3, dynamic with
        alpha and no factor; transformers only: axial).
        Why it matters: the checkpoint loads in one stack and fails in the other (transformers looks
        the type up in ROPE_INIT_FUNCTIONS; vLLM raises "Unknown RoPE scaling type"), so evaluation

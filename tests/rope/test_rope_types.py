@@ -30,7 +30,8 @@ EXAMPLES = {
     "proportional": {"rope_type": "proportional", "partial_rotary_factor": 0.5},
     "ntk": {"rope_type": "ntk", "factor": 4.0},
     "axial": {"rope_type": "axial"},
-    "xdrope": {"rope_type": "xdrope", "alpha": 2.0, "xdrope_section": [8, 8, 8, 8]},
+    "bailing_mrope": {"rope_type": "bailing_mrope", "mrope_section": [8, 8, 16]},
+    "openpangu": {"rope_type": "openpangu", "mrope_section": [8, 8, 16], "mrope_interleaved": True},
     "mllama4": {"rope_type": "mllama4"},
 }
 GEOM = rt.Geometry(dim=DIM, theta=10000.0, max_position_embeddings=4096, head_dim=DIM)
