@@ -79,7 +79,7 @@ def _train(model, tok, steps: int, device) -> str:
         opt.step()
     model.eval()
     return f"seeded random weights trained {steps} steps ({batch}x{seq} tokens) on the calibration text, " \
-           f"final loss {float(loss):.3f}, {time.perf_counter() - t0:.1f} s on {device.type}"
+           f"final loss {float(loss.detach()):.3f}, {time.perf_counter() - t0:.1f} s on {device.type}"
 
 
 def build(src: Path, train_steps: int) -> int:

@@ -49,6 +49,8 @@ def _verdicts(case_id: str):
 def _disagreements(case: Case, tv, kv) -> tuple[list[str], set[str]]:
     """(what the known differences leave unexplained, the ids of the entries that explained the rest)."""
     problems, used = [], set()
+    if "KV000" in kv.errors:
+        problems.append(f"lint crashed: {kv.messages['KV000']}")
     if not tv.runs and not kv.errors:
         covering = [d for d in KNOWN_DIFFERENCES if d.kind in ("engine-only", "transformers-bug")
                     and d.covers_case(case.id) and d.covers_error(tv.error)
