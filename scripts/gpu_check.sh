@@ -95,13 +95,14 @@ if [ -n "$others" ]; then
 fi
 
 if [ "${KVTOOL_GPU_CHECK_BENCH:-1}" != "0" ]; then
-  if [ "$CPU" = "1" ]; then TOKENS=2048 LEN=512 STRIDE=256 BATCH=4 REFINE=2 EVT=512; else
-    TOKENS=16384 LEN=1024 STRIDE=512 BATCH=8 REFINE=64 EVT=2048; fi
+  if [ "$CPU" = "1" ]; then TOKENS=768 LEN=256 STRIDE=128 BATCH=4 REPEATS=1 REFINE=2 EVT=256; else
+    TOKENS=16384 LEN=1024 STRIDE=512 BATCH=8 REPEATS=3 REFINE=64 EVT=2048; fi
   stamp "bench: kvtool eval vs plain transformers loop ($DTYPE, L=$LEN, S=$STRIDE, $TOKENS tokens)"
   timeout 180 $PY bench/eval_bench.py --device "$DEVICE" --dtype "$DTYPE" --max-length "$LEN" --stride "$STRIDE" \
-    --tokens "$TOKENS" --batch-size 1 --repeats 3 || echo "gpu_check: bench failed" >&2
+    --tokens "$TOKENS" --batch-size 1 --repeats "$REPEATS" || echo "gpu_check: bench failed (rc=$?; 124: timed out)" >&2
   timeout 120 $PY bench/eval_bench.py --device "$DEVICE" --dtype "$DTYPE" --max-length "$LEN" --stride "$STRIDE" \
-    --tokens "$TOKENS" --batch-size "$BATCH" --repeats 3 || echo "gpu_check: bench (batched) failed" >&2
+    --tokens "$TOKENS" --batch-size "$BATCH" --repeats "$REPEATS" \
+    || echo "gpu_check: bench (batched) failed (rc=$?; 124: timed out)" >&2
   smol=$($PY -c "from kvtool.testing.fixtures import smollm2_dir; print(smollm2_dir())" 2>/dev/null)
   if [ -n "$smol" ]; then
     # calibration runs on the GPU (one decoder layer at a time); CPU reference: 1.93x in ~200-280 s on 2 cores
@@ -112,7 +113,9 @@ if [ "${KVTOOL_GPU_CHECK_BENCH:-1}" != "0" ]; then
     stamp "convert took $(( $(date +%s) - t0 )) s"
     stamp "quantize-kv on $DEVICE (SmolLM2)"
     t0=$(date +%s)
-    timeout 180 $PY -m kvtool quantize-kv "$smol" /tmp/kvtool-gpu-fp8 --force || rc=$((rc ? rc : $?))
+    $PY -c "from kvtool.testing.text import calibration_text as t; open('/tmp/kvtool-calib.txt', 'w').write(t())"
+    timeout 180 $PY -m kvtool quantize-kv "$smol" /tmp/kvtool-gpu-fp8 --calib-text /tmp/kvtool-calib.txt --force \
+      || rc=$((rc ? rc : $?))
     stamp "quantize-kv took $(( $(date +%s) - t0 )) s"
     $PY -m kvtool lint /tmp/kvtool-gpu-fp8 | tail -2 || rc=$((rc ? rc : $?))
   fi
