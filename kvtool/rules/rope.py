@@ -36,7 +36,10 @@ define("KV202", "rope-key-missing", "error", "A key the RoPE type requires is mi
        original_max_position_embeddings; longrope: short_factor, long_factor,
        original_max_position_embeddings; linear / ntk: factor; dynamic: factor or alpha).
        Why it matters: transformers raises KeyError("Missing required keys in rope_parameters")
-       and vLLM indexes the key directly: the model fails to load.
+       (RotaryEmbeddingConfigMixin._check_received_keys) and vLLM indexes the key directly (vllm 0.33,
+       vllm/model_executor/layers/rotary_embedding/__init__.py, get_rope: rope_parameters["factor"]):
+       the model fails to load. Some config classes fill a missing original_max_position_embeddings
+       in (Gemma-3); vLLM does not, so it stays an error.
        Example: {"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}
        Fix: add the missing key (`kvtool rope SRC DST --type yarn --factor 4` writes a complete dict).
        """, hint="add the missing key, or rewrite the dict with `kvtool rope`", topic="rope")
@@ -66,7 +69,8 @@ define("KV205", "rope-type-conflict", "error", "`type` and `rope_type` name diff
        """
        What it does: checks that a dict carrying both the legacy `type` and the current `rope_type`
        names one type (su/longrope and mrope/default count as the same).
-       Why it matters: vLLM refuses the config ("Found conflicts between rope_type and type");
+       Why it matters: vLLM refuses the config (vllm 0.33, vllm/transformers_utils/config.py,
+       patch_legacy_rope_type: "Found conflicts between rope_type and type");
        transformers uses rope_type while older remote code reads type, so two stacks run two
        different position encodings.
        Example: {"rope_scaling": {"type": "dynamic", "rope_type": "yarn", "factor": 4.0, ...}}
