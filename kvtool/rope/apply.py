@@ -2,8 +2,8 @@
 
 max_position_embeddings follows how each engine reads it (vllm/config/model.py derives
 max_model_len from rope settings; transformers takes max_position_embeddings as the context):
-- yarn: original x factor, original recorded. vLLM serves original x factor whatever
-  max_position_embeddings says, so writing the same number keeps transformers and vLLM in step.
+- yarn: original x factor, original recorded. vLLM 0.33 serves max_position_embeddings as written
+  for yarn (as transformers does), so it must be the length the frequencies were stretched for.
 - llama3, longrope: original x factor, original recorded. vLLM serves max_position_embeddings
   as written for these types, so it must already be the extended length.
 - linear, dynamic: the original length. vLLM multiplies max_position_embeddings by factor itself,
@@ -40,7 +40,7 @@ TYPE_OPTIONS = {
     "short_factor": ("longrope",), "long_factor": ("longrope",),
 }
 MAX_POSITION_RULE = {
-    "yarn": "original x factor (vLLM serves original_max_position_embeddings x factor)",
+    "yarn": "original x factor (vLLM 0.33 serves max_position_embeddings as written for yarn)",
     "llama3": "original x factor (vLLM serves max_position_embeddings as written for llama3)",
     "longrope": "original x factor (vLLM serves max_position_embeddings as written for longrope)",
     "linear": "kept at the original length (vLLM multiplies it by factor itself)",
