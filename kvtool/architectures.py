@@ -69,7 +69,15 @@ NORM_SCOPES = ("head", "all")
 
 _TOP_KEYS = {"model_type", "aliases", "architectures", "description", "defaults", "fields", "kv_head_fields",
              "attention", "weights", "convert", "wrapper_keys", "legacy_keys"}
-_ATTN_KEYS = {"kind", "position", "layer_types", "kv_cache", "rope_layout"}
+# rope_types: the rope types the config class accepts when it accepts fewer than all (transformers'
+# Phi3Config.validate_rope raises for any type but default / longrope); absent: every type.
+# hidden_divisible_by_heads: the config class refuses hidden_size % num_attention_heads != 0 even with
+# head_dim set (transformers' validate_architecture of LlamaConfig, Gemma3TextConfig, ...).
+# rope_rewrites: legacy type names the config class renames before validating (Phi3Config: su, yarn -> longrope).
+# rope_per_layer_type: the config class keeps rope_parameters nested per layer type (Olmo3Config,
+# Gemma3TextConfig); a flat one beside rope_scaling fails there (KeyError 'full_attention').
+_ATTN_KEYS = {"kind", "position", "layer_types", "kv_cache", "rope_layout", "rope_types", "rope_rewrites",
+              "hidden_divisible_by_heads", "rope_per_layer_type"}
 # bias: roles whose projection always carries a bias; transposed: GPT-2 Conv1D weights stored [in, out];
 # base_prefix: leading prefix that checkpoints saved from the base model class (not *ForCausalLM) lack.
 # q_gated: q_proj also emits a per-head output gate, so it has 2 x heads x head_dim rows (Qwen3-Next / 3.5).
@@ -160,6 +168,15 @@ def _validate(data: dict, file: str) -> Architecture:
         _fail(file, f"attention.position must be one of {POSITIONS}")
     if attn.get("rope_layout") not in (None, *ROPE_LAYOUTS):
         _fail(file, f"attention.rope_layout must be one of {ROPE_LAYOUTS}")
+    for flag in ("hidden_divisible_by_heads", "rope_per_layer_type"):
+        if not isinstance(attn.get(flag, False), bool):
+            _fail(file, f"attention.{flag} must be true or false")
+    rts = attn.get("rope_types")
+    if rts is not None and not (isinstance(rts, list) and rts and all(isinstance(t, str) and t for t in rts)):
+        _fail(file, "attention.rope_types must be a non-empty list of rope type names")
+    rw = attn.get("rope_rewrites", {})
+    if not (isinstance(rw, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in rw.items())):
+        _fail(file, "attention.rope_rewrites must map rope type names to rope type names")
     for r in attn.get("layer_types", []):
         if r not in LAYER_RESOLVERS:
             _fail(file, f"attention.layer_types: unknown resolver {r!r}")

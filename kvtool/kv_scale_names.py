@@ -1,8 +1,12 @@
-"""Tensor names of FP8 KV-cache scales that vLLM loads, relative to an attention module.
+"""Tensor names of FP8 KV-cache scales, relative to an attention module, and whether vLLM loads them.
 
-vLLM's loader (`maybe_remap_kv_scale_name` in model_loader/weight_utils.py) maps every spelling
-below onto `<attention>.attn.k_scale` / `.attn.v_scale`. Lint uses these to check a checkpoint
-that declares a KV-cache scheme; quantize-kv writes the first (canonical) spelling.
+vLLM 0.33's loader (vllm/model_executor/model_loader/weight_utils.py, maybe_remap_kv_scale_name)
+maps every spelling with vllm_loads=True onto `<attention>.attn.k_scale` / `.attn.v_scale`. The
+compressed-tensors output-activation spelling `k_proj.output_scale` is recognised (lint reports
+it) but vLLM 0.33 does not load it: LlamaModel.hf_to_vllm_mapper (vllm/model_executor/models/
+llama.py) renames `.k_proj` to `.qkv_proj`, `qkv_proj.output_scale` is no parameter, and the layer
+keeps a scale of 1.0. Lint (KV801) and eval count only what vLLM loads; quantize-kv writes the
+first (canonical) spelling. tests/oracle/test_vllm_facts.py checks both facts against vLLM's source.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ class ScaleSpelling:
     role: str  # "k", "v", or "kv" (one legacy tensor for both)
     style: str  # who writes it
     post_rope: bool | None  # True: taken where K enters the cache; False: at the projection output; None: unknown
+    vllm_loads: bool = True  # False: vLLM 0.33 drops the tensor and uses 1.0
 
 
 SPELLINGS: tuple[ScaleSpelling, ...] = (
@@ -29,8 +34,8 @@ SPELLINGS: tuple[ScaleSpelling, ...] = (
     ScaleSpelling("v_proj.v_scale", "v", "modelopt", True),
     ScaleSpelling("kv_scale", "kv", "legacy", None),
     # compressed-tensors output activations of the projections: observed before RoPE is applied
-    ScaleSpelling("k_proj.output_scale", "k", "output-activation", False),
-    ScaleSpelling("v_proj.output_scale", "v", "output-activation", False),
+    ScaleSpelling("k_proj.output_scale", "k", "output-activation", False, vllm_loads=False),
+    ScaleSpelling("v_proj.output_scale", "v", "output-activation", False, vllm_loads=False),
 )
 
 CANONICAL = {"k": "k_scale", "v": "v_scale"}  # what kvtool writes
@@ -60,13 +65,17 @@ def is_kv_scale(name: str) -> bool:
     return match(name) is not None
 
 
-def scales_for(attn_prefix: str, names: Iterable[str]) -> dict[str, list[tuple[str, ScaleSpelling]]]:
+def scales_for(attn_prefix: str, names: Iterable[str], *, loaded_only: bool = False
+               ) -> dict[str, list[tuple[str, ScaleSpelling]]]:
     """The scale tensors of one attention module: role ("k" / "v") -> [(tensor name, spelling)].
 
-    The legacy single `kv_scale` counts for both roles (vLLM duplicates it).
+    The legacy single `kv_scale` counts for both roles (vLLM duplicates it). loaded_only: only the
+    spellings vLLM loads.
     """
     out: dict[str, list[tuple[str, ScaleSpelling]]] = {"k": [], "v": []}
     for sp in SPELLINGS:
+        if loaded_only and not sp.vllm_loads:
+            continue
         name = f"{attn_prefix}.{sp.suffix}"
         if name in names:
             for role in ("k", "v") if sp.role == "kv" else (sp.role,):

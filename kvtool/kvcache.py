@@ -185,3 +185,24 @@ def tp_refusal(num_heads: int | None, kv_heads: int | None, tensor_parallel_size
 
 def model_dtype_bytes(spec) -> float:
     return dtype_bytes(spec.dtype, default=2)
+
+
+def serving_kv_dtype(spec, kv_cache_dtype: str = "auto") -> tuple[str, float, str | None]:
+    """(dtype name, bytes per element, why) of the KV cache vLLM allocates: the one figure lint and
+    kv-budget both print.
+
+    auto follows vLLM 0.33: a declared kv_cache_scheme (llm-compressor / quantize-kv) stores fp8;
+    otherwise the cache takes the model's compute dtype, and vllm/config/model.py,
+    _resolve_auto_dtype downcasts a float32 checkpoint to 16 bits ("Downcast for float32 models").
+    """
+    if kv_cache_dtype != "auto":
+        return kv_cache_dtype, dtype_bytes(kv_cache_dtype), None
+    qc = spec.full_config.get("quantization_config")
+    if isinstance(qc, dict) and qc.get("kv_cache_scheme"):
+        return "fp8", 1, "auto: the checkpoint declares a kv_cache_scheme (llm-compressor), so vLLM stores the KV cache in fp8"
+    model = spec.dtype
+    if not model:
+        return "bfloat16", 2, "config names no dtype: auto assumed a 16-bit model"
+    if dtype_bytes(model) >= 4:
+        return "bfloat16", 2, f"auto: vLLM serves a {model} checkpoint in 16 bits by default, so its KV cache is 16-bit"
+    return model, dtype_bytes(model), None

@@ -80,13 +80,15 @@ def kv_summary(spec) -> dict | None:
 
     if not spec.layer_types:
         return None
-    eb = kvcache.model_dtype_bytes(spec)
+    # the cache vLLM allocates with --kv-cache-dtype auto: the same figure `kvtool kv-budget` prints
+    dtype, eb, why = kvcache.serving_kv_dtype(spec)
     per_token = kvcache.bytes_per_token(spec, eb)
     if not per_token:
         return None
     max_len = spec.max_position
     return {
-        "dtype": spec.dtype or "float16 (assumed)",
+        "dtype": dtype,
+        "dtype_note": why,
         "bytes_per_token": per_token,
         "max_len": max_len,
         "bytes_per_max_len_sequence": kvcache.bytes_per_sequence(spec, max_len, eb) if max_len else None,

@@ -139,18 +139,8 @@ def served_weight_bytes(ckpt) -> int:
 
 
 def kv_elem(spec, kv_cache_dtype: str) -> tuple[str, float, str | None]:
-    """(dtype name, bytes per element, note) for --kv-cache-dtype; auto follows the model dtype as vLLM does."""
-    if kv_cache_dtype != "auto":
-        return kv_cache_dtype, kvcache.dtype_bytes(kv_cache_dtype), None
-    qc = spec.full_config.get("quantization_config")
-    if isinstance(qc, dict) and qc.get("kv_cache_scheme"):
-        return "fp8", 1, "auto: the checkpoint declares a kv_cache_scheme (llm-compressor), so vLLM stores the KV cache in fp8"
-    model = spec.dtype
-    if not model:
-        return "bfloat16", 2, "config names no dtype: auto assumed a 16-bit model"
-    if kvcache.dtype_bytes(model) >= 4:
-        return "bfloat16", 2, f"auto: vLLM serves a {model} checkpoint in 16 bits by default, so its KV cache is 16-bit"
-    return model, kvcache.dtype_bytes(model), None
+    """(dtype name, bytes per element, note) for --kv-cache-dtype; auto follows vLLM (kvcache.serving_kv_dtype)."""
+    return kvcache.serving_kv_dtype(spec, kv_cache_dtype)
 
 
 def figures(spec, name: str, kv_heads: int | None, kv_dtype: str, eb: float, opts: BudgetOptions,

@@ -7,8 +7,8 @@ trip: x.float() / scale, clamp to +-448, cast to float8_e4m3fn, cast back, * sca
 model dtype. Queries stay in the model dtype.
 
 Scales: one per layer (shape [] or [1]) or one per KV head (shape [kv_heads]), read from the
-checkpoint's scale tensors in any spelling vLLM accepts (kvtool.kv_scale_names); a layer
-without a scale uses 1.0, as vLLM does.
+checkpoint's scale tensors in any spelling vLLM loads (kvtool.kv_scale_names); a layer
+without one (or with only a spelling vLLM drops) uses 1.0, as vLLM does.
 """
 
 from __future__ import annotations
@@ -134,6 +134,8 @@ def read_checkpoint_scales(folder: str | Path) -> KVScales:
 
 def _store(out: KVScales, name: str, tensor: torch.Tensor, file: str) -> None:
     prefix, spelling = kv_scale_names.match(name)
+    if not spelling.vllm_loads:
+        return  # vLLM drops this spelling and runs the layer with 1.0 (kvtool.kv_scale_names)
     layer = layer_index(prefix)
     if layer is None:
         raise InputError("KV scale tensor name has no layer number", file=file, field=name)

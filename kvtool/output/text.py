@@ -23,7 +23,9 @@ def render_text(reports) -> str:
             kv = r.kv
             seq = kv.get("bytes_per_max_len_sequence")
             tail = f", {fmt_bytes(seq)} per {kv['max_len']}-token sequence" if seq else ""
-            lines.append(f"{r.model}: KV cache {fmt_bytes(kv['bytes_per_token'])}/token ({kv['dtype']}){tail}")
+            # a dtype other than the config's: say it is vLLM's auto choice (the JSON output says why)
+            dtype = f"{kv['dtype']}, vLLM --kv-cache-dtype auto" if kv.get("dtype_note") else kv["dtype"]
+            lines.append(f"{r.model}: KV cache {fmt_bytes(kv['bytes_per_token'])}/token ({dtype}){tail}")
         counts = {s: sum(1 for f in r.findings if f.severity == s) for s in ("error", "warning", "info")}
         lines.append(f"{r.model}: {counts['error']} error(s), {counts['warning']} warning(s), {counts['info']} info")
     return "\n".join(lines) + "\n"

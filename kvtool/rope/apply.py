@@ -2,8 +2,8 @@
 
 max_position_embeddings follows how each engine reads it (vllm/config/model.py derives
 max_model_len from rope settings; transformers takes max_position_embeddings as the context):
-- yarn: original x factor, original recorded. vLLM serves original x factor whatever
-  max_position_embeddings says, so writing the same number keeps transformers and vLLM in step.
+- yarn: original x factor, original recorded. vLLM 0.33 serves max_position_embeddings as written
+  for yarn (as transformers does), so it must be the length the frequencies were stretched for.
 - llama3, longrope: original x factor, original recorded. vLLM serves max_position_embeddings
   as written for these types, so it must already be the extended length.
 - linear, dynamic: the original length. vLLM multiplies max_position_embeddings by factor itself,
@@ -41,7 +41,7 @@ TYPE_OPTIONS = {
     "short_factor": ("longrope",), "long_factor": ("longrope",),
 }
 MAX_POSITION_RULE = {
-    "yarn": "original x factor (vLLM serves original_max_position_embeddings x factor)",
+    "yarn": "original x factor (vLLM 0.33 serves max_position_embeddings as written for yarn)",
     "llama3": "original x factor (vLLM serves max_position_embeddings as written for llama3)",
     "longrope": "original x factor (vLLM serves max_position_embeddings as written for longrope)",
     "linear": "kept at the original length (vLLM multiplies it by factor itself)",
@@ -109,7 +109,8 @@ def plan_rope(spec: ModelSpec, req: RopeRequest, *, source: str = "config.json")
             raise UsageError(f"--{opt.replace('_', '-')} applies to --type {' / '.join(types)} only", field="--type")
 
     rope_key, rp = target_params(spec, req.layer_type)
-    nested = len(spec.rope) > 1 or is_nested(spec.get("rope_parameters") or {})
+    nested = len(spec.rope) > 1 or is_nested(spec.get("rope_parameters") or {}) or \
+        bool(spec.arch.attention.get("rope_per_layer_type"))
     have = sorted(set(spec.layer_types) | {"full_attention"})
     if req.layer_type not in have:
         raise UsageError(f"{name} has no {req.layer_type!r} layers (layer types: {', '.join(have)})",
@@ -289,6 +290,9 @@ def _v5_params(spec, req: RopeRequest, new: dict, theta: float, rope_key: str, n
             existing = old_v5.get(lt) if isinstance(old_v5.get(lt), dict) else None
             d = dict(existing) if existing else flat({"rope_type": rp.rope_type, **rp.params}, theta_of(spec, rp))
         out[lt] = d
+    for lt in sorted(set(spec.layer_types) & {"sliding_attention", "chunked_attention"} - set(out)):
+        # layer types that ran plain RoPE on the one legacy theta (Olmo3's sliding layers): say so per type
+        out[lt] = flat({"rope_type": "default"}, theta_of(spec, spec.rope[rope_key]))
     return out
 
 

@@ -119,6 +119,11 @@ def geometry_for(spec, rp: RopeParams):
     if isinstance(qk_rope, int) and not isinstance(qk_rope, bool) and qk_rope > 0:
         hd = dim = qk_rope  # MLA: RoPE runs on the decoupled qk_rope_head_dim part only
     prf = rp.params.get("partial_rotary_factor")
+    if prf is None and not isinstance(qk_rope, int):
+        # transformers 5 copies a top-level partial_rotary_factor into rope_parameters
+        # (standardize_rope_params) and its init functions apply it, whether or not the model's
+        # table maps the key (llama does not: KV218 / KV219 report what each engine then does)
+        prf = spec.config.get("partial_rotary_factor")
     if hd and isinstance(prf, (int, float)) and not isinstance(prf, bool) and 0 < prf <= 1:
         dim = int(hd * prf)
     if not dim or dim < 2:

@@ -93,9 +93,13 @@ def describe(before: RopeState, after: RopeState | None = None, *, original: int
                      else f"    rotary dims {st.dim}: frequencies not computed ({st.reason})")
         mpe = st.max_position
         served = st.served
-        ctx = f"    context: max_position_embeddings {mpe}, vLLM serves {served}"
-        if served != mpe:
-            ctx += " (differs!)"
+        refusal = rt.vllm_refusal(st.params)
+        if refusal is not None:
+            ctx = f"    context: max_position_embeddings {mpe}; vLLM refuses this RoPE dict ({refusal})"
+        else:
+            ctx = f"    context: max_position_embeddings {mpe}, vLLM serves {served}"
+            if served != mpe:
+                ctx += " (differs!)"
         lines.append(ctx)
     if before.inv_freq is None or (after is not None and after.inv_freq is None):
         return "\n".join(lines)

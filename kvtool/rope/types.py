@@ -48,12 +48,14 @@ class RopeKind:
     optional: frozenset = frozenset()
     compute: Callable | None = None  # (params, Geometry, seq_len) -> (inv_freq array, attention scaling)
     validate: Callable[[dict, Geometry], list[Problem]] | None = None
-    # How vLLM derives max_model_len: "as_is" (max_position_embeddings), "multiply" (max x factor),
-    # "original" (original_max_position_embeddings x factor).
+    # How vLLM derives max_model_len (vllm 0.33, vllm/config/model.py, _get_and_verify_max_len):
+    # "as_is" (max_position_embeddings as written: su, longrope, llama3, yarn, deepseek_yarn,
+    # deepseek_llama_scaling) or "multiply" (max_position_embeddings x factor, every other type).
     context: str = "multiply"
     engines: tuple[str, ...] = ("transformers", "vllm")
     scaling: bool = True  # takes a `factor` and extends the context
     applicable: bool = False  # `kvtool rope --type` may write it
+    whole_head: bool = False  # frequencies cover all head_dim dims (zeros past the rotary part)
 
     def allowed_keys(self) -> frozenset:
         req: set[str] = set()
@@ -90,8 +92,10 @@ def _check_factor(params: dict, g: Geometry) -> list[Problem]:
     f = params.get("factor")
     if f is None:
         return []
-    if not _num(f) or f < 1:
-        return [Problem("KV204", "factor", f"factor is {f!r}; it must be a number >= 1 (below 1 shrinks the context)")]
+    if not _num(f):
+        return [Problem("KV215", "factor", f"factor is {f!r}; it must be a number (vLLM multiplies max_model_len by it)")]
+    if f < 1:
+        return [Problem("KV204", "factor", f"factor is {f!r}; below 1 it shrinks the context instead of extending it")]
     return []
 
 
@@ -166,6 +170,9 @@ def _check_dynamic(params: dict, g: Geometry) -> list[Problem]:
     a = params.get("alpha")
     if a is not None and (not _num(a) or a < 1):
         out.append(Problem("KV215", "alpha", f"alpha is {a!r}; it must be a number >= 1"))
+    elif a is not None and params.get("factor") is None:
+        out.append(Problem("KV216", "alpha", "dynamic with alpha and no factor is vLLM's NTK-alpha variant "
+                           "(DynamicNTKAlphaRotaryEmbedding); transformers requires factor and refuses it"))
     return out
 
 
@@ -184,15 +191,15 @@ KINDS: dict[str, RopeKind] = {k.name: k for k in (
              (("factor", "alpha"),), compute=_math("dynamic"), validate=_check_dynamic, applicable=True),
     RopeKind("yarn", "YaRN: high frequencies kept, low frequencies interpolated, attention rescaled",
              ("factor", "original_max_position_embeddings"), _YARN_OPTIONAL, compute=_math("yarn"), validate=_check_yarn,
-             context="original", applicable=True),
+             context="as_is", applicable=True),
     RopeKind("deepseek_yarn", "DeepSeek's YaRN (vLLM): truncated ramp, mscale / mscale_all_dim ratio",
              ("factor", "original_max_position_embeddings"),
              frozenset({"beta_fast", "beta_slow", "mscale", "mscale_all_dim", "attn_factor", "extrapolation_factor"}),
-             compute=_math("deepseek_yarn"), validate=_check_yarn, engines=("vllm",)),
+             compute=_math("deepseek_yarn"), validate=_check_yarn, context="as_is", engines=("vllm",)),
     RopeKind("deepseek_llama_scaling", "DeepSeek scaling class under another name (vLLM)",
              ("factor", "original_max_position_embeddings"),
              frozenset({"beta_fast", "beta_slow", "mscale", "mscale_all_dim", "attn_factor", "extrapolation_factor"}),
-             compute=_math("deepseek_yarn"), validate=_check_yarn, engines=("vllm",)),
+             compute=_math("deepseek_yarn"), validate=_check_yarn, context="as_is", engines=("vllm",)),
     RopeKind("longrope", "LongRoPE (Phi-3): per-dimension short / long rescale lists",
              ("short_factor", "long_factor", "original_max_position_embeddings"),
              frozenset({"factor", "attention_factor", "short_mscale", "long_mscale"}),
@@ -200,19 +207,25 @@ KINDS: dict[str, RopeKind] = {k.name: k for k in (
     RopeKind("llama3", "Llama 3.1: low frequencies / factor, high kept, a smooth band between",
              ("factor", "original_max_position_embeddings", "low_freq_factor", "high_freq_factor"),
              compute=_math("llama3"), validate=_check_llama3, context="as_is", applicable=True),
-    RopeKind("proportional", "proportional RoPE (transformers): rotary part spread over the full head_dim",
-             (), frozenset({"factor"}), compute=_math("proportional"), validate=_check_factor, engines=("transformers",)),
+    RopeKind("proportional", "proportional RoPE (transformers, vLLM >= 0.33): rotary part spread over the full head_dim",
+             (), frozenset({"factor"}), compute=_math("proportional"), validate=_check_factor, whole_head=True),
     RopeKind("ntk", "fixed NTK base stretch (vLLM), optionally mixed", ("factor",), frozenset({"mixed_b"}),
              compute=_math("ntk"), validate=_check_factor, engines=("vllm",)),
     RopeKind("axial", "axial 2-D RoPE for vision towers (transformers)", engines=("transformers",),
              context="as_is", scaling=False),
-    RopeKind("xdrope", "XD-RoPE sections with an NTK alpha (vLLM, Hunyuan-VL)", ("alpha", "xdrope_section"),
-             engines=("vllm",), context="as_is", scaling=False),
+    RopeKind("bailing_mrope", "Bailing multimodal RoPE sections (vLLM)", ("mrope_section",), engines=("vllm",),
+             scaling=False),
+    RopeKind("openpangu", "openPangu interleaved multimodal RoPE (vLLM)", ("mrope_section",),
+             frozenset({"mrope_interleaved"}), engines=("vllm",), scaling=False),
     RopeKind("mllama4", "Llama 4 vision-tower RoPE (vLLM)", engines=("vllm",), context="as_is", scaling=False),
 )}
 
 # Legacy names: what transformers / vLLM turn them into.
 ALIASES = {"su": "longrope", "mrope": "default"}
+# Aliases only vLLM rewrites (vllm/transformers_utils/config.py, patch_legacy_rope_type): transformers'
+# ROPE_INIT_FUNCTIONS has no "su", and only config classes whose table lists it in
+# attention.rope_rewrites (Phi3Config) rename it.
+VLLM_ONLY_ALIASES = frozenset({"su"})
 # `type` / `rope_type` pairs that differ in spelling but mean the same (vLLM accepts them together).
 COMPATIBLE_PAIRS = {("su", "longrope"), ("longrope", "su"), ("mrope", "default"), ("default", "mrope")}
 
@@ -257,16 +270,33 @@ VLLM_UNSCALED_MODEL_TYPES = ("gemma3",)
 
 
 def served_context(params: dict, max_position_embeddings: int | None, model_type: str | None = None) -> int | None:
-    """The max_model_len vLLM derives from this rope dict (vllm/config/model.py)."""
-    kind = kind_of(params.get("rope_type", params.get("type", "default")) or "default")
+    """The max_model_len vLLM derives from this rope dict, or None when vLLM refuses the dict.
+
+    vllm 0.33, vllm/config/model.py, _get_and_verify_max_len: types whose max_position_embeddings
+    is already the extended length (kind.context "as_is") keep it; every other type multiplies it by
+    `factor` (1.0 when absent or null). vllm/model_executor/layers/rotary_embedding/__init__.py,
+    get_rope, raises for an unknown type ("Unknown RoPE scaling type") and indexes each type's
+    required keys (rope_parameters["factor"]): a KeyError at load, so nothing is served.
+    """
     if max_position_embeddings is None:
         return None
-    if any(m in (model_type or "") for m in VLLM_UNSCALED_MODEL_TYPES):
-        return max_position_embeddings
-    if kind is None or kind.context == "as_is":
+    kind = kind_of(params.get("rope_type", params.get("type", "default")) or "default")
+    if kind is None or "vllm" not in kind.engines or kind.missing(params):
+        return None
+    if any(m in (model_type or "") for m in VLLM_UNSCALED_MODEL_TYPES) or kind.context == "as_is":
         return max_position_embeddings
     f = params.get("factor")
     f = float(f) if _num(f) else 1.0
-    if kind.context == "original" and _num(params.get("original_max_position_embeddings")):
-        return int(params["original_max_position_embeddings"] * f)
     return int(max_position_embeddings * f)
+
+
+def vllm_refusal(params: dict) -> str | None:
+    """Why vLLM's get_rope refuses this rope dict (None when it accepts it)."""
+    name = params.get("rope_type", params.get("type", "default")) or "default"
+    kind = kind_of(name) if isinstance(name, str) else None
+    if kind is None or "vllm" not in kind.engines:
+        return f"Unknown RoPE scaling type {name!r}"
+    missing = kind.missing(params)
+    if missing:
+        return f"rope type {kind.name!r} requires {', '.join(repr(m) for m in missing)} (KeyError in get_rope)"
+    return None

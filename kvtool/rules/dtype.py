@@ -45,12 +45,20 @@ def _name(v) -> str | None:
 
 @checker("dtype")
 def check_dtype(ctx) -> None:
-    spec, cfg = ctx.spec, ctx.config
+    spec = ctx.spec
+    _check_level(ctx, ctx.config, spec.prefixed)
+    if spec.wrapper_key:
+        # a multimodal wrapper's own dtype: transformers resolves it too (the wrapper's config is
+        # loaded first and its dtype drives the whole model's load)
+        _check_level(ctx, spec.full_config, lambda k: k)
+
+
+def _check_level(ctx, cfg: dict, path_of) -> None:
     seen: dict[str, str] = {}
     for k in DTYPE_KEYS:
         if k not in cfg or cfg[k] is None:
             continue
-        v, key = cfg[k], spec.prefixed(k)
+        v, key = cfg[k], path_of(k)
         name = _name(v)
         if name in FLOAT_DTYPES:
             seen[key] = name

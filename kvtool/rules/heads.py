@@ -21,7 +21,11 @@ define("KV102", "kv-heads-not-dividing", "error",
        """
        What it does: checks that num_attention_heads is divisible by num_key_value_heads.
        Why it matters: grouped-query attention shares each KV head among an equal number of query
-       heads; an uneven split cannot be expressed and model classes fail in repeat_kv.
+       heads; an uneven split cannot be expressed and model classes fail in repeat_kv. MLA models
+       (DeepSeek-V2/V3, Kimi-K2, GLM-5) need num_key_value_heads = num_attention_heads: their
+       transformers attention decompresses one K/V head per query head and still repeats them by
+       num_attention_heads // num_key_value_heads, so any other count breaks (or runs by accident
+       when the quotient is 1).
        Example: {"num_attention_heads": 32, "num_key_value_heads": 6}
        Fix: choose a KV-head count that divides the query heads (`kvtool convert --to gqa --groups G`
        lists the valid G).
@@ -31,8 +35,6 @@ define("KV102", "kv-heads-not-dividing", "error",
 @checker("heads")
 def check_kv_heads(ctx) -> None:
     spec = ctx.spec
-    if spec.is_mla:
-        return
     h, kv = spec.get("num_heads"), spec.get("num_kv_heads")
     kv_key = spec.key("num_kv_heads") or "num_key_value_heads"
     if kv is None or h is None:
@@ -44,6 +46,11 @@ def check_kv_heads(ctx) -> None:
         return
     if kv > h:
         ctx.report("KV101", f"{kv_key} = {kv} exceeds {spec.key('num_heads')} = {h}", path=kv_key)
+    elif spec.is_mla and kv != h:
+        # MLA decompresses one K/V head per query head; transformers then repeats them by H // KV
+        ctx.report("KV102", f"{kv_key} = {kv} differs from {spec.key('num_heads')} = {h} on an MLA model: transformers "
+                            f"decompresses {h} K/V heads and repeats them {h // kv} times (only {kv_key} = {h} runs)",
+                   path=kv_key)
     elif h % kv:
         ctx.report("KV102", f"{spec.key('num_heads')} = {h} is not divisible by {kv_key} = {kv} "
                             f"(valid: {_divisors(h)})", path=kv_key)
@@ -90,6 +97,9 @@ define("KV106", "head-dim-underivable", "error",
        number of query heads.
        Why it matters: model classes compute head_dim = hidden_size // num_heads; an inexact
        division silently truncates and the projection shapes no longer match the weights.
+       Some config classes refuse an inexact division even with head_dim set (transformers 5:
+       LlamaConfig, Gemma2Config, Gemma3TextConfig, ExaoneConfig .validate_architecture;
+       the table's attention.hidden_divisible_by_heads): then it is reported whatever head_dim says.
        Example: {"hidden_size": 4000, "num_attention_heads": 48}
        Fix: set head_dim explicitly, or correct hidden_size / num_attention_heads.
        """, hint="set head_dim explicitly or correct hidden_size / num_attention_heads", topic="heads")
@@ -167,6 +177,12 @@ def check_head_dim(ctx) -> None:
     h_key = spec.key("num_heads") or "num_attention_heads"
     hid_key = spec.key("hidden_size") or "hidden_size"
     hd = spec.get("head_dim")
+    if hidden % h and spec.arch.attention.get("hidden_divisible_by_heads"):
+        ctx.report("KV106", f"{hid_key} = {hidden} is not divisible by {h_key} = {h}; transformers' "
+                            f"{spec.model_type} config class refuses it (validate_architecture), head_dim or not "
+                            f"({hidden} / {h} = {hidden / h:.3f})",
+                   path=hid_key)
+        return
     if hd is not None:
         hd_key = spec.key("head_dim") or "head_dim"
         if _pos_int(hd) and hd * h != hidden:

@@ -17,9 +17,12 @@ define("KV801", "kv-scales-missing", "error",
        """
        What it does: when quantization_config.kv_cache_scheme (or ModelOpt's kv_cache_quant_algo)
        is set, checks that every attention layer stores a K and a V scale under a name vLLM
-       accepts: self_attn.k_scale / v_scale, self_attn.attn.k_scale, ModelOpt's
-       self_attn.k_proj.k_scale / v_proj.v_scale, the legacy self_attn.kv_scale, or
-       k_proj.output_scale / v_proj.output_scale.
+       loads: self_attn.k_scale / v_scale, self_attn.attn.k_scale, ModelOpt's
+       self_attn.k_proj.k_scale / v_proj.v_scale, or the legacy self_attn.kv_scale
+       (vllm 0.33, vllm/model_executor/model_loader/weight_utils.py, maybe_remap_kv_scale_name).
+       compressed-tensors' k_proj.output_scale / v_proj.output_scale do not count: vLLM 0.33's
+       llama loader (vllm/model_executor/models/llama.py, LlamaModel.hf_to_vllm_mapper) renames
+       them to qkv_proj.output_scale, which is no parameter, so they are dropped.
        Why it matters: vLLM falls back to a scale of 1.0 for missing scales, with only a log
        warning: FP8 K/V values then clip or underflow and quality drops silently.
        Example: "kv_cache_scheme": {"num_bits": 8, "type": "float"} and no *_scale tensors.
@@ -111,15 +114,20 @@ def check_kv_scales(ctx) -> None:
     if not prefixes:
         return
     missing: list[str] = []
+    ignored: list[str] = []
     for p in prefixes:
-        found = ksn.scales_for(p, names)
+        found = ksn.scales_for(p, names, loaded_only=True)
+        stored = ksn.scales_for(p, names)
         for role in ("k", "v"):
             if not found[role]:
                 missing.append(f"{p}.{ksn.CANONICAL[role]}")
+                ignored += [n for n, _ in stored[role]]
     if missing:
         layers = len({m.rsplit(".", 1)[0] for m in missing})
-        ctx.report("KV801", f"{key} is set but {layers} of {len(prefixes)} attention layers lack K/V scales "
-                            f"(first missing: {missing[0]}); vLLM would use 1.0", path=key)
+        why = (f"; {ignored[0]} is stored but vLLM does not load that spelling (its llama loader renames it to "
+               "qkv_proj.output_scale, no parameter)") if ignored else ""
+        ctx.report("KV801", f"{key} is set but {layers} of {len(prefixes)} attention layers lack K/V scales vLLM "
+                            f"loads (first missing: {missing[0]}){why}; vLLM would use 1.0", path=key)
 
 
 @checker("quantization")

@@ -22,6 +22,8 @@ define("KV301", "sliding-window-invalid", "error",
        table maps) is a positive integer or null.
        Why it matters: attention masks and the KV cache are sized from the window; 0, a negative
        number, a float or a string either crashes the model class or silently disables the window.
+       A null window is an error too when layer_types names sliding_attention layers (transformers'
+       Gemma-3 fails at the first forward building the sliding mask).
        Example: {"sliding_window": 0}  or  {"sliding_window": "4096"}
        Fix: set the window in tokens (e.g. 4096), or null for full attention.
        """, hint="set sliding_window to a positive token count or null", topic="sliding")
@@ -75,6 +77,13 @@ define("KV305", "layer-types-unknown", "error",
 def check_window_value(ctx) -> None:
     spec = ctx.spec
     r = spec.values.get("sliding_window")
+    if "sliding_window" in ctx.config and ctx.config["sliding_window"] is None and \
+            "sliding_attention" in spec.layer_types:
+        # transformers' gemma3 builds its sliding mask from the window: a TypeError at the first forward
+        key = spec.prefixed("sliding_window")
+        ctx.report("KV301", f"{key} is null but the layer types include sliding_attention layers: they need a "
+                            "window", path=key)
+        return
     if r is None or r.key is None or (_is_int(r.value) and r.value > 0):
         return  # absent, null, a table default, or fine
     key = spec.key("sliding_window")

@@ -13,7 +13,8 @@ from kvtool.eval.api import Candidate, evaluate, evaluate_many
 
 from eval_helpers import DEVICE, mean_pooled_mqa, reference_nll, with_kv_scales
 
-pytestmark = pytest.mark.slow
+# real_weights: the figures asserted are the real checkpoints' (gpu_check.sh deselects them on stand-ins)
+pytestmark = [pytest.mark.slow, pytest.mark.real_weights]
 L, S, N = 128, 64, 256  # N = L + 2 S: the HF guide's windows, no slide-back
 
 

@@ -30,7 +30,8 @@ EXAMPLES = {
     "proportional": {"rope_type": "proportional", "partial_rotary_factor": 0.5},
     "ntk": {"rope_type": "ntk", "factor": 4.0},
     "axial": {"rope_type": "axial"},
-    "xdrope": {"rope_type": "xdrope", "alpha": 2.0, "xdrope_section": [8, 8, 8, 8]},
+    "bailing_mrope": {"rope_type": "bailing_mrope", "mrope_section": [8, 8, 16]},
+    "openpangu": {"rope_type": "openpangu", "mrope_section": [8, 8, 16], "mrope_interleaved": True},
     "mllama4": {"rope_type": "mllama4"},
 }
 GEOM = rt.Geometry(dim=DIM, theta=10000.0, max_position_embeddings=4096, head_dim=DIM)
@@ -115,7 +116,10 @@ def test_unknown_type_and_aliases():
 
 
 def test_served_context_follows_vllm():
-    assert rt.served_context(EXAMPLES["yarn"], 999) == 512 * 8
+    # vllm 0.33 _get_and_verify_max_len: yarn keeps max_position_embeddings (tests/oracle/test_vllm_facts.py)
+    assert rt.served_context(EXAMPLES["yarn"], 999) == 999
+    assert rt.served_context({"rope_type": "yarn", "original_max_position_embeddings": 512}, 999) is None
+    assert rt.served_context({"rope_type": "made-up"}, 999) is None
     assert rt.served_context(EXAMPLES["linear"], 4096) == 4096 * 4
     assert rt.served_context(EXAMPLES["dynamic"], 4096) == 4096 * 4
     assert rt.served_context(EXAMPLES["llama3"], 131072) == 131072

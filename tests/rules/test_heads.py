@@ -53,7 +53,11 @@ def test_head_dim_info_and_error() -> None:
     assert not only({**LLAMA, "head_dim": 4}, "KV105")
     (err,) = only({**LLAMA, "hidden_size": 18}, "KV106")
     assert err.severity == "error" and err.path == "hidden_size" and "4.500" in err.message
-    assert not only({**LLAMA, "hidden_size": 18, "head_dim": 4}, "KV106")
+    mistral = {**LLAMA, "model_type": "mistral", "architectures": ["MistralForCausalLM"]}
+    assert not only({**mistral, "hidden_size": 18, "head_dim": 4}, "KV106")
+    # LlamaConfig.validate_architecture refuses hidden % heads whatever head_dim says
+    (llama_err,) = only({**LLAMA, "hidden_size": 18, "head_dim": 4}, "KV106")
+    assert "validate_architecture" in llama_err.message
 
 
 @pytest.mark.parametrize("extra,odd", [

@@ -161,6 +161,8 @@ def build() -> None:
     fx("KV101", "fail_too_many", lambda d: write(d, c(LLAMA, num_key_value_heads=8)))
     fx("KV101", "fail_zero", lambda d: write(d, c(LLAMA, num_key_value_heads=0)))
     fx("KV101", "pass", lambda d: write(d, LLAMA))
+    fx("KV102", "fail_mla_uneven", lambda d: write(d, c(DEEPSEEK, num_key_value_heads=3)))
+    fx("KV102", "pass_mla", lambda d: write(d, DEEPSEEK))
     fx("KV102", "fail", lambda d: write(d, c(LLAMA, num_attention_heads=4, num_key_value_heads=3)))
     fx("KV102", "pass", lambda d: write(d, LLAMA))
     fx("KV103", "fail_tp4", lambda d: write(d, c(LLAMA, hidden_size=24, num_attention_heads=6, num_key_value_heads=2),
@@ -176,7 +178,9 @@ def build() -> None:
     fx("KV105", "fail", lambda d: write(d, c(LLAMA, head_dim=8)))
     fx("KV105", "pass", lambda d: write(d, c(LLAMA, head_dim=4)))
     fx("KV106", "fail", lambda d: write(d, c(LLAMA, hidden_size=18)))
-    fx("KV106", "pass_explicit_head_dim", lambda d: write(d, c(LLAMA, hidden_size=18, head_dim=4)))
+    fx("KV106", "pass_explicit_head_dim", lambda d: write(d, c(LLAMA, hidden_size=18, head_dim=4, model_type="mistral",
+                                                             architectures=["MistralForCausalLM"])))
+    fx("KV106", "fail_llama_explicit_head_dim", lambda d: write(d, c(LLAMA, hidden_size=18, head_dim=4)))
     fx("KV107", "fail_partial", lambda d: write(d, c(LLAMA, hidden_size=64, head_dim=16, partial_rotary_factor=0.3125,
                                                      model_type="stablelm", architectures=["StableLmForCausalLM"])))
     fx("KV107", "fail_odd_head_dim", lambda d: write(d, c(LLAMA, hidden_size=20, num_attention_heads=4, head_dim=5)))
@@ -243,6 +247,9 @@ def build() -> None:
     # KV5xx dtype / vocab / positions -------------------------------------------------------
     fx("KV501", "fail_typo", lambda d: write(d, c(LLAMA, torch_dtype="bf16")))
     fx("KV501", "fail_int", lambda d: write(d, c(LLAMA, torch_dtype="int8")))
+    fx("KV501", "fail_wrapper_top_level", lambda d: write(d, {
+        "model_type": "llava", "architectures": ["LlavaForConditionalGeneration"], "dtype": "float17",
+        "text_config": c(LLAMA, torch_dtype=_DROP, dtype="bfloat16"), "vision_config": {"model_type": "clip_vision_model"}}))
     fx("KV501", "pass_v5", lambda d: write(d, c(LLAMA, torch_dtype=_DROP, dtype="bfloat16")))
     fx("KV502", "fail", lambda d: write(d, c(LLAMA, dtype="bfloat16", torch_dtype="float32")))
     fx("KV502", "pass", lambda d: write(d, c(LLAMA, dtype="bfloat16", torch_dtype="bfloat16")))
@@ -327,6 +334,8 @@ def build() -> None:
     fx("KV801", "pass_modelopt", lambda d: write(
         d, c(LLAMA, quantization_config={"quant_method": "modelopt", "kv_cache_quant_algo": "FP8"}),
         llama_tensors(LLAMA, extra=scales(LLAMA, {"k": "k_proj.k_scale", "v": "v_proj.v_scale"}))))
+    fx("KV801", "fail_output_scale_only", lambda d: write(d, q, llama_tensors(LLAMA, extra=scales(
+        LLAMA, {"k": "k_proj.output_scale", "v": "v_proj.output_scale"}))))
     fx("KV801", "pass_legacy_kv_scale", lambda d: write(d, q, llama_tensors(LLAMA, extra=scales(LLAMA, {"kv": "kv_scale"}))))
     fx("KV802", "fail", lambda d: write(d, LLAMA, llama_tensors(LLAMA, extra=scales(LLAMA, {"k": "k_scale", "v": "v_scale"}))))
     fx("KV802", "pass", lambda d: write(d, LLAMA, llama_tensors(LLAMA)))

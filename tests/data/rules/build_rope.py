@@ -57,7 +57,6 @@ FIXTURES = {
     },
     "KV204": {
         "fail_below_one": llama(rope_scaling={"rope_type": "linear", "factor": 0.5}),
-        "fail_string": llama(rope_scaling={"rope_type": "dynamic", "factor": "4"}),
         "pass_one": llama(rope_scaling={"rope_type": "linear", "factor": 1.0}),
     },
     "KV205": {
@@ -121,7 +120,27 @@ FIXTURES = {
         "fail_ntk": llama(rope_scaling={"rope_type": "ntk", "factor": 2.0}),
         "pass_deepseek_v3": real("deepseek-v3"),
     },
+    "KV217": {
+        "fail_phi35_yarn": {**PHI, "rope_scaling": {"rope_type": "yarn", "factor": 4.0,
+                                                      "original_max_position_embeddings": 4096}},
+        "fail_phi35_linear": {**PHI, "rope_scaling": {"rope_type": "linear", "factor": 2.0}},
+        "pass_phi35": PHI,
+        "pass_llama_yarn": llama(max_position_embeddings=16384, rope_scaling=YARN),
+    },
+    "KV218": {
+        "fail_llama_yarn_partial": llama(max_position_embeddings=16384, partial_rotary_factor=0.5, rope_scaling=YARN),
+        "fail_llama_v5_linear_partial": llama(rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4,
+                                                               "partial_rotary_factor": 0.5}),
+        "pass_llama_yarn": llama(max_position_embeddings=16384, rope_scaling=YARN),
+        "pass_plain_partial": llama(partial_rotary_factor=0.5),
+    },
+    "KV219": {
+        "fail_llama_plain_partial": llama(partial_rotary_factor=0.5),
+        "pass_llama_full": llama(partial_rotary_factor=1.0),
+        "pass_phi_partial": {**PHI, "partial_rotary_factor": 0.5},
+    },
     "KV215": {
+        "fail_factor_string": llama(rope_scaling={"rope_type": "dynamic", "factor": "4"}),
         "fail_beta_order": llama(max_position_embeddings=16384, rope_scaling={**YARN, "beta_fast": 1, "beta_slow": 32}),
         "fail_partial_rotary": llama(rope_parameters={"rope_type": "default", "rope_theta": 1e4,
                                                       "partial_rotary_factor": 1.5}, rope_theta=1e4),

@@ -1,0 +1,83 @@
+"""Copy the few vLLM functions kvtool's rules restate into tests/data/vllm/<version>/ (verbatim excerpts).
+
+vLLM's GPU wheel cannot be installed or imported on the CPU test machines, but its Python source can be
+read. tests/oracle/test_vllm_facts.py checks each fact lint, kv-budget and quantize-kv rely on against
+these excerpts, executing the pure functions where it can. To refresh them for another release:
+
+    pip download vllm==0.33.0 --no-deps -d /tmp/vllm && unzip -q /tmp/vllm/vllm-*.whl 'vllm/*' -d /tmp/vllm/src
+    python tests/data/vllm/extract.py /tmp/vllm/src 0.33.0
+
+vLLM is Apache-2.0 licensed (https://github.com/vllm-project/vllm/blob/main/LICENSE); each excerpt
+file names its source file and keeps the code unchanged.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+# source file -> qualified names (function, Class.method, or Class.attribute) to copy
+EXCERPTS: dict[str, tuple[str, ...]] = {
+    "vllm/model_executor/layers/rotary_embedding/__init__.py": ("get_rope",),
+    "vllm/config/model.py": ("_get_and_verify_max_len", "_resolve_auto_dtype", "ModelConfig.get_num_kv_heads",
+                             "ModelConfig.verify_with_parallel_config"),
+    "vllm/transformers_utils/config.py": ("patch_legacy_rope_type",),
+    "vllm/model_executor/model_loader/weight_utils.py": ("maybe_remap_kv_scale_name",),
+    "vllm/model_executor/models/llama.py": ("LlamaModel.hf_to_vllm_mapper",),
+    "vllm/model_executor/models/utils.py": ("WeightsMapper._map_name_with_shard",),
+    "vllm/v1/kv_cache_interface.py": ("AttentionSpec.state_content_size_bytes", "AttentionSpec.unpadded_page_size_bytes",
+                                      "FullAttentionSpec.max_memory_usage_bytes",
+                                      "SlidingWindowSpec.max_admission_blocks_per_request",
+                                      "ChunkedLocalAttentionSpec.max_admission_blocks_per_request"),
+    "vllm/model_executor/layers/quantization/compressed_tensors/compressed_tensors.py": (
+        "CompressedTensorsKVCacheMethod.validate_kv_cache_scheme",),
+}
+
+
+def _find(tree: ast.Module, qualname: str) -> ast.AST:
+    parts = qualname.split(".")
+    nodes = tree.body
+    for i, part in enumerate(parts):
+        for node in nodes:
+            name = getattr(node, "name", None)
+            if name is None and isinstance(node, (ast.Assign, ast.AnnAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                name = next((t.id for t in targets if isinstance(t, ast.Name)), None)
+            if name == part:
+                if i == len(parts) - 1:
+                    return node
+                nodes = node.body
+                break
+        else:
+            raise LookupError(f"{qualname}: {part} not found")
+    raise LookupError(qualname)
+
+
+def excerpt_name(source: str) -> str:
+    return source.replace("/", "__") + ".txt"
+
+
+def extract(src_root: Path, version: str) -> None:
+    out_dir = HERE / version
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for rel, names in EXCERPTS.items():
+        text = (src_root / rel).read_text(encoding="utf-8")
+        tree = ast.parse(text)
+        lines = text.splitlines()
+        parts = [f"# vLLM {version}, {rel} (Apache-2.0, https://github.com/vllm-project/vllm); verbatim excerpts"]
+        for name in names:
+            node = _find(tree, name)
+            start = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
+            parts.append(f"# --- {name} (lines {start}-{node.end_lineno})")
+            # dedent class members to module level so each excerpt parses on its own
+            body = lines[start - 1:node.end_lineno]
+            indent = len(body[0]) - len(body[0].lstrip())
+            parts.append("\n".join(line[indent:] for line in body))
+        (out_dir / excerpt_name(rel)).write_text("\n".join(parts) + "\n", encoding="utf-8")
+        print(f"wrote {out_dir / excerpt_name(rel)}")
+
+
+if __name__ == "__main__":
+    extract(Path(sys.argv[1]), sys.argv[2])
