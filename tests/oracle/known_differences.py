@@ -66,7 +66,7 @@ KNOWN_DIFFERENCES: tuple[KnownDifference, ...] = (
         "rope-theta-invalid", "stricter", "rope_theta 0, negative, or a string",
         "loads and runs: the frequencies theta^(-2i/d) are inf or NaN and so are the logits",
         "error KV206: silently corrupt outputs in both engines (vLLM's get_rope does not check the base either)",
-        codes=("KV206",),
+        codes=("KV206", "KV906"),
         witness="llama/rope_theta_zero"),
     KnownDifference(
         "llama3-factors-swapped", "stricter", "llama3 with high_freq_factor < low_freq_factor",
@@ -101,7 +101,8 @@ KNOWN_DIFFERENCES: tuple[KnownDifference, ...] = (
         "the config classes do not check these ranges; the tiny model runs",
         "error KV90x (and the specific rule): vLLM 0.33 refuses partial_rotary_factor outside (0, 1] (get_rope: "
         "ValueError), a zero max_model_len or layer count serves nothing, zero experts or latent rank compute "
-        "nothing", codes=("KV901", "KV902", "KV401", "KV411"),
+        "nothing; KV906 where the value is outside kvtool's bounds table (docs/input-limits.md)",
+        codes=("KV901", "KV902", "KV401", "KV411", "KV906"),
         witness="llama/mpe_zero"),
     KnownDifference(
         "hidden-not-divisible", "stricter", "hidden_size 66, 4 heads, no head_dim (qwen2, mistral, phi3)",
@@ -114,7 +115,7 @@ KNOWN_DIFFERENCES: tuple[KnownDifference, ...] = (
         "rotary-dim-invalid", "stricter", "rotary_pct 0 (gpt_neox), partial_rotary_factor 1.5",
         "runs without rotating anything (NoPE) or rotates the whole head",
         "error KV107: vLLM 0.33 refuses it (get_rope: ValueError \"partial_rotary_factor=... must be between 0.0 "
-        "and 1.0\")", codes=("KV107",),
+        "and 1.0\")", codes=("KV107", "KV906"),
         witness="gpt_neox/rotary_pct_zero"),
     KnownDifference(
         "kv-heads-mla", "stricter", "MLA with num_key_value_heads 3 or 8 against 4 heads",
