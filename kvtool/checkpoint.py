@@ -44,6 +44,8 @@ class Checkpoint:
     tokenizer_config: dict | None = None
     tokenizer_vocab_size: int | None = None
     hub: bool = False
+    # Git LFS pointer files standing where weights should be (kvtool.lfs); headers are then not read at all
+    lfs_pointers: list = field(default_factory=list)
 
     @property
     def config(self) -> dict:
@@ -67,6 +69,13 @@ class Checkpoint:
     @property
     def weight_bytes(self) -> int:
         return sum(t.nbytes for h in self.headers for t in h.tensors.values())
+
+    def require_pulled_weights(self) -> None:
+        """InputError (exit 2) when the weights are Git LFS pointers: commands that read tensors stop here."""
+        if self.lfs_pointers:
+            from kvtool.lfs import PULL_HINT, not_pulled_message
+
+            raise InputError(f"{not_pulled_message(self.lfs_pointers)}; {PULL_HINT}", file=self.source)
 
     def display(self, path: Path | None) -> str:
         """A path as users gave it (relative to the model folder when inside it)."""
@@ -119,6 +128,10 @@ def _open_folder(text: str, root: Path, read_weights: bool, read_side_files: boo
     ckpt.pickle_files = sorted(p.name for p in root.iterdir() if p.suffix in PICKLE_SUFFIXES and p.is_file())
     if read_weights:
         _read_weights(ckpt, root)
+    else:  # stat only, so commands that let transformers read the weights can still say they were not pulled
+        from kvtool.lfs import find_pointers
+
+        ckpt.lfs_pointers = find_pointers(root, sorted(p.name for p in root.glob("*.safetensors")))
     return ckpt
 
 
@@ -130,6 +143,11 @@ def _read_weights(ckpt: Checkpoint, root: Path) -> None:
         files = _index_files(ckpt, root)
     else:
         files = sorted(p.name for p in root.glob("*.safetensors") if p.is_file())
+    from kvtool.lfs import find_pointers
+
+    ckpt.lfs_pointers = find_pointers(root, files)
+    if ckpt.lfs_pointers:
+        return  # not the weights: no header is read, so no weight check runs on a partial set
     for name in files:
         h = read_header(root / name, name)
         ckpt.headers.append(h)
