@@ -15,7 +15,7 @@ import typer
 from kvtool.errors import EXIT_INPUT, KvtoolError
 
 # Order here is the order in `kvtool --help`.
-COMMAND_MODULES = ("lint", "rules", "kv_budget", "convert", "eval", "rope", "quantize_kv", "apply")
+COMMAND_MODULES = ("lint", "rules", "kv_budget", "convert", "eval", "rope", "quantize_kv", "apply", "fixtures")
 
 app = typer.Typer(
     name="kvtool",

@@ -95,8 +95,8 @@ def _fmt_count(n: float, scale: str | None) -> str:
 class Task:
     """See `task`. Thread-safe; a context manager that closes itself (with a final line)."""
 
-    def __init__(self, desc: str, total: float | None, unit: str, *, mode: str = "off", scale: str | None = None,
-                 stream: TextIO | None = None):
+    def __init__(self, desc: str, total: float | None = None, unit: str = "", *, mode: str = "off",
+                 scale: str | None = None, stream: TextIO | None = None):
         if mode not in MODES:
             raise ValueError(f"progress mode must be one of {MODES}")
         self.desc, self.total, self.unit, self.mode, self.scale = desc, total, unit, mode, scale
