@@ -68,12 +68,12 @@ def active() -> bool:
 
 
 def task(desc: str, total: float | None = None, unit: str = "", *, enabled: bool | None = None,
-         scale: str | None = None) -> "Task":
+         scale: str | None = None, rate: bool = False) -> "Task":
     """A unit of long work. total None: unknown length (elapsed time only). unit: shown after the
     count ("layer", "tok", "B"). scale "bytes": counts shown as KiB/MiB/GiB. enabled None: the session's
-    mode; True / False: as the --progress / --no-progress flag would."""
+    mode; True / False: as the --progress / --no-progress flag would. rate: also show units per second."""
     mode = _session_mode if enabled is None else resolve(enabled)
-    return Task(desc, total, unit, mode=mode, scale=scale)
+    return Task(desc, total, unit, mode=mode, scale=scale, rate=rate)
 
 
 def fmt_duration(seconds: float) -> str:
@@ -96,10 +96,11 @@ class Task:
     """See `task`. Thread-safe; a context manager that closes itself (with a final line)."""
 
     def __init__(self, desc: str, total: float | None = None, unit: str = "", *, mode: str = "off",
-                 scale: str | None = None, stream: TextIO | None = None):
+                 scale: str | None = None, stream: TextIO | None = None, rate: bool = False):
         if mode not in MODES:
             raise ValueError(f"progress mode must be one of {MODES}")
         self.desc, self.total, self.unit, self.mode, self.scale = desc, total, unit, mode, scale
+        self.rate = rate
         self.stream = stream if stream is not None else sys.stderr
         self.done = 0.0
         self.note = ""
@@ -162,6 +163,8 @@ class Task:
             parts.append(f"{min(100.0, 100.0 * self.done / self.total):3.0f}%")
         elif self.done:
             parts.append(f"{_fmt_count(self.done, self.scale)}{unit}")
+        if self.rate and self.done and elapsed > 0:
+            parts.append(f"{_fmt_count(self.done / elapsed, self.scale)} {self.unit or 'units'}/s")
         parts.append(f"elapsed {fmt_duration(elapsed)}")
         eta = self.eta(elapsed)
         if eta is not None:

@@ -60,6 +60,10 @@ def test_fractional_and_byte_counts():
     b = progress.Task("convert", 3 * 2**30, "", mode="off", scale="bytes")
     b.done = 2**29
     assert "512.0 MiB/3.0 GiB" in b.render()
+    r = progress.Task("eval", 100, "tok", mode="off", rate=True)
+    r.t0 -= 4.0
+    r.done = 50
+    assert "  12.5 tok/s  elapsed 0:04  ETA 0:04" in r.render(now=r.t0 + 4.0)
     assert progress.fmt_duration(3725) == "1:02:05" and progress.fmt_duration(59.6) == "1:00"
 
 

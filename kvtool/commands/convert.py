@@ -160,8 +160,10 @@ def _run_eval(src: str, dst: str, device: str, max_tokens: int, gates: dict) -> 
 
     evaluate = _eval_api()
     r = evaluate(dst, baseline=src, device=device, max_tokens=max_tokens, gates=gates or None)
+    # every figure with its standard error (tokens treated as independent: a lower bound, see kvtool eval)
     typer.echo(f"eval ({r.tokens} tokens of {r.text}, {r.device}): perplexity {r.baseline_ppl:.3f} -> {r.ppl:.3f} "
-               f"({(r.ppl_ratio - 1) * 100:+.1f}%), mean KLD {r.kld_mean:.4f}, top-1 agreement {r.top1_agreement:.3f}")
+               f"({(r.ppl_ratio - 1) * 100:+.1f}% ± {r.ppl_ratio_se * 100:.1f}%), mean KLD {r.kld_mean:.4f} "
+               f"± {r.kld_se:.4f}, top-1 agreement {r.top1_agreement:.3f} ± {r.top1_se:.3f}")
     for g in r.gates:
         typer.echo(f"  gate {g.line()}")
     if not r.passed:

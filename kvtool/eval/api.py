@@ -180,7 +180,7 @@ def evaluate_many(candidates: Sequence[Candidate | Any], baseline=None, *, texts
     emulation = [_emulation(c, m) for c, m in runs]
     accs = [_new_acc() for _ in runs]
     stream = torch.tensor(ids, dtype=torch.long)
-    bar = kv_progress.task("eval", total=len(ids) - 1, unit="tok", enabled=progress)
+    bar = kv_progress.task("eval", total=len(ids) - 1, unit="tok", enabled=progress, rate=True)
     t0 = time.perf_counter()
     with torch.inference_mode():
         for group in batches(ws, bs):
