@@ -84,7 +84,9 @@ def main(argv: list[str] | None = None) -> int:
     except ModuleNotFoundError as exc:
         from kvtool.deps import missing
 
-        err = missing(exc.name or "")
+        args = sys.argv[1:] if argv is None else argv
+        command = next((a for a in args if not a.startswith("-")), None)
+        err = missing(exc.name or "", f"kvtool {command}" if command else None)
         if err is None or os.environ.get("KVTOOL_DEBUG"):
             return _internal(exc)
         typer.echo(f"kvtool: error: {err.line()}", err=True)

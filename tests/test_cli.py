@@ -93,18 +93,19 @@ def _without_torch(tmp_path, *args: str) -> subprocess.CompletedProcess:
                           env=env, timeout=120)
 
 
-@pytest.mark.parametrize("args", [
-    ["eval", EXAMPLE],
-    ["convert", EXAMPLE, "out", "--to", "mqa", "--eval"],
-    ["convert", EXAMPLE, "out", "--to", "mqa", "--method", "aware"],
-    ["quantize-kv", EXAMPLE, "out"],
+@pytest.mark.parametrize("args,who", [
+    (["eval", EXAMPLE], "kvtool eval"),
+    (["convert", EXAMPLE, "out", "--to", "mqa", "--eval"], "kvtool convert --eval"),
+    (["convert", EXAMPLE, "out", "--to", "mqa", "--method", "aware"], "kvtool convert --method aware"),
+    (["quantize-kv", EXAMPLE, "out"], "kvtool quantize-kv"),
 ])
-def test_missing_torch_says_what_to_install(tmp_path, args):
+def test_missing_torch_says_what_to_install(tmp_path, args, who):
     p = _without_torch(tmp_path, *args)
     lines = p.stderr.strip().splitlines()
     assert p.returncode == 2 and len(lines) == 1, p.stderr
     line = lines[0]
-    assert line.startswith("kvtool: error: ") and "internal error" not in line and "Traceback" not in p.stderr
+    assert line.startswith(f"kvtool: error: {who} needs torch, which is not installed")
+    assert "internal error" not in line and "Traceback" not in p.stderr
     assert "pip install torch==2.13.0" in line and 'pip install "kvtool[torch]"' in line
     assert not (tmp_path / "out").exists()  # refused before any work
 
@@ -123,6 +124,7 @@ def test_missing_torch_deep_inside_a_command_is_the_same_line(tmp_path):
     env.pop("KVTOOL_DEBUG", None)
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert p.returncode == 2 and p.stderr.count("\n") == 1 and "pip install torch==2.13.0" in p.stderr, p.stderr
+    assert p.stderr.startswith("kvtool: error: kvtool needs-torch needs torch, which is not installed")
 
 
 def test_torch_free_commands_still_work_without_torch(tmp_path):

@@ -41,6 +41,7 @@ def register(app: typer.Typer) -> None:
         force: bool = typer.Option(False, "--force", help="Replace a non-empty DST."),
         progress: Optional[bool] = typer.Option(None, "--progress/--no-progress", help=kv_progress.FLAG_HELP),
     ) -> int:
+        require_torch("kvtool quantize-kv")  # before the imports below, which need it
         from kvtool.quantize.run import QuantizeOptions, check_options, quantize_kv as run
         from kvtool.quantize.report import render
 
@@ -49,7 +50,6 @@ def register(app: typer.Typer) -> None:
                                evaluate=not no_eval, eval_texts=list(eval_text) if eval_text else None,
                                eval_tokens=eval_tokens, force=force, link=not copy)
         check_options(opts)
-        require_torch("kvtool quantize-kv")
         with kv_progress.session(progress):
             result = run(src, dst, opts)
         typer.echo(render(result), nl=False)
