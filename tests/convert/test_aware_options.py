@@ -53,3 +53,31 @@ def test_convert_device_serves_calibration_and_eval(monkeypatch, eval_flag, uses
     monkeypatch.setattr(cmd, "_nvidia_driver", lambda: driver)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
     assert cmd._device_and_eval(eval_flag, uses_torch) == want
+
+
+def test_calibration_defaults_to_the_builtin_dataset():
+    from kvtool.convert.aware.calibration import read_text
+    from kvtool.datasets import CALIBRATION_LABEL, calibration_text
+
+    assert AwareMerge().settings["calib_dataset"] is None  # no --calib-text needed
+    assert read_text(None, None) == (calibration_text(), CALIBRATION_LABEL)
+    assert read_text(None, "pydoc") == (calibration_text(), CALIBRATION_LABEL)
+
+
+@pytest.mark.parametrize("opts, needle", [({"calib_dataset": "wikitext9"}, "unknown dataset 'wikitext9'"),
+                                          ({"calib_dataset": "pydoc", "calib_text": "a.txt"}, "not both")])
+def test_calibration_source_refusals(opts, needle):
+    with pytest.raises(UsageError, match=needle) as exc:
+        AwareMerge(**opts)
+    assert exc.value.field == "--calib-dataset"
+
+
+def test_mean_refuses_calib_dataset_by_name(tmp_path, capsys):
+    from kvtest import write_config
+
+    src = tmp_path / "m"
+    write_config(src, {"model_type": "llama", "num_hidden_layers": 1, "hidden_size": 64, "num_attention_heads": 4,
+                       "num_key_value_heads": 4, "vocab_size": 32})
+    rc = main(["convert", str(src), str(tmp_path / "out"), "--to", "mqa", "--calib-dataset", "pydoc"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "calib_dataset" in err and len(err.strip().splitlines()) == 1
