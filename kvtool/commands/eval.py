@@ -61,10 +61,9 @@ def register(app: typer.Typer) -> None:
             gates = {}  # the default PPL gate needs a baseline; without one, PPL alone
         texts, text_name = read_texts(text, dataset)
         require_torch("kvtool eval")
-
-        from kvtool.eval.api import evaluate
-
         with kv_progress.session(progress):
+            with kv_progress.task("starting (importing torch and transformers)"):
+                from kvtool.eval.api import evaluate
             report = evaluate(model, baseline, texts=texts, text_name=text_name, max_length=max_length,
                               stride=stride, max_tokens=max_tokens, device=device, dtype=dtype,
                               kv_cache_dtype=kv_cache_dtype, kv_scales=kv_scales, batch_size=batch_size,

@@ -42,15 +42,17 @@ def register(app: typer.Typer) -> None:
         progress: Optional[bool] = typer.Option(None, "--progress/--no-progress", help=kv_progress.FLAG_HELP),
     ) -> int:
         require_torch("kvtool quantize-kv")  # before the imports below, which need it
-        from kvtool.quantize.run import QuantizeOptions, check_options, quantize_kv as run
-        from kvtool.quantize.report import render
-
-        opts = QuantizeOptions(calib_texts=list(calib_text or []), calib_dataset=calib_dataset,
-                               calib_tokens=calib_tokens, seq_len=seq_len, strategy=strategy, observer=observer, format=fmt, device=device, dtype=dtype,
-                               evaluate=not no_eval, eval_texts=list(eval_text) if eval_text else None,
-                               eval_tokens=eval_tokens, force=force, link=not copy)
-        check_options(opts)
         with kv_progress.session(progress):
+            with kv_progress.task("starting (importing torch and transformers)"):
+                from kvtool.quantize.report import render
+                from kvtool.quantize.run import QuantizeOptions, check_options, quantize_kv as run
+
+            opts = QuantizeOptions(calib_texts=list(calib_text or []), calib_dataset=calib_dataset,
+                                   calib_tokens=calib_tokens, seq_len=seq_len, strategy=strategy, observer=observer,
+                                   format=fmt, device=device, dtype=dtype, evaluate=not no_eval,
+                                   eval_texts=list(eval_text) if eval_text else None, eval_tokens=eval_tokens,
+                                   force=force, link=not copy)
+            check_options(opts)
             result = run(src, dst, opts)
         typer.echo(render(result), nl=False)
         return EXIT_OK

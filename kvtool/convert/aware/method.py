@@ -83,13 +83,6 @@ class AwareMerge(MergeMethod):
             raise UsageError(f"--method aware: {reason}; use --method mean", field="--method")
         if job.target_groups >= job.spec.num_kv_heads:
             return  # expansion or identity: exact, nothing to calibrate (merge_layer falls back to mean)
-        import torch
-
-        from kvtool.convert.aware.calibration import calibration_ids, read_text, run_layerwise
-        from kvtool.convert.aware.merge import MergeSettings, merge_layer
-        from kvtool.layerwise import describe, open_layerwise, release_free_memory
-        from kvtool.torch_utils import load_tokenizer
-
         s = self.settings
         t0 = time.perf_counter()
         # one unit per layer: its closed-form merge and each refinement step are equal fractions of it
@@ -97,6 +90,14 @@ class AwareMerge(MergeMethod):
         bar = kv_progress.task("calibrate", total=job.num_layers or None, unit="layers")
         self._merged = MergedLayers()
         try:
+            bar.set_note("importing torch and transformers")
+            import torch
+
+            from kvtool.convert.aware.calibration import calibration_ids, read_text, run_layerwise
+            from kvtool.convert.aware.merge import MergeSettings, merge_layer
+            from kvtool.layerwise import describe, open_layerwise, release_free_memory
+            from kvtool.torch_utils import load_tokenizer
+
             bar.set_note("reading the calibration text")
             text, label = read_text(s["calib_text"], s["calib_dataset"])
             device = torch.device(job.device or "cpu")
