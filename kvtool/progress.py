@@ -29,6 +29,7 @@ from typing import Iterator, TextIO
 
 MODES = ("off", "bar", "lines")
 BAR_REFRESH_S = 0.5  # the terminal line is redrawn at least this often
+BAR_MIN_S = 0.1  # ... and at most this often (a shard of thousands of small tensors would flood the terminal)
 LINES_EVERY_S = 10.0  # plain lines (not a terminal): at most one per task this often
 
 _session_mode = "off"
@@ -106,6 +107,7 @@ class Task:
         self.note = ""
         self.t0 = time.monotonic()
         self._last_line = self.t0
+        self._last_draw = 0.0
         self._width = 0
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -187,7 +189,8 @@ class Task:
 
     def _refresh_locked(self) -> None:
         if self.mode == "bar":
-            self._draw()
+            if time.monotonic() - self._last_draw >= BAR_MIN_S:
+                self._draw()
         elif self.mode == "lines" and time.monotonic() - self._last_line >= LINES_EVERY_S:
             self._emit_line_locked()
 
@@ -200,6 +203,7 @@ class Task:
         import shutil
 
         cols = shutil.get_terminal_size((100, 20)).columns
+        self._last_draw = time.monotonic()
         self._write("\r" + self._pad(self.render()[: max(20, cols - 1)]))
 
     def _emit_line(self) -> None:
