@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shutil
 from pathlib import Path
@@ -14,6 +15,7 @@ from kvtool.lfs import MAX_POINTER_BYTES, read_pointer
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "llama-gqa-tiny"
 BROKEN = REPO / "tests" / "data" / "lint_demo" / "broken-llama"  # KV601 on k/v, KV801 (needs headers)
+NEEDS_TORCH = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="the command needs torch")
 OID = "4d7a214614ab2935c943f9e0ff69d22eadbb8f32b1258daaa5e2ca24d17e2393"
 
 
@@ -81,6 +83,8 @@ def test_kv_budget_estimates_the_weights(tmp_path, capsys):
 @pytest.mark.parametrize("args", [
     ["convert", "{m}", "{out}", "--to", "mqa", "--no-eval"],
     ["convert", "{m}", "--to", "mqa", "--dry-run"],
+    pytest.param(["eval", "{m}", "--device", "cpu"], marks=NEEDS_TORCH),
+    pytest.param(["quantize-kv", "{m}", "{out}", "--device", "cpu"], marks=NEEDS_TORCH),
 ])
 def test_commands_that_read_weights_stop_with_how_to_pull(tmp_path, capsys, args):
     m = without_lfs(EXAMPLE, tmp_path / "m")
