@@ -26,15 +26,17 @@ def test_bad_values_are_refused_by_name(opts, field):
     assert exc.value.field == field
 
 
-def test_mean_refuses_the_calibration_flags(tmp_path, capsys):
+@pytest.mark.parametrize("flag, value, name", [("--seq-len", "512", "seq_len"),
+                                               ("--calib-dataset", "pydoc", "calib_dataset")])
+def test_mean_refuses_the_calibration_flags(tmp_path, capsys, flag, value, name):
     from kvtest import write_config
 
     src = tmp_path / "m"
     write_config(src, {"model_type": "llama", "num_hidden_layers": 1, "hidden_size": 64, "num_attention_heads": 4,
                        "num_key_value_heads": 4, "vocab_size": 32})
-    rc = main(["convert", str(src), str(tmp_path / "out"), "--to", "mqa", "--seq-len", "512"])
+    rc = main(["convert", str(src), str(tmp_path / "out"), "--to", "mqa", flag, value])
     err = capsys.readouterr().err
-    assert rc == 2 and "seq_len" in err and "Traceback" not in err
+    assert rc == 2 and name in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "out").exists()
 
 
@@ -71,13 +73,3 @@ def test_calibration_source_refusals(opts, needle):
         AwareMerge(**opts)
     assert exc.value.field == "--calib-dataset"
 
-
-def test_mean_refuses_calib_dataset_by_name(tmp_path, capsys):
-    from kvtest import write_config
-
-    src = tmp_path / "m"
-    write_config(src, {"model_type": "llama", "num_hidden_layers": 1, "hidden_size": 64, "num_attention_heads": 4,
-                       "num_key_value_heads": 4, "vocab_size": 32})
-    rc = main(["convert", str(src), str(tmp_path / "out"), "--to", "mqa", "--calib-dataset", "pydoc"])
-    err = capsys.readouterr().err
-    assert rc == 2 and "calib_dataset" in err and len(err.strip().splitlines()) == 1
