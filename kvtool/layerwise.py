@@ -332,8 +332,9 @@ def _whole(src: Path, device, dtype, attn: str | None, layers_path: str | None, 
     that lacks tensors the model needs is refused rather than silently filled with random weights."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from kvtool.torch_utils import kv_cache_only_quantization
+    from kvtool.torch_utils import kv_cache_only_quantization, quiet_transformers
 
+    quiet_transformers()  # kvtool's own progress line is showing
     try:
         config = AutoConfig.from_pretrained(str(src))
         if kv_cache_only_quantization(getattr(config, "quantization_config", None)):
