@@ -135,3 +135,15 @@ def test_eval_json_stays_clean_with_progress(smollm2_path, tmp_path):
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout)["tokens"] == 63  # stdout is exactly the JSON document
     assert "loading " in p.stderr and "eval  63/63 tok  100%" in p.stderr
+
+
+def test_an_error_inside_a_task_ends_its_line_and_stops_the_ticker(monkeypatch):
+    monkeypatch.setattr(progress, "BAR_REFRESH_S", 0.02)
+    out = Tty()
+    with pytest.raises(RuntimeError):
+        with progress.Task("eval", 10, "tok", mode="bar", stream=out) as t:
+            t.update(3)
+            raise RuntimeError("boom")
+    text = out.getvalue()
+    time.sleep(0.1)
+    assert out.getvalue() == text and text.endswith("\n")  # kvtool's error line starts on a clean line

@@ -180,9 +180,9 @@ def evaluate_many(candidates: Sequence[Candidate | Any], baseline=None, *, texts
     emulation = [_emulation(c, m) for c, m in runs]
     accs = [_new_acc() for _ in runs]
     stream = torch.tensor(ids, dtype=torch.long)
-    bar = kv_progress.task("eval", total=len(ids) - 1, unit="tok", enabled=progress, rate=True)
     t0 = time.perf_counter()
-    with torch.inference_mode():
+    with kv_progress.task("eval", total=len(ids) - 1, unit="tok", enabled=progress, rate=True) as bar, \
+            torch.inference_mode():
         for group in batches(ws, bs):
             batch = torch.stack([stream[w.begin:w.end] for w in group])
             keep = group[0].n_scored
@@ -196,7 +196,6 @@ def evaluate_many(candidates: Sequence[Candidate | Any], baseline=None, *, texts
             del base_logits
             bar.update(keep * len(group))
     seconds = time.perf_counter() - t0
-    bar.close()
 
     reports = []
     for (c, m), emu, acc in zip(runs, emulation, accs):
