@@ -47,10 +47,10 @@ def test_lint_says_once_the_weights_were_not_pulled(tmp_path, capsys):
     assert main(["lint", "--format", "json", str(m)]) == 1  # config errors still fail
     findings = json.loads(capsys.readouterr().out)["models"][0]["findings"]
     codes = [f["code"] for f in findings]
-    assert codes.count("KV611") == 1 and "KV606" not in codes  # no "header length 2336927755350992246"
+    assert codes.count("KV613") == 1 and "KV606" not in codes  # no "header length 2336927755350992246"
     assert "KV601" not in codes and "KV801" not in codes  # weight checks skipped, not guessed from nothing
     assert {"KV501", "KV504"} <= set(codes)  # every config-only rule still runs
-    kv611 = next(f for f in findings if f["code"] == "KV611")
+    kv611 = next(f for f in findings if f["code"] == "KV613")
     assert kv611["severity"] == "info" and "model.safetensors (3.00 GiB)" in kv611["message"]
     assert "git lfs pull" in kv611["hint"] and "lfs: true" in kv611["hint"]
 
@@ -58,9 +58,9 @@ def test_lint_says_once_the_weights_were_not_pulled(tmp_path, capsys):
 def test_require_weights_makes_it_an_error(tmp_path, capsys):
     m = without_lfs(EXAMPLE, tmp_path / "m")
     assert main(["lint", str(m)]) == 0
-    assert "KV611 [info]" in capsys.readouterr().out
+    assert "KV613 [info]" in capsys.readouterr().out
     assert main(["lint", "--require-weights", str(m)]) == 1
-    assert "KV611 [error]" in capsys.readouterr().out
+    assert "KV613 [error]" in capsys.readouterr().out
 
 
 def test_one_pulled_shard_of_two_still_skips_every_weight_check(tmp_path, capsys):
@@ -70,7 +70,7 @@ def test_one_pulled_shard_of_two_still_skips_every_weight_check(tmp_path, capsys
     (m / "model-00002-of-00002.safetensors").write_bytes(pointer(123))
     assert main(["lint", "--format", "json", str(m)]) == 0
     findings = json.loads(capsys.readouterr().out)["models"][0]["findings"]
-    assert [f["code"] for f in findings] == ["KV611"]
+    assert [f["code"] for f in findings] == ["KV613"]
     assert "1 file(s)" in findings[0]["message"] and "model-00002-of-00002.safetensors (123 B)" in findings[0]["message"]
 
 

@@ -26,7 +26,7 @@ def register(app: typer.Typer) -> None:
         config: Optional[Path] = typer.Option(None, "--config", help="Read [tool.kvtool] from this pyproject.toml."),
         isolated: bool = typer.Option(False, "--isolated", help="Ignore every pyproject.toml."),
         require_weights: bool = typer.Option(False, "--require-weights",
-                                             help="Git LFS pointers instead of weights (KV611) are an error, "
+                                             help="Git LFS pointers instead of weights (KV613) are an error, "
                                                   "not an info."),
     ) -> int:
         from kvtool.config_file import find_pyproject, load_settings

@@ -32,7 +32,7 @@ class LintContext:
 
     def report(self, code: str, message: str, *, path: str | None = None, file: str | None = None,
                hint: str | None = None, line: int | None = None, severity: str | None = None) -> None:
-        """severity: only for rules whose severity an option raises (KV611 with --require-weights)."""
+        """severity: only for rules whose severity an option raises (KV613 with --require-weights)."""
         rule = RULES[code]  # KeyError here means a checker used an undefined code: a bug
         if file is None:
             file = self.config_file

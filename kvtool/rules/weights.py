@@ -128,7 +128,7 @@ define("KV610", "shard-missing", "error",
        Fix: download or upload the missing shard.
        """, hint="download or upload the missing shard", topic="weights")
 
-define("KV611", "weights-not-pulled", "info",
+define("KV613", "weights-not-pulled", "info",
        "The weight files are Git LFS pointers: the weights were not pulled, so no weight check ran",
        """
        What it does: recognises Git LFS pointer files (`version https://git-lfs.github.com/spec/v1`, `oid`,
@@ -152,7 +152,7 @@ def check_lfs_pointers(ctx) -> None:
     if pointers:
         from kvtool.lfs import not_pulled_message
 
-        ctx.report("KV611", not_pulled_message(pointers) + "; the weight checks were skipped",
+        ctx.report("KV613", not_pulled_message(pointers) + "; the weight checks were skipped",
                    file=ctx.file_of(pointers[0].file),
                    severity="error" if ctx.options.require_weights else None)
 
