@@ -115,8 +115,9 @@ def _build(gguf_dir: Path, gguf_file: str, target: Path) -> None:
 
     tmp = target.with_name(target.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    tok = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=gguf_file)
-    model = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=gguf_file, dtype=torch.float32)
+    tok = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=gguf_file, trust_remote_code=False)
+    model = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=gguf_file, dtype=torch.float32,
+                                                 trust_remote_code=False)
     # The dequantized weights are plain tensors now; a leftover gguf quantization_config would
     # make every later from_pretrained try to re-read a GGUF file.
     if hasattr(model.config, "quantization_config"):
