@@ -72,10 +72,10 @@ class Checkpoint:
 
     def require_pulled_weights(self) -> None:
         """InputError (exit 2) when the weights are Git LFS pointers: commands that read tensors stop here."""
-        if self.lfs_pointers:
-            from kvtool.lfs import PULL_HINT, not_pulled_message
+        if self.lfs_pointers and self.root is not None:
+            from kvtool.lfs import refuse_pointers
 
-            raise InputError(f"{not_pulled_message(self.lfs_pointers)}; {PULL_HINT}", file=self.source)
+            refuse_pointers(self.root, self.source)
 
     def display(self, path: Path | None) -> str:
         """A path as users gave it (relative to the model folder when inside it)."""

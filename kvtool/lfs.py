@@ -66,3 +66,17 @@ def find_pointers(root: Path, names: list[str]) -> list[LfsPointer]:
         if pointer is not None:
             out.append(pointer)
     return out
+
+
+def refuse_pointers(folder: str | Path, source: str | None = None) -> None:
+    """InputError (exit 2) when the folder's *.safetensors files include Git LFS pointers: for every command
+    that reads tensors, before any safetensors validity check (a pointer is not a corrupt file, it is a file
+    not pulled). Only files of at most 1 KiB are opened."""
+    from kvtool.errors import InputError
+
+    root = Path(folder)
+    if not root.is_dir():
+        return
+    pointers = find_pointers(root, sorted(p.name for p in root.glob("*.safetensors")))
+    if pointers:
+        raise InputError(f"{not_pulled_message(pointers)}; {PULL_HINT}", file=source or str(folder))
