@@ -35,6 +35,8 @@ class Checkpoint:
     tokenizer_config: dict | None = None
     tokenizer_vocab_size: int | None = None
     hub: bool = False
+    # Git LFS pointer files standing where weights should be (kvtool.lfs); headers are then not read at all
+    lfs_pointers: list = field(default_factory=list)
 
     @property
     def config(self) -> dict:
@@ -58,6 +60,13 @@ class Checkpoint:
     @property
     def weight_bytes(self) -> int:
         return sum(t.nbytes for h in self.headers for t in h.tensors.values())
+
+    def require_pulled_weights(self) -> None:
+        """InputError (exit 2) when the weights are Git LFS pointers: commands that read tensors stop here."""
+        if self.lfs_pointers and self.root is not None:
+            from kvtool.lfs import refuse_pointers
+
+            refuse_pointers(self.root, self.source)
 
     def display(self, path: Path | None) -> str:
         """A path as users gave it (relative to the model folder when inside it)."""
@@ -109,7 +118,12 @@ def _open_folder(text: str, root: Path, read_weights: bool, read_side_files: boo
         ckpt.tokenizer_config = _optional_json(root / "tokenizer_config.json")
         ckpt.tokenizer_vocab_size = _tokenizer_size(root / "tokenizer.json")
     ckpt.pickle_files = sorted(p.name for p in root.iterdir() if p.suffix in PICKLE_SUFFIXES and p.is_file())
-    if read_weights:
+    from kvtool.lfs import find_pointers
+
+    # Git LFS pointers first: read as safetensors they look corrupt and would hide the real cause
+    # (stat only, so commands that let transformers read the weights can say so too)
+    ckpt.lfs_pointers = find_pointers(root, sorted(p.name for p in root.glob("*.safetensors")))
+    if read_weights and not ckpt.lfs_pointers:  # no header is read from a partial set
         _read_weights(ckpt, root)
     return ckpt
 

@@ -18,7 +18,7 @@ import typer
 from kvtool.errors import EXIT_INPUT, KvtoolError
 
 # Order here is the order in `kvtool --help`.
-COMMAND_MODULES = ("lint", "rules", "kv_budget", "convert", "eval", "rope", "quantize_kv", "apply")
+COMMAND_MODULES = ("lint", "rules", "kv_budget", "convert", "eval", "rope", "quantize_kv", "apply", "fixtures")
 
 app = typer.Typer(
     name="kvtool",
@@ -84,6 +84,7 @@ def _main(argv: list[str] | None) -> int:
     cmd = typer.main.get_command(app)
     for sub in getattr(cmd, "commands", {}).values():
         sub.callback = _carry_interrupts(sub.callback)
+    _plain_help(cmd)
     try:
         rv = cmd.main(args=argv, prog_name="kvtool", standalone_mode=False)
         if rv == 130:  # typer's silent exit for a Ctrl-C outside a command's body (while parsing arguments)
@@ -93,8 +94,11 @@ def _main(argv: list[str] | None) -> int:
     except click.exceptions.Abort:
         typer.echo("kvtool: aborted", err=True)
         return 130
-    except click.ClickException as exc:
+    except click.exceptions.NoArgsIsHelpError as exc:  # bare `kvtool`: the help, as a usage error
         exc.show()
+        return EXIT_INPUT
+    except click.ClickException as exc:
+        typer.echo(f"kvtool: error: {_click_line(exc)}", err=True)
         return EXIT_INPUT
     except KvtoolError as exc:
         typer.echo(f"kvtool: error: {exc.line()}", err=True)
@@ -103,11 +107,18 @@ def _main(argv: list[str] | None) -> int:
         return _interrupted()
     except BrokenPipeError:
         return 0
+    except ModuleNotFoundError as exc:
+        from kvtool.deps import missing
+
+        args = sys.argv[1:] if argv is None else argv
+        command = next((a for a in args if not a.startswith("-")), None)
+        err = missing(exc.name or "", f"kvtool {command}" if command else None)
+        if err is None or os.environ.get("KVTOOL_DEBUG"):
+            return _internal(exc)
+        typer.echo(f"kvtool: error: {err.line()}", err=True)
+        return err.exit_code
     except Exception as exc:  # noqa: BLE001 - the contract is one line, not a traceback
-        if os.environ.get("KVTOOL_DEBUG"):
-            raise
-        typer.echo(f"kvtool: internal error: {type(exc).__name__}: {exc} (set KVTOOL_DEBUG=1 for a traceback)", err=True)
-        return EXIT_INPUT
+        return _internal(exc)
     return rv if isinstance(rv, int) else 0
 
 
@@ -136,6 +147,70 @@ def _interrupted() -> int:
 
     typer.echo(interrupted_line(), err=True)
     return 130
+def _internal(exc: BaseException) -> int:
+    if os.environ.get("KVTOOL_DEBUG"):
+        raise exc
+    typer.echo(f"kvtool: internal error: {type(exc).__name__}: {exc} (set KVTOOL_DEBUG=1 for a traceback)", err=True)
+    return EXIT_INPUT
+
+
+def _click_line(exc) -> str:
+    """A click usage error in kvtool's one format, `FIELD: message`, plus where to read more."""
+    import click
+
+    param = getattr(exc, "param", None)
+    field = None
+    if param is not None:
+        field = param.opts[0] if isinstance(param, click.Option) and param.opts else param.human_readable_name
+    if isinstance(exc, click.MissingParameter):
+        kind = "option" if isinstance(param, click.Option) else "argument"
+        msg = f"missing required {kind}"
+    elif isinstance(exc, click.NoSuchOption):
+        field = exc.option_name
+        msg = "no such option"
+        if exc.possibilities:
+            msg += f" (did you mean {', '.join(sorted(exc.possibilities))}?)"
+    elif isinstance(exc, click.BadParameter):
+        msg = exc.message
+    else:
+        msg = exc.format_message()
+        if msg[:2].istitle():  # click's "No such command 'x'." in kvtool's lower-case style
+            msg = msg[0].lower() + msg[1:]
+    msg = msg.rstrip(".")
+    ctx = getattr(exc, "ctx", None)
+    if ctx is not None and isinstance(exc, click.UsageError):
+        usage = ctx.get_usage().replace("Usage: ", "", 1).strip()
+        msg += f"; usage: {usage} (see {ctx.command_path} --help)"
+    return f"{field}: {msg}" if field else msg
+
+
+def _plain_help(cmd) -> None:
+    """Two typer 0.20 / click 8.5 help defects, mended here for every command:
+    - typer escapes the `[default: ...]` / `[required]` brackets for rich whenever rich is installed, even
+      with rich_markup_mode=None, so plain help would show a backslash before each bracket;
+    - click's Parameter.__init__ resets the help typer set on arguments, so SRC / DST had none."""
+    import inspect
+
+    import click
+
+    class Formatter(click.HelpFormatter):
+        def write_dl(self, rows, *args, **kwargs):
+            rows = [(a, b.replace("\\[", "[")) for a, b in rows]
+            super().write_dl(rows, *args, **kwargs)
+
+    class Context(click.Context):
+        formatter_class = Formatter
+
+    arg_help = {}
+    for info in app.registered_commands:
+        name = info.name or info.callback.__name__.replace("_", "-")
+        arg_help[name] = {p: d.default.help for p, d in inspect.signature(info.callback).parameters.items()
+                          if isinstance(d.default, typer.models.ArgumentInfo) and d.default.help}
+    for name, c in [(None, cmd), *getattr(cmd, "commands", {}).items()]:
+        c.context_class = Context
+        for param in c.params:
+            if isinstance(param, click.Argument) and not getattr(param, "help", None):
+                param.help = arg_help.get(name, {}).get(param.name)
 
 
 def _entry() -> None:

@@ -335,9 +335,10 @@ def _whole(src: Path, device, dtype, attn: str | None, layers_path: str | None, 
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from kvtool.io.preflight import check_loadable
-    from kvtool.torch_utils import kv_cache_only_quantization, load_error
+    from kvtool.torch_utils import kv_cache_only_quantization, load_error, quiet_transformers
 
     check_loadable(src)
+    quiet_transformers()  # kvtool's own progress line is showing
     try:
         config = AutoConfig.from_pretrained(str(src), trust_remote_code=False)
         if kv_cache_only_quantization(getattr(config, "quantization_config", None)):

@@ -41,6 +41,7 @@ def load_model(path: str | Path, *, device: torch.device, dtype: torch.dtype, at
     """Load a causal LM for inference; one-line InputError on failure."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    quiet_transformers()
     kwargs = {"dtype": dtype, "attn_implementation": attn, "trust_remote_code": False}
     if device_map:
         kwargs["device_map"] = device_map
@@ -61,6 +62,13 @@ def load_model(path: str | Path, *, device: torch.device, dtype: torch.dtype, at
         model.to(device)
     model.eval()
     return model
+
+
+def quiet_transformers() -> None:
+    """No 'Loading weights' bars of transformers on stderr: kvtool shows its own progress (kvtool.progress)."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
 
 
 def kv_cache_only_quantization(qc) -> bool:

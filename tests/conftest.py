@@ -27,9 +27,9 @@ def tiny_llama_config() -> dict:
     }
 
 
-# Real pretrained checkpoints (kvtool.testing.fixtures) and the pydoc text split, for any test.
+# Real pretrained checkpoints (kvtool.fixtures) and the pydoc text split, for any test.
 def _fixture_or_skip(getter):
-    from kvtool.testing.fixtures import FixtureUnavailable
+    from kvtool.fixtures import FixtureUnavailable
 
     try:
         return getter()
@@ -40,7 +40,7 @@ def _fixture_or_skip(getter):
 @pytest.fixture(scope="session")
 def smollm2_path() -> Path:
     """SmolLM2-135M-Instruct as a float32 HF folder (llama, 9 heads, 3 KV heads)."""
-    from kvtool.testing import fixtures
+    from kvtool import fixtures
 
     return _fixture_or_skip(fixtures.smollm2_dir)
 
@@ -48,14 +48,14 @@ def smollm2_path() -> Path:
 @pytest.fixture(scope="session")
 def gemma3_path() -> Path:
     """Gemma-3-270M as a float32 HF folder (gemma3_text, 1 KV head, sliding layers)."""
-    from kvtool.testing import fixtures
+    from kvtool import fixtures
 
     return _fixture_or_skip(fixtures.gemma3_dir)
 
 
 @pytest.fixture(scope="session")
 def _pydoc_text_files(tmp_path_factory):
-    from kvtool.testing.text import write_text_files
+    from kvtool.datasets import write_text_files
 
     return write_text_files(tmp_path_factory.mktemp("pydoc_text"))
 

@@ -60,8 +60,9 @@ def test_several_models_in_one_run(capsys):
 
 
 def test_unreadable_input_wins_over_findings(capsys):
-    rc, out, _ = run(capsys, BAD, "no/such/folder")
-    assert rc == 2 and "no/such/folder" in out
+    rc, out, err = run(capsys, BAD, "no/such/folder")
+    assert rc == 2 and "KV201" in out
+    assert err == "kvtool: error: no/such/folder: no such file or folder\n"
 
 
 def test_select_and_ignore(capsys):
@@ -152,57 +153,59 @@ def test_bad_pyproject_exits_2_naming_file_and_key(capsys, _isolated_cwd, body, 
 
 def test_missing_folder(capsys, tmp_path):
     rc, out, err = run(capsys, str(tmp_path / "nope"))
-    assert rc == 2 and "no such file or folder" in out and "Traceback" not in out + err
+    assert rc == 2 and "Traceback" not in out + err and out == ""
+    # kvtool's one error format, on stderr, like every other kvtool error (not `PATH: error: PATH: ...`)
+    assert err == f"kvtool: error: {tmp_path / 'nope'}: no such file or folder\n"
 
 
 def test_folder_without_config(capsys, tmp_path):
     (tmp_path / "m").mkdir()
-    rc, out, _ = run(capsys, str(tmp_path / "m"))
-    assert rc == 2 and "no config.json" in out
+    rc, _, err = run(capsys, str(tmp_path / "m"))
+    assert rc == 2 and "no config.json" in err
 
 
 def test_invalid_json_names_line_and_column(capsys, tmp_path):
     d = tmp_path / "m"
     d.mkdir()
     (d / "config.json").write_text('{\n  "model_type": "llama",\n  "hidden_size": 64,,\n}\n')
-    rc, out, _ = run(capsys, str(d))
-    assert rc == 2 and "line 3 column" in out and "config.json" in out
+    rc, _, err = run(capsys, str(d))
+    assert rc == 2 and "line 3 column" in err and "config.json" in err
 
 
 def test_json_that_is_not_an_object(capsys, tmp_path):
     d = tmp_path / "m"
     d.mkdir()
     (d / "config.json").write_text("[1, 2, 3]\n")
-    rc, out, _ = run(capsys, str(d))
-    assert rc == 2 and "expected a JSON object" in out
+    rc, _, err = run(capsys, str(d))
+    assert rc == 2 and "expected a JSON object" in err
 
 
 def test_unreadable_file(capsys, tmp_path):
     d = tmp_path / "m"
     d.mkdir()
     (d / "config.json").mkdir()  # a folder where the file should be: unreadable even as root
-    rc, out, _ = run(capsys, str(d))
-    assert rc == 2 and "config.json" in out and "Traceback" not in out
+    rc, _, err = run(capsys, str(d))
+    assert rc == 2 and "config.json" in err and "Traceback" not in err
 
 
 def test_undecodable_file(capsys, tmp_path):
     d = tmp_path / "m"
     d.mkdir()
     (d / "config.json").write_bytes(b'{"model_type": "\xff\xfe"}')
-    rc, out, _ = run(capsys, str(d))
-    assert rc == 2 and "not UTF-8" in out
+    rc, _, err = run(capsys, str(d))
+    assert rc == 2 and "not UTF-8" in err
 
 
 def test_symlink_loop(capsys, tmp_path):
     d = tmp_path / "m"
     d.mkdir()
     os.symlink(d / "config.json", d / "config.json")
-    rc, out, _ = run(capsys, str(d))
-    assert rc == 2 and "symlink loop" in out
+    rc, _, err = run(capsys, str(d))
+    assert rc == 2 and "symlink loop" in err
     loop = tmp_path / "loop"
     os.symlink(loop, loop)
-    rc, out, _ = run(capsys, str(loop))
-    assert rc == 2 and "symlink loop" in out
+    rc, _, err = run(capsys, str(loop))
+    assert rc == 2 and "symlink loop" in err
 
 
 def test_empty_safetensors_is_a_finding(capsys, tmp_path, tiny_llama_config):

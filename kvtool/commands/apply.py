@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import re
+from typing import Optional
 
 import typer
 
+from kvtool import progress as kv_progress
 from kvtool.errors import UsageError
 
 FORMATS = ("text", "json")
@@ -24,6 +26,7 @@ def register(app: typer.Typer) -> None:
         force: bool = typer.Option(False, "--force", help="Replace a non-empty DST."),
         device: str = typer.Option("auto", "--device", help="auto | cpu | cuda | cuda:N for steps that run the model."),
         output_format: str = typer.Option("text", "--format", help="text | json (the run report on stdout)."),
+        progress: Optional[bool] = typer.Option(None, "--progress/--no-progress", help=kv_progress.FLAG_HELP),
     ) -> int:
         import json
         import sys
@@ -38,8 +41,9 @@ def register(app: typer.Typer) -> None:
         def echo(line: str) -> None:
             print(line, file=sys.stderr if output_format == "json" else sys.stdout)
 
-        report = apply_recipe(recipe, src, dst, dry_run=dry_run, keep_intermediate=keep_intermediate, force=force,
-                              device=device, echo=echo)
+        with kv_progress.session(progress):
+            report = apply_recipe(recipe, src, dst, dry_run=dry_run, keep_intermediate=keep_intermediate,
+                                  force=force, device=device, echo=echo)
         if output_format == "json":
             typer.echo(json.dumps(report, indent=2, default=str))
         elif not dry_run:

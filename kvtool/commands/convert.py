@@ -7,14 +7,16 @@ from typing import List, Optional
 
 import typer
 
+from kvtool import progress as kv_progress
+from kvtool.deps import require_torch
 from kvtool.errors import EXIT_OK, UsageError
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("convert", help="Convert attention heads: --to gqa --groups G | --to mqa | --to mha (exact expansion).")
+    @app.command("convert", cls=_DstRequiredCommand, help="Convert attention heads: --to gqa --groups G | --to mqa | --to mha (exact expansion).")
     def convert(
         src: str = typer.Argument(..., help="Source model folder (config.json + safetensors)."),
-        dst: Optional[str] = typer.Argument(None, help="Output folder (not needed with --dry-run)."),
+        dst: Optional[str] = typer.Argument(None, help="Output folder; required, except with --dry-run."),
         to: str = typer.Option(..., "--to", help="gqa | mqa | mha"),
         groups: Optional[int] = typer.Option(None, "--groups", "-g", help="KV heads after conversion (with --to gqa)."),
         dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan and write nothing."),
@@ -29,10 +31,12 @@ def register(app: typer.Typer) -> None:
         max_ppl_increase: Optional[str] = typer.Option(None, "--max-ppl-increase",
                                                        help="--eval gate: fail (exit 1) above this perplexity rise, e.g. 5%."),
         max_kld: Optional[float] = typer.Option(None, "--max-kld", help="--eval gate: fail above this mean KL divergence."),
-        progress: Optional[bool] = typer.Option(None, "--progress/--no-progress",
-                                                help="Progress bar on stderr (default: when stderr is a terminal)."),
+        progress: Optional[bool] = typer.Option(None, "--progress/--no-progress", help=kv_progress.FLAG_HELP),
+        calib_dataset: Optional[str] = typer.Option(None, "--calib-dataset",
+                                                    help="--method aware: pydoc (built-in, offline; the default) | "
+                                                         "wikitext2 | wikitext103 (train split; need `datasets`)."),
         calib_text: Optional[str] = typer.Option(None, "--calib-text",
-                                                 help="--method aware: calibration text file (default: built-in English)."),
+                                                 help="--method aware: calibration text file (instead of --calib-dataset)."),
         calib_tokens: Optional[int] = typer.Option(None, "--calib-tokens", help="--method aware: calibration tokens (4096)."),
         refine_steps: Optional[int] = typer.Option(None, "--refine-steps",
                                                    help="--method aware: optimizer steps per layer after the merge (0)."),
@@ -56,12 +60,13 @@ def register(app: typer.Typer) -> None:
         _gates(max_ppl_increase, max_kld)  # refuse a bad gate before any work, --dry-run too
         options = _parse_options(method_opt)
         # the calibrated method's own flags; any other method refuses them by name
-        options.update({k: v for k, v in (("calib_text", calib_text), ("calib_tokens", calib_tokens),
+        options.update({k: v for k, v in (("calib_text", calib_text), ("calib_dataset", calib_dataset),
+                                          ("calib_tokens", calib_tokens),
                                           ("refine_steps", refine_steps), ("seq_len", seq_len),
                                           ("grouping", grouping)) if v is not None})
         method_obj = get_method(method, **options)  # unknown method / option: exit 2 before any work
         if not dry_run and not dst:
-            raise UsageError("DST is required (or use --dry-run)", field="DST")
+            raise UsageError("missing required argument (only --dry-run goes without one)", field="DST")
 
         from kvtool.convert.driver import make_plan, run_convert
 
@@ -71,6 +76,8 @@ def register(app: typer.Typer) -> None:
         if dry_run:
             typer.echo(render_plan(plan, dst), nl=False)
             return EXIT_OK
+        if method_obj.array_api == "torch" or eval_:
+            require_torch(f"kvtool convert {'--eval' if eval_ else '--method ' + method}")
         device, want_eval = _device_and_eval(eval_, method_obj.array_api == "torch")
         gates = _gates(max_ppl_increase, max_kld)
         if gates and not want_eval:
@@ -83,11 +90,19 @@ def register(app: typer.Typer) -> None:
             from kvtool.io.preflight import refuse_auto_map
 
             refuse_auto_map(Path(src))
-        result = run_convert(plan, dst, method_obj=method_obj, force=force, progress=progress, device=device)
-        typer.echo(render_result(result), nl=False)
-        if want_eval:
-            return _run_eval(src, dst, device, eval_tokens, gates)
+        with kv_progress.session(progress):
+            result = run_convert(plan, dst, method_obj=method_obj, force=force, device=device)
+            typer.echo(render_result(result), nl=False)
+            if want_eval:
+                return _run_eval(src, dst, device, eval_tokens, gates)
         return EXIT_OK
+
+
+class _DstRequiredCommand(typer.core.TyperCommand):
+    """Usage `kvtool convert [OPTIONS] SRC DST`: DST is optional to click only so --dry-run can go without it."""
+
+    def collect_usage_pieces(self, ctx):
+        return ["DST" if piece == "[DST]" else piece for piece in super().collect_usage_pieces(ctx)]
 
 
 def _parse_options(items: list[str]) -> dict:
@@ -126,7 +141,9 @@ def _nvidia_driver() -> bool:
 def _eval_api():
     try:
         from kvtool.eval.api import evaluate
-    except ImportError:
+    except ImportError as exc:
+        if exc.name and exc.name.split(".")[0] != "kvtool":
+            raise  # torch or transformers missing: kvtool.cli says what to install
         raise UsageError("--eval needs kvtool's eval module (kvtool/eval/api.py: evaluate), which this installation "
                          "lacks; rerun with --no-eval", field="--eval") from None
     return evaluate
@@ -155,8 +172,10 @@ def _run_eval(src: str, dst: str, device: str, max_tokens: int, gates: dict) -> 
 
     evaluate = _eval_api()
     r = evaluate(dst, baseline=src, device=device, max_tokens=max_tokens, gates=gates or None)
+    # every figure with its standard error (tokens treated as independent: a lower bound, see kvtool eval)
     typer.echo(f"eval ({r.tokens} tokens of {r.text}, {r.device}): perplexity {r.baseline_ppl:.3f} -> {r.ppl:.3f} "
-               f"({(r.ppl_ratio - 1) * 100:+.1f}%), mean KLD {r.kld_mean:.4f}, top-1 agreement {r.top1_agreement:.3f}")
+               f"({(r.ppl_ratio - 1) * 100:+.1f}% ± {r.ppl_ratio_se * 100:.1f}%), mean KLD {r.kld_mean:.4f} "
+               f"± {r.kld_se:.4f}, top-1 agreement {r.top1_agreement:.3f} ± {r.top1_se:.3f}")
     for g in r.gates:
         typer.echo(f"  gate {g.line()}")
     if not r.passed:

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 from typing import List, Optional
 
 import typer
 
+from kvtool import progress as kv_progress
+from kvtool.deps import require_torch
 from kvtool.errors import EXIT_FINDINGS, EXIT_OK, UsageError
 
 
@@ -34,7 +35,7 @@ def register(app: typer.Typer) -> None:
         max_kld: Optional[float] = typer.Option(None, "--max-kld", help="Gate: mean KL(baseline||model), nats/token."),
         min_top1: Optional[float] = typer.Option(None, "--min-top1", help="Gate: top-1 agreement with the baseline."),
         output_format: str = typer.Option("text", "--format", help="text | json"),
-        progress: Optional[bool] = typer.Option(None, "--progress/--no-progress", help="Progress bar on stderr (default: when stderr is a terminal)."),
+        progress: Optional[bool] = typer.Option(None, "--progress/--no-progress", help=kv_progress.FLAG_HELP),
     ) -> int:
         from kvtool.eval.texts import read_texts
         from kvtool.units import gate_threshold, parse_percent
@@ -65,13 +66,14 @@ def register(app: typer.Typer) -> None:
         from kvtool.io.preflight import check_loadable
 
         check_loadable(model, baseline)  # refuse a bad folder before torch and transformers are imported
-
-        from kvtool.eval.api import evaluate
-
-        report = evaluate(model, baseline, texts=texts, text_name=text_name, max_length=max_length, stride=stride,
-                          max_tokens=max_tokens, device=device, dtype=dtype, kv_cache_dtype=kv_cache_dtype,
-                          kv_scales=kv_scales, batch_size=batch_size, device_map=device_map, gates=gates,
-                          progress=sys.stderr.isatty() if progress is None else progress)
+        require_torch("kvtool eval")
+        with kv_progress.session(progress):
+            with kv_progress.task("starting (importing torch and transformers)"):
+                from kvtool.eval.api import evaluate
+            report = evaluate(model, baseline, texts=texts, text_name=text_name, max_length=max_length,
+                              stride=stride, max_tokens=max_tokens, device=device, dtype=dtype,
+                              kv_cache_dtype=kv_cache_dtype, kv_scales=kv_scales, batch_size=batch_size,
+                              device_map=device_map, gates=gates)
         if output_format == "json":
             typer.echo(json.dumps(_finite(report.as_dict()), indent=2, sort_keys=True))
         else:

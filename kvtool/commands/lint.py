@@ -25,6 +25,9 @@ def register(app: typer.Typer) -> None:
                                                            help="Check vLLM's divisibility rules for this TP size."),
         config: Optional[Path] = typer.Option(None, "--config", help="Read [tool.kvtool] from this pyproject.toml."),
         isolated: bool = typer.Option(False, "--isolated", help="Ignore every pyproject.toml."),
+        require_weights: bool = typer.Option(False, "--require-weights",
+                                             help="Git LFS pointers instead of weights (KV613) are an error, "
+                                                  "not an info."),
     ) -> int:
         from kvtool.config_file import find_pyproject, load_settings
         from kvtool.inputfile import not_regular
@@ -49,12 +52,20 @@ def register(app: typer.Typer) -> None:
         _check_selectors([*chosen, *dropped, *(c for cs in settings.per_file_ignores.values() for c in cs)])
         is_strict = strict if strict is not None else bool(settings.strict)
         opts = LintOptions(tensor_parallel_size=tp, selection=Selection(select=chosen, ignore=dropped),
-                           strict=is_strict)
+                           strict=is_strict, require_weights=require_weights)
         reports = [lint_one(p, opts) for p in paths]
         if settings.per_file_ignores:
             for rep in reports:
                 _apply_per_file_ignores(rep, settings)
-        typer.echo(render(reports, fmt), nl=False)
+        if fmt == "text":  # unusable inputs as one line each on stderr, like every other kvtool error
+            from kvtool.output.text import error_line
+
+            for rep in reports:
+                if rep.error:
+                    typer.echo(error_line(rep), err=True)
+        rendered = render(reports, fmt)
+        if rendered.strip():
+            typer.echo(rendered, nl=False)
         if any(r.error for r in reports):
             return EXIT_INPUT
         if any(r.failing(is_strict) for r in reports):

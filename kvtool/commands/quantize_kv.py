@@ -6,6 +6,8 @@ from typing import List, Optional
 
 import typer
 
+from kvtool import progress as kv_progress
+from kvtool.deps import require_torch
 from kvtool.errors import EXIT_OK
 
 DEFAULT_OBSERVER = "absmax-pow2:2"  # kept equal to kvtool.quantize.observers.DEFAULT_OBSERVER (a test checks)
@@ -17,7 +19,12 @@ def register(app: typer.Typer) -> None:
     def quantize_kv(
         src: str = typer.Argument(..., help="Source model folder (config.json + safetensors); never modified."),
         dst: str = typer.Argument(..., help="Output folder (written to a temporary folder, renamed when complete)."),
-        calib_text: List[str] = typer.Option(..., "--calib-text", help="UTF-8 calibration text file (repeatable)."),
+        calib_dataset: Optional[str] = typer.Option(None, "--calib-dataset",
+                                                    help="pydoc (built-in, offline; the default) | wikitext2 | "
+                                                         "wikitext103 (train split; need `datasets`)."),
+        calib_text: Optional[List[str]] = typer.Option(None, "--calib-text",
+                                                       help="UTF-8 calibration text file (repeatable; instead of "
+                                                            "--calib-dataset)."),
         calib_tokens: int = typer.Option(2048, "--calib-tokens", help="Calibration tokens taken from the text."),
         seq_len: int = typer.Option(512, "--seq-len", help="Tokens per calibration sequence."),
         strategy: str = typer.Option("tensor", "--strategy", help="tensor (one scale per layer) | attn_head (one per KV head)."),
@@ -33,18 +40,23 @@ def register(app: typer.Typer) -> None:
         link: bool = typer.Option(False, "--link", help="Hard-link the unchanged source shards into DST instead of "
                                   "copying them: saves disk, but editing either copy in place changes both."),
         force: bool = typer.Option(False, "--force", help="Replace a non-empty DST."),
+        progress: Optional[bool] = typer.Option(None, "--progress/--no-progress", help=kv_progress.FLAG_HELP),
     ) -> int:
         from kvtool.io.preflight import check_loadable
 
         check_loadable(src)  # refuse a bad folder before check_options imports torch
-        from kvtool.quantize.run import QuantizeOptions, check_options, quantize_kv as run
-        from kvtool.quantize.report import render
+        require_torch("kvtool quantize-kv")  # before the imports below, which need it
+        with kv_progress.session(progress):
+            with kv_progress.task("starting (importing torch and transformers)"):
+                from kvtool.quantize.report import render
+                from kvtool.quantize.run import QuantizeOptions, check_options, quantize_kv as run
 
-        opts = QuantizeOptions(calib_texts=list(calib_text), calib_tokens=calib_tokens, seq_len=seq_len,
-                               strategy=strategy, observer=observer, format=fmt, device=device, dtype=dtype,
-                               evaluate=not no_eval, eval_texts=list(eval_text) if eval_text else None,
-                               eval_tokens=eval_tokens, force=force, link=link)
-        check_options(opts)
-        result = run(src, dst, opts)
+            opts = QuantizeOptions(calib_texts=list(calib_text or []), calib_dataset=calib_dataset,
+                                   calib_tokens=calib_tokens, seq_len=seq_len, strategy=strategy, observer=observer,
+                                   format=fmt, device=device, dtype=dtype, evaluate=not no_eval,
+                                   eval_texts=list(eval_text) if eval_text else None, eval_tokens=eval_tokens,
+                                   force=force, link=link)
+            check_options(opts)
+            result = run(src, dst, opts)
         typer.echo(render(result), nl=False)
         return EXIT_OK

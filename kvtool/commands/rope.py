@@ -12,7 +12,7 @@ def register(app: typer.Typer) -> None:
                               "writes config.json only, other files are copied unchanged.")
     def rope(
         src: str = typer.Argument(..., help="Model folder, config.json, or hub id (hub: --show only)."),
-        dst: Optional[str] = typer.Argument(None, help="Output folder (new config.json, other files copied)."),
+        dst: Optional[str] = typer.Argument(None, help="Output folder (new config.json, other files copied); required unless --in-place or --show (preview)."),
         rope_type: Optional[str] = typer.Option(None, "--type", help="linear | dynamic | yarn | longrope | llama3"),
         factor: Optional[float] = typer.Option(None, "--factor", help="Scaling factor (>= 1)."),
         target_context: Optional[int] = typer.Option(None, "--target-context", help="Target context N: factor = N / original length."),

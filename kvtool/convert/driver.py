@@ -13,11 +13,11 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvtool import __version__
+from kvtool import progress as kv_progress
 from kvtool.architectures import Architecture
 from kvtool.checkpoint import Checkpoint
 from kvtool.io.preflight import preflight
@@ -397,15 +397,14 @@ def run_convert(plan: ConvertPlan, dst: str | Path, *, method_obj=None, force: b
         layer_of = {n: i for i, names in plan.layers.items() for n in names.values()}
         io = _NumpyIO(reader, plan) if getattr(method_obj, "array_api", "torch") == "numpy" else _TorchIO(reader, plan)
         with staged_output(dst, force=force, protect=[plan.src]) as tmp:
-            bar = _progress(reader.total_bytes, progress)
+            bar = kv_progress.task("convert", total=reader.total_bytes, scale="bytes", enabled=progress)
             try:
                 with ShardWriter(tmp, plan.max_shard_size, meta, plan=plan.outputs) as writer:
                     done: set[str] = set()
 
                     def wrote(n: str) -> None:
                         done.add(n)
-                        bar.update(reader.info(n).nbytes)
-                        bar.set_postfix_str(f"{len(done)}/{len(plan.outputs)} tensors", refresh=False)
+                        bar.update(reader.info(n).nbytes, note=f"{len(done)}/{len(plan.outputs)} tensors")
 
                     for name in reader.names():
                         if name in done:
@@ -485,28 +484,6 @@ class _TorchIO(_TensorIO):
 
     def cast_through(self, writer, name: str) -> None:
         self.write(writer, name, self.reader.get(name))
-
-
-class _NoBar:
-    def update(self, n):
-        pass
-
-    def set_postfix_str(self, *a, **k):
-        pass
-
-    def close(self):
-        pass
-
-
-def _progress(total: int, enabled: bool | None):
-    if enabled is False:
-        return _NoBar()
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        return _NoBar()
-    return tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc="convert", file=sys.stderr,
-                disable=None if enabled is None else not enabled, dynamic_ncols=True)
 
 
 def template_of(name: str) -> str:

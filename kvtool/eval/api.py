@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from kvtool import progress as kv_progress
 from kvtool.errors import InputError, UsageError
 from kvtool.eval.gate import GateResult, check
 from kvtool.eval.windows import batches, check_window, windows
@@ -110,13 +110,15 @@ def evaluate(model, baseline=None, *, texts: str | Sequence[str] | None = None, 
              stride: int | None = None, max_tokens: int | None = None, device: str = "auto", dtype: str = "auto",
              kv_cache_dtype: str = "auto", kv_scales: Any = "checkpoint", batch_size: int | None = None,
              device_map: str | None = None, gates: Mapping[str, float] | None = None, tokenizer=None,
-             text_name: str | None = None, progress: bool = False) -> EvalReport:
+             text_name: str | None = None, progress: bool | None = None) -> EvalReport:
     """Score `model` (folder, hub id or loaded model) on `texts`, against `baseline` when given.
 
     texts: the evaluation text(s), joined with blank lines into one token stream (default: the
     built-in pydoc evaluation text). max_length / stride: window length L and step S (S < L;
     default L // 2). max_tokens: cut the stream to its first N tokens. gates: {"--max-ppl-increase":
-    0.02, "--max-kld": 0.01, "--min-top1": 0.95} (any subset). Raises InputError / UsageError.
+    0.02, "--max-kld": 0.01, "--min-top1": 0.95} (any subset). progress: None follows the command's
+    `--progress` session (kvtool.progress; silent outside one), True / False force it. Raises InputError /
+    UsageError.
     """
     return evaluate_many([Candidate(model, kv_cache_dtype, kv_scales)], baseline, texts=texts,
                          max_length=max_length, stride=stride, max_tokens=max_tokens, device=device, dtype=dtype,
@@ -128,7 +130,7 @@ def evaluate_many(candidates: Sequence[Candidate | Any], baseline=None, *, texts
                   max_length: int = 1024, stride: int | None = None, max_tokens: int | None = None,
                   device: str = "auto", dtype: str = "auto", batch_size: int | None = None,
                   device_map: str | None = None, gates: Mapping[str, float] | None = None, tokenizer=None,
-                  text_name: str | None = None, progress: bool = False) -> list[EvalReport]:
+                  text_name: str | None = None, progress: bool | None = None) -> list[EvalReport]:
     """Score several candidates against one baseline on one token stream; one report per candidate.
 
     All distinct models are held in memory together (each window: baseline once, then every
@@ -156,9 +158,7 @@ def evaluate_many(candidates: Sequence[Candidate | Any], baseline=None, *, texts
 
     dev = pick_device(device) if not device_map else None
     torch_dtype = pick_dtype(dtype, dev if dev is not None else pick_device("auto"))
-    pool = _ModelPool(dev, torch_dtype, device_map)
-    if not progress:
-        _quiet_transformers()
+    pool = _ModelPool(dev, torch_dtype, device_map, progress)
     base = pool.get(baseline, tokenizer) if baseline is not None else None
     runs = [(c, pool.get(c.model, tokenizer)) for c in cands]
 
@@ -180,9 +180,9 @@ def evaluate_many(candidates: Sequence[Candidate | Any], baseline=None, *, texts
     emulation = [_emulation(c, m) for c, m in runs]
     accs = [_new_acc() for _ in runs]
     stream = torch.tensor(ids, dtype=torch.long)
-    bar = _progress(progress, len(ids) - 1)
     t0 = time.perf_counter()
-    with torch.inference_mode():
+    with kv_progress.task("eval", total=len(ids) - 1, unit="tok", enabled=progress, rate=True) as bar, \
+            torch.inference_mode():
         for group in batches(ws, bs):
             batch = torch.stack([stream[w.begin:w.end] for w in group])
             keep = group[0].n_scored
@@ -194,11 +194,8 @@ def evaluate_many(candidates: Sequence[Candidate | Any], baseline=None, *, texts
                 acc.add(logits, targets, base_logits)
                 del logits
             del base_logits
-            if bar is not None:
-                bar.update(keep * len(group))
+            bar.update(keep * len(group))
     seconds = time.perf_counter() - t0
-    if bar is not None:
-        bar.close()
 
     reports = []
     for (c, m), emu, acc in zip(runs, emulation, accs):
@@ -246,8 +243,8 @@ class _Loaded:
 class _ModelPool:
     """Loads each distinct checkpoint once."""
 
-    def __init__(self, device, dtype, device_map):
-        self.device, self.dtype, self.device_map = device, dtype, device_map
+    def __init__(self, device, dtype, device_map, progress: bool | None = None):
+        self.device, self.dtype, self.device_map, self.progress = device, dtype, device_map, progress
         self._by_key: dict[Any, _Loaded] = {}
 
     def get(self, spec, tokenizer) -> _Loaded:
@@ -282,8 +279,9 @@ class _ModelPool:
 
         ckpt = preflight(spec, model_code=True, read_side_files=False)  # before transformers sees the folder
         require_valid_numbers(build_spec(ckpt.config), str(ckpt.config_path))
-        model = load_model(spec, device=self.device, dtype=self.dtype, device_map=self.device_map)
-        tok = load_tokenizer(spec)
+        with kv_progress.task(f"loading {spec}", enabled=self.progress):
+            model = load_model(spec, device=self.device, dtype=self.dtype, device_map=self.device_map)
+            tok = load_tokenizer(spec)
         _unbounded(tok)
         return _Loaded(spec, model, tok, ckpt.root, ckpt.config)
 
@@ -293,16 +291,6 @@ class _ModelPool:
         dm = getattr(m.model, "hf_device_map", None)
         devs = sorted({str(d) for d in dm.values()}) if isinstance(dm, dict) else [str(m.input_device)]
         return f"{self.device_map}({','.join(devs)})"
-
-
-def _quiet_transformers() -> None:
-    """No 'Loading weights' bars on stderr when kvtool's own progress bar is off."""
-    try:
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.disable_progress_bar()
-    except ImportError:
-        pass
 
 
 def _unbounded(tok) -> None:
@@ -320,7 +308,7 @@ def _same_tokenizer(a: _Loaded, b: _Loaded, text: str, ids: list[int]) -> None:
 
 def _join(texts) -> str:
     if texts is None:
-        from kvtool.testing.text import evaluation_text
+        from kvtool.datasets import evaluation_text
 
         return evaluation_text()
     if isinstance(texts, str):
@@ -367,11 +355,3 @@ def _new_acc():
     from kvtool.eval.metrics import Accumulator
 
     return Accumulator()
-
-
-def _progress(enabled: bool, total: int):
-    if not enabled:
-        return None
-    from tqdm import tqdm
-
-    return tqdm(total=total, unit="tok", unit_scale=True, file=sys.stderr, desc="eval", dynamic_ncols=True)

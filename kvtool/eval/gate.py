@@ -16,12 +16,15 @@ class Gate:
     better: str  # "lower" | "higher"
     value: Callable[[dict], float]  # the measured value from a report summary
     fmt: Callable[[float], str]
+    se_key: str  # its standard error in the summary (shown next to the value)
 
 
 GATES: dict[str, Gate] = {g.option: g for g in (
-    Gate("--max-ppl-increase", "ppl_increase", "lower", lambda s: s["ppl_ratio"] - 1.0, lambda x: f"{x * 100:+.2f}%"),
-    Gate("--max-kld", "kld_mean", "lower", lambda s: s["kld_mean"], lambda x: f"{x:.5f}"),
-    Gate("--min-top1", "top1_agreement", "higher", lambda s: s["top1_agreement"], lambda x: f"{x:.4f}"),
+    Gate("--max-ppl-increase", "ppl_increase", "lower", lambda s: s["ppl_ratio"] - 1.0, lambda x: f"{x * 100:+.2f}%",
+         "ppl_ratio_se"),
+    Gate("--max-kld", "kld_mean", "lower", lambda s: s["kld_mean"], lambda x: f"{x:.5f}", "kld_se"),
+    Gate("--min-top1", "top1_agreement", "higher", lambda s: s["top1_agreement"], lambda x: f"{x:.4f}",
+         "top1_se"),
 )}
 
 
@@ -32,16 +35,18 @@ class GateResult:
     limit: float
     value: float
     passed: bool
+    se: float | None = None  # standard error of value (None: unknown)
 
     def line(self) -> str:
         g = GATES[self.option]
         op = "<=" if g.better == "lower" else ">="
         verdict = "ok" if self.passed else "FAILED"
-        return f"{self.metric} {g.fmt(self.value)} {op} {g.fmt(self.limit)} ({self.option}): {verdict}"
+        se = "" if self.se is None or math.isnan(self.se) else f" (SE {g.fmt(self.se).lstrip('+')})"
+        return f"{self.metric} {g.fmt(self.value)}{se} {op} {g.fmt(self.limit)} ({self.option}): {verdict}"
 
     def as_dict(self) -> dict:
         return {"option": self.option, "metric": self.metric, "limit": self.limit, "value": self.value,
-                "passed": self.passed}
+                "se": self.se, "passed": self.passed}
 
 
 def check(summary: dict, limits: dict[str, float]) -> list[GateResult]:
@@ -55,5 +60,6 @@ def check(summary: dict, limits: dict[str, float]) -> list[GateResult]:
             raise UsageError("compares against a baseline; give --baseline", field=option)
         value = g.value(summary)
         ok = not math.isnan(value) and (value <= limit if g.better == "lower" else value >= limit)
-        results.append(GateResult(option, g.metric, limit, value, ok))
+        se = summary.get(g.se_key)
+        results.append(GateResult(option, g.metric, limit, value, ok, se if isinstance(se, (int, float)) else None))
     return results

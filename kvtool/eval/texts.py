@@ -35,7 +35,7 @@ def read_texts(files: Sequence[str] | None, dataset: str | None) -> tuple[list[s
         return None, "pydoc (built-in evaluation text)"
     if dataset not in DATASETS:
         raise UsageError(f"unknown dataset {dataset!r}; known: {', '.join(DATASETS)}", field="--dataset")
-    return [_load_hub(DATASETS[dataset], dataset)], dataset
+    return [load_hub(DATASETS[dataset], dataset)], dataset
 
 
 def read_text_file(name: str, field: str) -> str:
@@ -51,16 +51,17 @@ def _read_file(name: str) -> str:
     return text
 
 
-def _load_hub(ds: HubDataset, label: str) -> str:
+def load_hub(ds: HubDataset, label: str, option: str = "--dataset") -> str:
     try:
         import datasets
     except ImportError:
-        raise InputError("needs the `datasets` package (pip install datasets) and network access; "
-                         "or use --text FILE or --dataset pydoc", field="--dataset") from None
+        alt = "--text FILE or --dataset pydoc" if option == "--dataset" else f"--calib-text FILE or {option} pydoc"
+        raise InputError(f"needs the `datasets` package (pip install datasets) and network access; or use {alt}",
+                         field=option) from None
     try:
         data = datasets.load_dataset(ds.path, ds.name, split=ds.split)
     except Exception as exc:  # offline, renamed, gated: one line for the user
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise InputError(f"cannot load {label} ({ds.path}/{ds.name}, split {ds.split}): {first}",
-                         field="--dataset") from None
+                         field=option) from None
     return "\n\n".join(t for t in data[ds.column] if t)

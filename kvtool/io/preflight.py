@@ -35,6 +35,7 @@ def preflight(source: str | os.PathLike, *, model_code: bool = False, read_side_
     from kvtool.checkpoint import open_checkpoint
 
     ckpt = open_checkpoint(source, read_side_files=read_side_files)
+    ckpt.require_pulled_weights()  # a pointer is a file not pulled, not a corrupt one: say so first
     if ckpt.root is not None:
         raise_first_error(ckpt, ckpt.root, require_weights=require_weights)
         if model_code:

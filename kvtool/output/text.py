@@ -8,8 +8,7 @@ from kvtool.units import fmt_bytes
 def render_text(reports) -> str:
     lines: list[str] = []
     for r in reports:
-        if r.error:
-            lines.append(f"{r.model}: error: {r.error}")
+        if r.error:  # unusable input: `kvtool lint` prints it on stderr (error_line), not among the findings
             continue
         for f in r.findings:
             loc = f.file or r.model
@@ -29,3 +28,10 @@ def render_text(reports) -> str:
         counts = {s: sum(1 for f in r.findings if f.severity == s) for s in ("error", "warning", "info")}
         lines.append(f"{r.model}: {counts['error']} error(s), {counts['warning']} warning(s), {counts['info']} info")
     return "\n".join(lines) + "\n"
+
+
+def error_line(report) -> str:
+    """`kvtool: error: FILE: FIELD: message` for a model that could not be linted (kvtool's one error format)."""
+    msg = report.error or ""
+    where = "" if msg.startswith(report.model) else f"{report.model}: "
+    return f"kvtool: error: {where}{msg}"

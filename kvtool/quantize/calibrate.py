@@ -173,9 +173,20 @@ def calibrate(model, batches: list[torch.Tensor], *, layers_path: str, observer:
 
 
 def calibrate_layers(lm: LayerwiseModel, batches: list[torch.Tensor], *, observer: str, strategy: str,
-                     fmt: Fp8Format, num_kv_heads: int) -> CalibrationResult:
+                     fmt: Fp8Format, num_kv_heads: int, bar=None) -> CalibrationResult:
     """Scales for every attention layer of `lm` (kvtool.layerwise, on its device) from the
-    calibration batches (each [batch, seq] token ids)."""
+    calibration batches (each [batch, seq] token ids). bar: a kvtool.progress task counting layers
+    (else one is opened for the call)."""
+    from kvtool import progress as kv_progress
+
+    with (contextlib.nullcontext(bar) if bar is not None
+          else kv_progress.task("calibrate", total=lm.num_layers, unit="layers")) as bar:
+        return _calibrate_layers(lm, batches, observer=observer, strategy=strategy, fmt=fmt,
+                                 num_kv_heads=num_kv_heads, bar=bar)
+
+
+def _calibrate_layers(lm: LayerwiseModel, batches: list[torch.Tensor], *, observer: str, strategy: str,
+                      fmt: Fp8Format, num_kv_heads: int, bar) -> CalibrationResult:
     from kvtool.kv_hooks import attention_modules, kv_hook
 
     if strategy not in STRATEGIES:
@@ -213,6 +224,7 @@ def calibrate_layers(lm: LayerwiseModel, batches: list[torch.Tensor], *, observe
     with torch.inference_mode(), kv_hook(lm.model, observe):
         hidden: list[torch.Tensor] = []
         layer_args: list[list] = []
+        bar.set_note("recording the inputs of layer 0")
         for ids in batches:
             h, per_layer = lm.capture(ids)
             hidden.append(h)
@@ -226,8 +238,10 @@ def calibrate_layers(lm: LayerwiseModel, batches: list[torch.Tensor], *, observe
                 with _capture_attention(attn, calls, reference):
                     for b in range(len(batches)):
                         hidden[b] = run_layer(layer, hidden[b], layer_args[b][i])
+                        bar.update(1 / len(batches), note=f"layer {i}, batch {b + 1}/{len(batches)}")
                 current["layer"] = -1
                 if reference:  # the candidates rerun this layer's attention: its weights are still here
+                    bar.set_note(f"layer {i}, searching scales")
                     found = _search_scales(attn, calls, reference, {r: observers.get((i, r)) for r in ("k", "v")},
                                            current)
                     result.search.update({(i, role): v for role, v in found.items()})

@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kvtool import progress as kv_progress
 from kvtool.errors import InputError, UsageError
 
 MIN_CALIB_TOKENS = 16
@@ -14,7 +15,8 @@ MIN_CALIB_TOKENS = 16
 
 @dataclass
 class QuantizeOptions:
-    calib_texts: list[str]
+    calib_texts: list[str] = field(default_factory=list)  # files; none: the calib_dataset
+    calib_dataset: str | None = None  # None: the built-in pydoc calibration text (kvtool.datasets)
     calib_tokens: int = 2048
     seq_len: int = 512
     strategy: str = "tensor"
@@ -55,8 +57,9 @@ def check_options(opts: QuantizeOptions) -> None:
     from kvtool.quantize.formats import get_format
     from kvtool.quantize.observers import parse_spec
 
-    if not opts.calib_texts:
-        raise UsageError("give at least one calibration text file", field="--calib-text")
+    from kvtool.datasets import check_calibration_source
+
+    check_calibration_source(opts.calib_texts, opts.calib_dataset)
     if opts.strategy not in STRATEGIES:
         raise UsageError(f"unknown strategy {opts.strategy!r}; choose from {', '.join(STRATEGIES)}", field="--strategy")
     if opts.calib_tokens < MIN_CALIB_TOKENS:
@@ -141,6 +144,7 @@ def prepare(src: str, dst: str, opts: QuantizeOptions):
 def quantize_kv(src: str, dst: str, opts: QuantizeOptions, *, log=print) -> QuantizeResult:
     ckpt, arch, spec, new_config = prepare(src, dst, opts)  # refuses bad input before torch is imported
     from kvtool import __version__, kv_scale_names
+    from kvtool.datasets import calibration_texts
     from kvtool.io.staging import staged_output
     from kvtool.layerwise import describe, open_layerwise, release_free_memory
     from kvtool.quantize.calibrate import calibrate_layers
@@ -149,29 +153,36 @@ def quantize_kv(src: str, dst: str, opts: QuantizeOptions, *, log=print) -> Quan
     from kvtool.quantize.write import scale_tensors, write_output
     from kvtool.torch_utils import load_model, load_tokenizer, pick_device, pick_dtype
 
-    calib = read_texts(opts.calib_texts, "--calib-text")
+    if opts.calib_texts:
+        calib, calib_label = read_texts(opts.calib_texts, "--calib-text"), [str(f) for f in opts.calib_texts]
+    else:
+        calib, label = calibration_texts(opts.calib_dataset)
+        calib_label = [label]
     eval_texts = read_texts(opts.eval_texts, "--eval-text") if opts.eval_texts else None
     fmt = get_format(opts.format)
     device = pick_device(opts.device)
     dtype = pick_dtype(opts.dtype, device)
-    tok = load_tokenizer(src)
-    batches, n = tokenize_windows(tok, calib, opts.calib_tokens, opts.seq_len)
-    if n < MIN_CALIB_TOKENS:
-        raise InputError(f"the calibration text has {n} tokens; at least {MIN_CALIB_TOKENS} are needed",
-                         file=opts.calib_texts[0], field="--calib-text")
-    if not opts.evaluate:
-        del tok
-        release_free_memory()  # the tokenizer (~100 MB for a 49k vocabulary) is gone before the weights come
-    layers_path = arch.weights["layer"].split(".{layer}")[0]
-    model = None
-    # one decoder layer's weights at a time, read onto the device (kvtool.layerwise)
-    with open_layerwise(src, device=device, dtype=dtype, attn="sdpa", layers_path=layers_path,
-                        layerwise=opts.layerwise) as lm:
-        result = calibrate_layers(lm, batches, observer=canonical(opts.observer), strategy=opts.strategy, fmt=fmt,
-                                  num_kv_heads=spec.num_kv_heads)
-        held = describe(lm)
-        if lm.mode == "whole_model" and opts.evaluate:
-            model = lm.model  # already whole: the quality report reuses it
+    with kv_progress.task("calibrate", total=spec.num_layers, unit="layers") as bar:
+        bar.set_note("loading the tokenizer")
+        tok = load_tokenizer(src)
+        batches, n = tokenize_windows(tok, calib, opts.calib_tokens, opts.seq_len)
+        if n < MIN_CALIB_TOKENS:
+            raise InputError(f"the calibration text has {n} tokens; at least {MIN_CALIB_TOKENS} are needed",
+                             file=calib_label[0], field="--calib-text" if opts.calib_texts else "--calib-dataset")
+        if not opts.evaluate:
+            del tok
+            release_free_memory()  # the tokenizer (~100 MB for a 49k vocabulary) is gone before the weights come
+        layers_path = arch.weights["layer"].split(".{layer}")[0]
+        model = None
+        bar.set_note(f"building the model, {n} calibration tokens")
+        # one decoder layer's weights at a time, read onto the device (kvtool.layerwise)
+        with open_layerwise(src, device=device, dtype=dtype, attn="sdpa", layers_path=layers_path,
+                            layerwise=opts.layerwise) as lm:
+            result = calibrate_layers(lm, batches, observer=canonical(opts.observer), strategy=opts.strategy,
+                                      fmt=fmt, num_kv_heads=spec.num_kv_heads, bar=bar)
+            held = describe(lm)
+            if lm.mode == "whole_model" and opts.evaluate:
+                model = lm.model  # already whole: the quality report reuses it
     del lm
     release_free_memory()
     if not result.k:
@@ -186,7 +197,7 @@ def quantize_kv(src: str, dst: str, opts: QuantizeOptions, *, log=print) -> Quan
         "model_type": spec.model_type, "format": fmt.name, "vllm_kv_cache_dtype": fmt.vllm_cache_dtype,
         "strategy": opts.strategy, "observer": result.observer, "scale_point": "post_rope",
         "calibration": {"tokens": n, "sequences": result.sequences, "seq_len": opts.seq_len,
-                        "text_sha256": text_hash(calib), "files": [str(f) for f in opts.calib_texts],
+                        "text_sha256": text_hash(calib), "files": calib_label,
                         "device": result.device, "seconds": round(result.seconds, 2), "model": held},
         "scales": {name: [round(float(x), 8) for x in t.reshape(-1)] for name, t in scales.items()},
         "amax": {"k": {str(i): [round(float(x), 6) for x in a] for i, a in result.k_amax.items()},
@@ -201,7 +212,8 @@ def quantize_kv(src: str, dst: str, opts: QuantizeOptions, *, log=print) -> Quan
     quality = []
     if opts.evaluate:
         if model is None:  # the report runs the whole model, as kvtool eval does
-            model = load_model(src, device=device, dtype=dtype)
+            with kv_progress.task("loading the model for the quality report"):
+                model = load_model(src, device=device, dtype=dtype)
         quality = quality_report(model, tok, result, eval_texts, opts, device)
         prov["quality"] = [{"label": r.label, **{k: r.metrics.get(k) for k in
                             ("ppl", "baseline_ppl", "ppl_ratio", "ppl_ratio_se", "kld_mean", "kld_se", "top1_agreement",

@@ -56,7 +56,7 @@ class RunContext:
 
 def _texts(ctx: RunContext, section: dict, purpose: str) -> list[str]:
     """Text files for a step: explicit files (relative to the recipe) or a built-in dataset."""
-    from kvtool.testing.text import write_text_files
+    from kvtool.datasets import write_text_files
 
     files = ctx.recipe.text_files(section)
     if files:
@@ -191,7 +191,7 @@ def run_eval_step(ctx: RunContext, step: Step) -> StepResult:
     report = evaluate(str(ctx.current), baseline=str(ctx.src), texts=texts, text_name=text_name,
                       max_length=o.get("max_length", 1024), stride=o.get("stride"), max_tokens=o.get("max_tokens"),
                       device=_device(ctx), kv_cache_dtype=o.get("kv_cache_dtype", "auto"), gates=gates,
-                      progress=bool(ctx.progress))
+                      progress=ctx.progress)
     d = report.as_dict()
     return StepResult(step.index, step.kind, dict(o), None, passed=report.passed,
                       details={"metrics": d, "gates": [g.line() for g in report.gates],

@@ -31,8 +31,10 @@ def render_markdown(report: dict) -> str:
                 lines.append(f"- `{f['code']}` {f['severity']}: {f['message']}")
         elif s["kind"] == "eval" and d.get("metrics"):
             m = d["metrics"]
-            lines += ["", f"**eval** (step {s['index']}):", "", "| metric | value |", "| --- | --- |"]
-            for k in ("baseline_ppl", "ppl", "ppl_ratio", "kld_mean", "top1_agreement", "tokens", "device"):
+            # every quality figure with its standard error (tokens as independent samples: a lower bound)
+            lines += ["", f"**eval** (step {s['index']}):", "", "| metric | value | SE |", "| --- | --- | --- |"]
+            for k, se in (("baseline_ppl", "baseline_ppl_se"), ("ppl", "ppl_se"), ("ppl_ratio", "ppl_ratio_se"),
+                          ("kld_mean", "kld_se"), ("top1_agreement", "top1_se"), ("tokens", None), ("device", None)):
                 if k in m:
-                    lines.append(f"| {k} | {_fmt(m[k])} |")
+                    lines.append(f"| {k} | {_fmt(m[k])} | {_fmt(m[se]) if se and m.get(se) is not None else ''} |")
     return "\n".join(lines) + "\n"

@@ -31,13 +31,14 @@ class LintContext:
         return str(root / name) if root is not None else name
 
     def report(self, code: str, message: str, *, path: str | None = None, file: str | None = None,
-               hint: str | None = None, line: int | None = None) -> None:
+               hint: str | None = None, line: int | None = None, severity: str | None = None) -> None:
+        """severity: only for rules whose severity an option raises (KV613 with --require-weights)."""
         rule = RULES[code]  # KeyError here means a checker used an undefined code: a bug
         if file is None:
             file = self.config_file
         if line is None and path and file == self.config_file:
             line = self.checkpoint.config_doc.line_of(path.split(".")[-1].split("[")[0])
         self.findings.append(Finding(
-            code=code, name=rule.name, severity=rule.severity.value, message=message, path=path, file=file,
+            code=code, name=rule.name, severity=severity or rule.severity.value, message=message, path=path, file=file,
             hint=hint if hint is not None else rule.hint, line=line,
         ))

@@ -104,3 +104,4 @@ class LintOptions:
     tensor_parallel_size: int | None = None
     selection: Selection = field(default_factory=Selection)
     strict: bool = False
+    require_weights: bool = False  # KV613 (weights not pulled, LFS pointers) becomes an error

@@ -68,7 +68,7 @@ def check_pickles(ctx) -> None:
     if not ckpt.pickle_files:
         return
     weights = [f for f in ckpt.pickle_files if f not in TRAINER_ARTEFACTS]
-    has_safetensors = bool(ckpt.headers) or ckpt.index_doc is not None
+    has_safetensors = bool(ckpt.headers) or ckpt.index_doc is not None or bool(ckpt.lfs_pointers)
     if weights and not has_safetensors:
         ctx.report("KV701", f"weights only in pickle files: {', '.join(weights)} (not opened)",
                    file=ctx.file_of(weights[0]))

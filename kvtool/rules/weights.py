@@ -152,9 +152,34 @@ define("KV612", "tensor-in-two-shards", "error",
        Fix: regenerate the shards so each tensor is stored once.
        """, hint="re-save the checkpoint so each tensor is stored once", topic="weights")
 
+define("KV613", "weights-not-pulled", "info",
+       "The weight files are Git LFS pointers: the weights were not pulled, so no weight check ran",
+       """
+       What it does: recognises Git LFS pointer files (`version https://git-lfs.github.com/spec/v1`, `oid`,
+       `size`) where safetensors shards should be, reports them once with the size each stands for, and skips
+       every check that reads safetensors headers (KV6xx shapes, layer count, embedding, lm_head, KV8xx scales);
+       the config-only rules still run. An info by default; `kvtool lint --require-weights` makes it an error.
+       Why it matters: a repository cloned without LFS (CI checkouts often are) holds ~130-byte text files;
+       read as safetensors they look corrupt (a header "length" of ~2.3e18 bytes) and hide the real cause.
+       Example: model-00001-of-00004.safetensors is 134 bytes starting with "version https://git-lfs...".
+       Fix: `git lfs install && git lfs pull`; in GitHub Actions, `actions/checkout` with `lfs: true`.
+       """, hint="git lfs install && git lfs pull (GitHub Actions: actions/checkout with `lfs: true`)",
+       topic="weights")
+
 _READER_CODES = {"header": "KV606", "index-invalid": "KV607", "index-missing-tensor": "KV608",
                  "index-extra": "KV609", "index-missing-file": "KV610",
                  "unindexed-shards": "KV611", "tensor-twice": "KV612"}
+
+
+@checker("weights")
+def check_lfs_pointers(ctx) -> None:
+    pointers = ctx.checkpoint.lfs_pointers
+    if pointers:
+        from kvtool.lfs import not_pulled_message
+
+        ctx.report("KV613", not_pulled_message(pointers) + "; the weight checks were skipped",
+                   file=ctx.file_of(pointers[0].file),
+                   severity="error" if ctx.options.require_weights else None)
 
 
 @checker("weights")

@@ -26,15 +26,17 @@ def test_bad_values_are_refused_by_name(opts, field):
     assert exc.value.field == field
 
 
-def test_mean_refuses_the_calibration_flags(tmp_path, capsys):
+@pytest.mark.parametrize("flag, value, name", [("--seq-len", "512", "seq_len"),
+                                               ("--calib-dataset", "pydoc", "calib_dataset")])
+def test_mean_refuses_the_calibration_flags(tmp_path, capsys, flag, value, name):
     from kvtest import write_config
 
     src = tmp_path / "m"
     write_config(src, {"model_type": "llama", "num_hidden_layers": 1, "hidden_size": 64, "num_attention_heads": 4,
                        "num_key_value_heads": 4, "vocab_size": 32})
-    rc = main(["convert", str(src), str(tmp_path / "out"), "--to", "mqa", "--seq-len", "512"])
+    rc = main(["convert", str(src), str(tmp_path / "out"), "--to", "mqa", flag, value])
     err = capsys.readouterr().err
-    assert rc == 2 and "seq_len" in err and "Traceback" not in err
+    assert rc == 2 and name in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "out").exists()
 
 
@@ -53,3 +55,21 @@ def test_convert_device_serves_calibration_and_eval(monkeypatch, eval_flag, uses
     monkeypatch.setattr(cmd, "_nvidia_driver", lambda: driver)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
     assert cmd._device_and_eval(eval_flag, uses_torch) == want
+
+
+def test_calibration_defaults_to_the_builtin_dataset():
+    from kvtool.convert.aware.calibration import read_text
+    from kvtool.datasets import CALIBRATION_LABEL, calibration_text
+
+    assert AwareMerge().settings["calib_dataset"] is None  # no --calib-text needed
+    assert read_text(None, None) == (calibration_text(), CALIBRATION_LABEL)
+    assert read_text(None, "pydoc") == (calibration_text(), CALIBRATION_LABEL)
+
+
+@pytest.mark.parametrize("opts, needle", [({"calib_dataset": "wikitext9"}, "unknown dataset 'wikitext9'"),
+                                          ({"calib_dataset": "pydoc", "calib_text": "a.txt"}, "not both")])
+def test_calibration_source_refusals(opts, needle):
+    with pytest.raises(UsageError, match=needle) as exc:
+        AwareMerge(**opts)
+    assert exc.value.field == "--calib-dataset"
+

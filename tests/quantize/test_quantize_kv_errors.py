@@ -149,3 +149,23 @@ def test_write_output_maps_every_tensor_and_copies_or_links_the_shards(tiny, tmp
         assert f.metadata()["kvtool.kv_scale_point"] == "post_rope"
         assert f.get_tensor("model.layers.0.self_attn.v_scale").shape == (2, 1, 1)
     assert json.loads((dst / "kvtool.json").read_text()) == {"command": "quantize-kv"}
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--calib-dataset", "wikitext9"], "--calib-dataset: unknown dataset 'wikitext9'"),
+    (["--calib-dataset", "pydoc", "--calib-text", "{text}"], "--calib-dataset: give --calib-text or --calib-dataset, not both"),
+])
+def test_calibration_source_refusals(capsys, tiny, tmp_path, args, needle):
+    src, text = tiny
+    rc, err = _run(capsys, src, tmp_path / "out", *[a.format(text=text) for a in args])
+    assert rc == 2 and needle in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "out").exists()
+
+
+def test_calibration_text_is_optional(tmp_path):
+    """No --calib-text: the built-in pydoc text (the README's `kvtool quantize-kv smollm2 smol-fp8`)."""
+    from kvtool.quantize.run import QuantizeOptions, check_options
+
+    opts = QuantizeOptions()
+    check_options(opts)
+    assert opts.calib_texts == [] and opts.calib_dataset is None

@@ -119,12 +119,13 @@ def run_layerwise(lm: "LayerwiseModel", ids: torch.Tensor, layer_fn: LayerFn, nu
             h = h_next
 
 
-def read_text(path: str | Path | None) -> tuple[str, str]:
-    """(text, label) from --calib-text, or kvtool's built-in English calibration text."""
+def read_text(path: str | Path | None, dataset: str | None = None) -> tuple[str, str]:
+    """(text, label) from --calib-text, else the --calib-dataset (default: the built-in pydoc calibration part)."""
     if path is None:
-        from kvtool.testing.text import calibration_text
+        from kvtool.datasets import calibration_texts
 
-        return calibration_text(), "builtin:pydoc_data.topics (calibration part)"
+        texts, label = calibration_texts(dataset)
+        return "\n\n".join(texts), label
     from kvtool.eval.texts import read_text_file
 
     return read_text_file(str(path), "--calib-text"), str(Path(path))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -40,8 +41,10 @@ def _rel_err(out: torch.Tensor, target: torch.Tensor) -> float:
     return float((out - target).pow(2).mean() / target.pow(2).mean().clamp_min(1e-300))
 
 
-def merge_layer(inp: LayerInputs, src: Proj, s: MergeSettings) -> tuple[Proj, LayerReport]:
-    """Merge src (num_kv_heads KV heads) into s.groups KV heads; returns float32 projections."""
+def merge_layer(inp: LayerInputs, src: Proj, s: MergeSettings,
+                on_step: Callable[[], None] | None = None) -> tuple[Proj, LayerReport]:
+    """Merge src (num_kv_heads KV heads) into s.groups KV heads; returns float32 projections.
+    on_step(): called once after the closed-form merge and once per refinement step (progress)."""
     H, KV, G, hd = s.num_heads, s.num_kv_heads, s.groups, s.head_dim
     src = src.to(torch.float64)
     # Attention passes run in float32 (they dominate the time); the solves run in float64.
@@ -69,9 +72,12 @@ def merge_layer(inp: LayerInputs, src: Proj, s: MergeSettings) -> tuple[Proj, La
     if s.o_ridge is not None:
         new.o = refit_o(ctx, o_target, new.o, s.o_ridge)
     err_final = _rel_err(ctx @ new.o.T, o_target)
+    if on_step is not None:
+        on_step()
     if s.refine_steps:
         target = o_target if src.o_bias is None else o_target + src.o_bias
-        new, _, _ = refine(x32, new, target.to(torch.float32), num_heads=H, head_dim=hd, steps=s.refine_steps)
+        new, _, _ = refine(x32, new, target.to(torch.float32), num_heads=H, head_dim=hd, steps=s.refine_steps,
+                           on_step=on_step)
         new = new.to(torch.float64)
         # refinement moved q/k/v: re-solve o_proj on all calibration tokens for the new contexts
         ctx = head_contexts(x32, new.to(torch.float32), H, hd).to(torch.float64)

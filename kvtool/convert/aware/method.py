@@ -8,7 +8,9 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from kvtool import progress as kv_progress
 from kvtool.convert.methods import MergeMethod, register_method
+from kvtool.datasets import check_calibration_source
 from kvtool.errors import InputError, UsageError
 from kvtool.io.staging import sigterm_as_interrupt
 
@@ -17,8 +19,8 @@ if TYPE_CHECKING:
     from kvtool.convert.methods import MergeJob
 
 GROUPINGS = ("contiguous", "similarity")
-DEFAULTS = {"calib_text": None, "calib_tokens": 4096, "refine_steps": 0, "grouping": "contiguous",
-            "seq_len": None, "o_ridge": 2.0, "layerwise": True}
+DEFAULTS = {"calib_text": None, "calib_dataset": None, "calib_tokens": 4096, "refine_steps": 0,
+            "grouping": "contiguous", "seq_len": None, "o_ridge": 2.0, "layerwise": True}
 # Calibration sequence length when not given. Measured on SmolLM2 MQA (4096 tokens, 2047 held-out tokens in
 # windows of 1024): the closed-form merge is best on short sequences (more sequence starts: 3.43x at 256, 3.75x
 # at 512), refinement on long ones, whose attention spans what serving sees (64 steps: 2.17x at 256, 2.06x at
@@ -60,6 +62,7 @@ class AwareMerge(MergeMethod):
         super().__init__(**options)
         self.settings = {**DEFAULTS, **self.options}
         s = self.settings
+        check_calibration_source(s["calib_text"], s["calib_dataset"])
         if s["grouping"] not in GROUPINGS:
             raise UsageError(f"unknown grouping {s['grouping']!r}; choose from {', '.join(GROUPINGS)}",
                              field="--grouping")
@@ -80,32 +83,46 @@ class AwareMerge(MergeMethod):
             raise UsageError(f"--method aware: {reason}; use --method mean", field="--method")
         if job.target_groups >= job.spec.num_kv_heads:
             return  # expansion or identity: exact, nothing to calibrate (merge_layer falls back to mean)
-        import torch
-
-        from kvtool.convert.aware.calibration import calibration_ids, read_text, run_layerwise
-        from kvtool.convert.aware.merge import MergeSettings, merge_layer
-        from kvtool.layerwise import describe, open_layerwise, release_free_memory
-        from kvtool.torch_utils import load_tokenizer
-
         s = self.settings
         t0 = time.perf_counter()
-        text, label = read_text(s["calib_text"])
-        device = torch.device(job.device or "cpu")
-        ids = calibration_ids(load_tokenizer(job.src), text, s["calib_tokens"], s["seq_len"], label)
-        release_free_memory()  # the tokenizer (~100 MB for a 49k vocabulary) is gone before the model comes
-        spec = job.spec
-        settings = MergeSettings(num_heads=spec.num_heads, num_kv_heads=spec.num_kv_heads, groups=job.target_groups,
-                                 head_dim=spec.head_dim, grouping=s["grouping"], o_ridge=s["o_ridge"],
-                                 refine_steps=s["refine_steps"])
-        reports = {}
+        # one unit per layer: its closed-form merge and each refinement step are equal fractions of it
+        per_layer = 1 + s["refine_steps"]
+        bar = kv_progress.task("calibrate", total=job.num_layers or None, unit="layers")
         self._merged = MergedLayers()
         try:
+            bar.set_note("importing torch and transformers")
+            import torch
+
+            from kvtool.convert.aware.calibration import calibration_ids, read_text, run_layerwise
+            from kvtool.convert.aware.merge import MergeSettings, merge_layer
+            from kvtool.layerwise import describe, open_layerwise, release_free_memory
+            from kvtool.torch_utils import load_tokenizer
+
+            bar.set_note("reading the calibration text")
+            text, label = read_text(s["calib_text"], s["calib_dataset"])
+            device = torch.device(job.device or "cpu")
+            ids = calibration_ids(load_tokenizer(job.src), text, s["calib_tokens"], s["seq_len"], label)
+            release_free_memory()  # the tokenizer (~100 MB for a 49k vocabulary) is gone before the model comes
+            spec = job.spec
+            settings = MergeSettings(num_heads=spec.num_heads, num_kv_heads=spec.num_kv_heads,
+                                     groups=job.target_groups, head_dim=spec.head_dim, grouping=s["grouping"],
+                                     o_ridge=s["o_ridge"], refine_steps=s["refine_steps"])
+            reports = {}
+            bar.set_note(f"building the model, {ids.numel()} calibration tokens")
             with sigterm_as_interrupt(), open_layerwise(job.src, device=device, dtype=torch.float32,
                                                          reader=job.reader, layerwise=s["layerwise"]) as lm:
                 held = describe(lm)
 
                 def layer_fn(layer, inp, src):
-                    new, rep = merge_layer(inp, src, settings)
+                    steps = [0]
+
+                    def on_step():
+                        what = f"layer {layer}" + (f", refinement step {steps[0]}/{s['refine_steps']}"
+                                                   if steps[0] else ", merged")
+                        steps[0] += 1
+                        bar.update(1 / per_layer, note=what)
+
+                    new, rep = merge_layer(inp, src, settings, on_step=on_step)
                     reports[layer] = rep
                     return new
 
@@ -115,6 +132,8 @@ class AwareMerge(MergeMethod):
         except BaseException:
             self._merged.close()
             raise
+        finally:
+            bar.close()
         errs = [reports[k].err_final for k in sorted(reports)]
         self._info = {
             "calib_text": label, "calib_text_sha256": hashlib.sha256(text.encode("utf-8")).hexdigest(),

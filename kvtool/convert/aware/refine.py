@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import torch
 
+from typing import Callable
+
 from kvtool.convert.aware.attention import PROJ_FIELDS, LayerInputs, Proj, attention_output
 
 
-
 def refine(inp: LayerInputs, start: Proj, target: torch.Tensor, *, num_heads: int, head_dim: int, steps: int,
-           lr: float = 5e-3, batch: int = 1) -> tuple[Proj, float, float]:
+           lr: float = 5e-3, batch: int = 1, on_step: Callable[[], None] | None = None) -> tuple[Proj, float, float]:
     """Returns (refined projections, loss before, loss after on all calibration sequences).
+    on_step(): called after each optimizer step (progress).
 
     Each step uses `batch` calibration sequences in turn (cheap steps on CPU); the start is kept
     if refinement made the full calibration loss worse. lr 5e-3 (relative to each tensor's RMS) was
@@ -47,6 +49,8 @@ def refine(inp: LayerInputs, start: Proj, target: torch.Tensor, *, num_heads: in
             opt.zero_grad(set_to_none=True)
             loss_of(params, slice(i, i + batch)).backward()
             opt.step()
+            if on_step is not None:
+                on_step()
     with torch.no_grad():
         last = float(loss_of(params))
     if last >= first:
