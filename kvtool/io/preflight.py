@@ -30,12 +30,13 @@ def preflight(source: str | os.PathLike, *, model_code: bool = False, read_side_
               require_weights: bool = True):
     """Open a checkpoint and refuse it if any reader would; returns the kvtool.checkpoint.Checkpoint.
 
-    require_weights=False accepts a folder with no weights at all (a config-only recipe), never one
-    whose weights are pickles only."""
+    require_weights=False accepts a folder with no weights at all (a config-only recipe) or with Git LFS
+    pointers in their place (kv-budget then estimates the weights), never one whose weights are pickles only."""
     from kvtool.checkpoint import open_checkpoint
 
     ckpt = open_checkpoint(source, read_side_files=read_side_files)
-    ckpt.require_pulled_weights()  # a pointer is a file not pulled, not a corrupt one: say so first
+    if require_weights:  # a pointer is a file not pulled, not a corrupt one: say so first
+        ckpt.require_pulled_weights()
     if ckpt.root is not None:
         raise_first_error(ckpt, ckpt.root, require_weights=require_weights)
         if model_code:
