@@ -188,7 +188,8 @@ def _plain_help(cmd) -> None:
     """Two typer 0.20 / click 8.5 help defects, mended here for every command:
     - typer escapes the `[default: ...]` / `[required]` brackets for rich whenever rich is installed, even
       with rich_markup_mode=None, so plain help would show a backslash before each bracket;
-    - click's Parameter.__init__ resets the help typer set on arguments, so SRC / DST had none."""
+    - click's Parameter.__init__ resets the help typer set on arguments, so SRC / DST had none; with the
+      help put back, click 8.5's own "Positional arguments" section would repeat typer's "Arguments"."""
     import inspect
 
     import click
@@ -208,6 +209,7 @@ def _plain_help(cmd) -> None:
                           if isinstance(d.default, typer.models.ArgumentInfo) and d.default.help}
     for name, c in [(None, cmd), *getattr(cmd, "commands", {}).items()]:
         c.context_class = Context
+        c.format_arguments = lambda ctx, formatter: None  # typer writes the arguments (with their help) itself
         for param in c.params:
             if isinstance(param, click.Argument) and not getattr(param, "help", None):
                 param.help = arg_help.get(name, {}).get(param.name)

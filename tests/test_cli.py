@@ -57,6 +57,7 @@ def test_help_has_no_escaped_brackets_and_describes_arguments(capsys, command):
     rc, out, _ = _run(capsys, command, "--help")
     assert rc == 0 and out.startswith(f"Usage: kvtool {command} ")
     assert "\\[" not in out  # typer escapes [required] / [default: ...] for rich; plain help must not show it
+    assert out.count("rguments:") <= 1, out  # one arguments section, not click's and typer's both
     if "Positional arguments:" in out or "Arguments:" in out:
         section = out.split("rguments:", 1)[1].split("Options:", 1)[0]
         for line in section.strip().splitlines():
