@@ -226,11 +226,12 @@ def make_plan(src: str | Path, *, to: str, groups: int | None = None, method: st
     _plan_tensors(plan, tensors)
     from kvtool import kvcache
 
-    elem = kvcache.dtype_bytes(CONFIG_DTYPE_NAMES.get(out_dtype or "", spec.dtype), 2)
-    plan.kv_bytes_before = kvcache.bytes_per_token(spec, elem)
-    plan.kv_bytes_after = kvcache.bytes_per_token(spec, elem, kv_heads=G)
     plan.new_config = rewrite_config(ckpt.config, arch, num_heads=H, new_kv_heads=G,
                                      dtype_name=CONFIG_DTYPE_NAMES.get(out_dtype) if out_dtype else None)
+    # the figure lint and kv-budget print: the cache vLLM allocates for the written checkpoint
+    _, elem, _ = kvcache.serving_kv_dtype(build_spec(plan.new_config))
+    plan.kv_bytes_before = kvcache.bytes_per_token(spec, elem)
+    plan.kv_bytes_after = kvcache.bytes_per_token(spec, elem, kv_heads=G)
     if G < KV and arch.weights.get("k_norm") and arch.weights.get("k_norm_scope") == "all" and any(
             "k_norm" in n for n in layers.values()):
         plan.warnings.append("k_norm spans all KV heads (one weight per channel): it is pooled like the K rows; "

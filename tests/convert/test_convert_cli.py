@@ -191,7 +191,8 @@ def test_dry_run_prints_the_plan_and_writes_nothing(tmp_path, capsys):
     assert run(src, tmp_path / "out", "--to", "mqa", "--dry-run") == 0
     text = capsys.readouterr().out
     assert "model.layers.{i}.self_attn.k_proj.weight  [64, 64] -> [8, 64]  (x2)" in text
-    assert "KV cache     1.00 KiB/token -> 128 B/token  (0.125x)" in text  # fp32: 2 layers x 2 x 8 heads x 8 x 4 B
+    # fp32 served in 16 bits (vLLM auto, as lint and kv-budget count it): 2 layers x 2 x 8 heads x 8 x 2 B
+    assert "KV cache     512 B/token -> 64 B/token  (0.125x)" in text
     assert "num_key_value_heads: 8 -> 1" in text
     assert not (tmp_path / "out").exists() and leftovers(tmp_path) == []
     assert checksums(src) == before
