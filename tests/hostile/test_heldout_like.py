@@ -63,3 +63,41 @@ def test_commands_refuse_layer_types_transformers_refuses(model, tmp_path, comma
     (model / "config.json").write_text(json.dumps(cfg))
     args, dst = _commands(model, tmp_path / "out")[command]
     check_refusal(args, sources=[model], dst=dst, names=[str(model / "config.json"), f": {field}: "])
+
+
+@pytest.mark.parametrize("command", ["lint", "kv-budget", "convert", "convert-dry-run", "rope", "rope-show", "apply"])
+def test_config_json_symlinked_out_of_the_model_folder_is_not_read(model, tmp_path, command) -> None:
+    """The same rule as for weights and side files: kvtool reads only the folders it was given."""
+    outside = tmp_path / "elsewhere.json"
+    outside.write_bytes((model / "config.json").read_bytes())
+    (model / "config.json").unlink()
+    (model / "config.json").symlink_to(outside)
+    args, dst = _commands(model, tmp_path / "out")[command]
+    r = check_refusal(args, sources=[model, outside], dst=dst, names=[str(model / "config.json")])
+    assert "outside the model folder" in r.lines[0]
+
+
+@pytest.mark.parametrize("name", ["tokenizer.json", "tokenizer_config.json", "generation_config.json"])
+def test_lint_does_not_read_side_files_symlinked_outside(model, tmp_path, monkeypatch, name) -> None:
+    """lint and kv-budget read these for cross-checks only; one that leads outside is left unread."""
+    from kvtool.checkpoint import open_checkpoint
+
+    outside = tmp_path / "secret.json"
+    outside.write_text('{"model": {"vocab": {"a": 99999}}, "bos_token_id": 77}')
+    (model / name).unlink()
+    (model / name).symlink_to(outside)
+    real_open = Path.open
+
+    def guarded(self, *a, **kw):
+        assert Path(self).resolve() != outside.resolve(), f"{self} read"
+        return real_open(self, *a, **kw)
+
+    monkeypatch.setattr(Path, "open", guarded)
+    import builtins
+    real_builtin = builtins.open
+    monkeypatch.setattr(builtins, "open", lambda f, *a, **kw: guarded(Path(f), *a, **kw) if isinstance(f, (str, Path))
+                        else real_builtin(f, *a, **kw))
+    ckpt = open_checkpoint(model, read_weights=False)
+    assert ckpt.tokenizer_vocab_size is None if name == "tokenizer.json" else True
+    assert (ckpt.generation_config if name == "generation_config.json" else ckpt.tokenizer_config
+            if name == "tokenizer_config.json" else None) is None
