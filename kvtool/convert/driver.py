@@ -160,7 +160,14 @@ def _refuse_unsupported(arch: Architecture, spec: ModelSpec, ckpt: Checkpoint) -
                          "convert does not know how to pool", file=where, field=flag)
 
 
-def _layer_names(arch: Architecture, layer: int, tensors: dict) -> dict[str, str]:
+def _weights_file(ckpt: Checkpoint) -> str:
+    """The file a missing tensor should be in: the index, the one safetensors file, or the folder."""
+    if ckpt.index_doc is not None:
+        return str(ckpt.index_doc.path)
+    return str(ckpt.headers[0].path) if len(ckpt.headers) == 1 else str(ckpt.root)
+
+
+def _layer_names(arch: Architecture, layer: int, tensors: dict, where: str) -> dict[str, str]:
     names: dict[str, str] = {}
     for fld, role, suffix in ROLES:
         n = arch.tensor_name(role, layer, suffix)
@@ -170,8 +177,8 @@ def _layer_names(arch: Architecture, layer: int, tensors: dict) -> dict[str, str
     for fld in required:
         if fld not in names:
             want = arch.tensor_name(fld, layer) or f"{arch.attn_prefix(layer)}.<{fld}>"
-            raise InputError(f"tensor {want!r} is missing (the {arch.model_type} table expects it)",
-                             file=arch.source_file, field="weights")
+            raise InputError(f"missing: the {arch.model_type} table expects this tensor",
+                             file=where, field=want)
     return names
 
 
@@ -215,7 +222,8 @@ def make_plan(src: str | Path, *, to: str, groups: int | None = None, method: st
 
     # Layers without attention (Mamba, linear attention) have no KV heads: streamed through as they are.
     kinds = spec.layer_types if len(spec.layer_types) == L else ["full_attention"] * L
-    layers = {i: _layer_names(arch, i, tensors) for i in range(L) if kinds[i] in KV_CACHE_TYPES}
+    where = _weights_file(ckpt)
+    layers = {i: _layer_names(arch, i, tensors, where) for i in range(L) if kinds[i] in KV_CACHE_TYPES}
     for names in layers.values():
         for fld, n in names.items():
             if fld not in ("q_norm", "k_norm") and tensors[n].dtype not in FLOAT_DTYPES:

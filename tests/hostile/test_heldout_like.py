@@ -101,3 +101,22 @@ def test_lint_does_not_read_side_files_symlinked_outside(model, tmp_path, monkey
     assert ckpt.tokenizer_vocab_size is None if name == "tokenizer.json" else True
     assert (ckpt.generation_config if name == "generation_config.json" else ckpt.tokenizer_config
             if name == "tokenizer_config.json" else None) is None
+
+
+def _empty_weights(model: Path, header: dict) -> Path:
+    import struct
+
+    raw = json.dumps(header).encode()
+    (model / "model.safetensors").write_bytes(struct.pack("<Q", len(raw)) + raw)
+    return model / "model.safetensors"
+
+
+@pytest.mark.parametrize("command", ["convert", "convert-dry-run", "apply"])
+@pytest.mark.parametrize("header", [{}, {"__metadata__": {"format": "pt"}}], ids=["no-tensors", "metadata-only"])
+def test_weights_without_the_tensors_convert_needs_name_the_weights_file(model, tmp_path, command, header) -> None:
+    """A valid safetensors file holding no tensors: the error names that file and the tensor, not kvtool's table."""
+    st = _empty_weights(model, header)
+    args, dst = _commands(model, tmp_path / "out")[command]
+    r = check_refusal(args, sources=[model], dst=dst, names=[str(st), "model.layers.0.self_attn.q_proj.weight"],
+                      allow_progress=command == "apply")
+    assert "llama.json" not in r.stderr
