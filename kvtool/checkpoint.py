@@ -113,7 +113,8 @@ def _open_folder(text: str, root: Path, read_weights: bool, read_side_files: boo
         raise InputError("no config.json in the model folder", file=str(cfg))
     from kvtool.io.staging import check_inside
 
-    check_inside(root, cfg)  # kvtool reads only the folders it was given (as for weights, KV704)
+    if cfg.is_file():  # kvtool reads only the folders it was given (as for weights, KV704); a FIFO or
+        check_inside(root, cfg)  # device is refused below by what it is, unread
     # a config.json that is a folder, FIFO or device: load_json_object names what it is
     ckpt = Checkpoint(source=text, root=root, config_doc=load_json_object(cfg, what="config"))
     if read_side_files:

@@ -12,7 +12,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from harness import check_refusal
+from harness import check_refusal, run_kvtool
 
 TINY = Path(__file__).resolve().parents[2] / "examples" / "llama-gqa-tiny"
 
@@ -120,3 +120,23 @@ def test_weights_without_the_tensors_convert_needs_name_the_weights_file(model, 
     r = check_refusal(args, sources=[model], dst=dst, names=[str(st), "model.layers.0.self_attn.q_proj.weight"],
                       allow_progress=command == "apply")
     assert "llama.json" not in r.stderr
+
+
+RECIPES = {  # recipes the schema check let through to a computation, which then crashed
+    "float-groups": ("version: 1\nname: x\nsteps:\n  - convert: {to: gqa, groups: 1.0}\n", "groups"),
+    "float-tokens": ("version: 1\nname: x\nsteps:\n  - convert: {to: gqa, groups: 1, method: aware, "
+                     "calibration: {dataset: pydoc, tokens: 64.0}}\n", "tokens"),
+    "5000-digit-int": ("version: 1\nname: x\nsteps:\n  - convert: {to: gqa, groups: " + "9" * 5000 + "}\n", "line 4"),
+    "long-hex-int": ("version: 1\nname: x\nsteps:\n  - convert: {to: gqa, groups: 0x" + "f" * 200 + "}\n", "line 4"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(RECIPES))
+def test_recipe_numbers_that_are_not_usable_integers(model, tmp_path, case) -> None:
+    text, named = RECIPES[case]
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(text)
+    check_refusal(["apply", recipe, model, tmp_path / "out"], sources=[model, recipe], dst=tmp_path / "out",
+                  names=[str(recipe), named])
+    r = run_kvtool(["lint", recipe])
+    assert r.rc == 1 and "KV961" in r.stdout and not r.stderr.strip(), r.stdout + r.stderr
