@@ -8,6 +8,7 @@ accept and then compute every per-layer figure (and the converted model) from.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -140,3 +141,24 @@ def test_recipe_numbers_that_are_not_usable_integers(model, tmp_path, case) -> N
                   names=[str(recipe), named])
     r = run_kvtool(["lint", recipe])
     assert r.rc == 1 and "KV961" in r.stdout and not r.stderr.strip(), r.stdout + r.stderr
+
+
+def _loaded_json_damage(model: Path, name: str, kind: str) -> Path:
+    path = model / name
+    if path.exists():
+        path.unlink()
+    if kind == "deep":
+        path.write_text('{"a": ' * 50_000 + "1" + "}" * 50_000)
+    elif kind == "huge-int":
+        path.write_text('{"max_length": ' + "9" * 100_000 + "}")
+    elif kind == "fifo":
+        os.mkfifo(path)
+    return path
+
+
+@pytest.mark.parametrize("name,kind", [("generation_config.json", "deep"), ("generation_config.json", "fifo"),
+                                       ("special_tokens_map.json", "huge-int"), ("tokenizer.json", "fifo")])
+def test_eval_reads_every_json_transformers_will_parse_first(model, name, kind) -> None:
+    """eval hands the folder to transformers; its json.load would recurse, or wait on a FIFO, forever."""
+    path = _loaded_json_damage(model, name, kind)
+    check_refusal(["eval", model, "--max-tokens", "64"], sources=[model], names=[str(path)])
