@@ -162,3 +162,12 @@ def test_eval_reads_every_json_transformers_will_parse_first(model, name, kind) 
     """eval hands the folder to transformers; its json.load would recurse, or wait on a FIFO, forever."""
     path = _loaded_json_damage(model, name, kind)
     check_refusal(["eval", model, "--max-tokens", "64"], sources=[model], names=[str(path)])
+
+
+@pytest.mark.parametrize("text_config", [None, [1], "llama"], ids=["null", "list", "string"])
+def test_kv_budget_names_the_config_when_a_wrapper_hides_the_layer_count(tmp_path, text_config) -> None:
+    m = tmp_path / "m"
+    m.mkdir()
+    (m / "config.json").write_text(json.dumps({"model_type": "qwen3_vl", "architectures": ["X"],
+                                               "text_config": text_config}))
+    check_refusal(["kv-budget", m, "--gpu", "L4"], sources=[m], names=[str(m / "config.json"), "num_hidden_layers"])
