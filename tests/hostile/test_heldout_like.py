@@ -171,3 +171,25 @@ def test_kv_budget_names_the_config_when_a_wrapper_hides_the_layer_count(tmp_pat
     (m / "config.json").write_text(json.dumps({"model_type": "qwen3_vl", "architectures": ["X"],
                                                "text_config": text_config}))
     check_refusal(["kv-budget", m, "--gpu", "L4"], sources=[m], names=[str(m / "config.json"), "num_hidden_layers"])
+
+
+def test_reader_names_file_and_tensor_for_a_dtype_torch_cannot_hold(model) -> None:
+    """A C64 tensor is valid safetensors; reading it as torch fails with the file and tensor named."""
+    import struct
+
+    from kvtool.errors import InputError
+    from kvtool.io.reader import CheckpointReader
+
+    p = model / "model.safetensors"
+    raw = p.read_bytes()
+    n = struct.unpack("<Q", raw[:8])[0]
+    header, data = json.loads(raw[8:8 + n]), raw[8 + n:]
+    end = max(v["data_offsets"][1] for k, v in header.items() if k != "__metadata__")
+    header["model.extra_buf"] = {"dtype": "C64", "shape": [2], "data_offsets": [end, end + 16]}
+    hb = json.dumps(header).encode()
+    hb += b" " * (-len(hb) % 8)
+    p.write_bytes(struct.pack("<Q", len(hb)) + hb + data[:end] + b"\0" * 16)
+    reader = CheckpointReader(model)
+    with pytest.raises(InputError) as exc:
+        reader._torch(reader._infos["model.extra_buf"], end, 16, (2,))
+    assert exc.value.file == str(p) and exc.value.field == "model.extra_buf"
