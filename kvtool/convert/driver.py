@@ -129,7 +129,8 @@ def resolve_target(to: str, groups: int | None, num_heads: int, kv_heads: int, *
 def _refuse_unsupported(arch: Architecture, spec: ModelSpec, ckpt: Checkpoint) -> None:
     where = str(ckpt.config_path)
     if arch.generic:
-        raise UsageError(f"model_type {spec.model_type!r} has no architecture table; its weight layout is unknown, "
+        mt = spec.model_type if spec.model_type is not None else spec.full_config.get("model_type")  # as written
+        raise UsageError(f"model_type {mt!r:.60} has no architecture table; its weight layout is unknown, "
                          "so it cannot be converted", file=where, field="model_type")
     conv = arch.convert
     if not conv.get("supported"):
