@@ -193,3 +193,25 @@ def test_reader_names_file_and_tensor_for_a_dtype_torch_cannot_hold(model) -> No
     with pytest.raises(InputError) as exc:
         reader._torch(reader._infos["model.extra_buf"], end, 16, (2,))
     assert exc.value.file == str(p) and exc.value.field == "model.extra_buf"
+
+
+@pytest.mark.parametrize("target_files", [0, 1], ids=["empty-target", "user-folder-target"])
+@pytest.mark.parametrize("command", ["convert", "rope", "apply"])
+def test_destination_that_is_a_symlink_is_not_written_through(model, tmp_path, command, target_files) -> None:
+    """Was: an empty target gave 'Not a directory'; --force over a link left a .DST.kvtool-old-* link behind."""
+    target = tmp_path / "theirs"
+    target.mkdir()
+    if target_files:
+        (target / "notes.txt").write_text("mine")
+    dst = tmp_path / "out"
+    dst.symlink_to(target)
+    args, _ = _commands(model, dst)[command]
+    r = check_refusal(args, sources=[model, target], names=[str(dst), "symlink"], allow_progress=command == "apply")
+    assert dst.is_symlink() and "Not a directory" not in r.stderr
+    if command == "rope":
+        return  # rope has no --force
+    r = run_kvtool([*args, "--force"])
+    assert r.rc == 0, r.stderr
+    assert dst.is_dir() and not dst.is_symlink() and (dst / "config.json").is_file()
+    assert sorted(p.name for p in target.iterdir()) == (["notes.txt"] if target_files else [])
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".out.kvtool-")]
