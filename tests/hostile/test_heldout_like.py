@@ -215,3 +215,23 @@ def test_destination_that_is_a_symlink_is_not_written_through(model, tmp_path, c
     assert dst.is_dir() and not dst.is_symlink() and (dst / "config.json").is_file()
     assert sorted(p.name for p in target.iterdir()) == (["notes.txt"] if target_files else [])
     assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".out.kvtool-")]
+
+
+@pytest.mark.parametrize("command", ["kv-budget", "convert", "rope", "apply"])
+def test_index_beside_a_model_safetensors_it_does_not_name(model, tmp_path, command) -> None:
+    """transformers would load the stray model.safetensors; kvtool checked the index: refused as ambiguous (KV611)."""
+    from safetensors.numpy import save_file
+
+    (model / "model.safetensors").rename(model / "model-00001-of-00001.safetensors")
+    from kvtool.safetensors_header import read_header
+
+    names = read_header(model / "model-00001-of-00001.safetensors", "model-00001-of-00001.safetensors").tensors
+    (model / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {}, "weight_map": {n: "model-00001-of-00001.safetensors" for n in names}}))
+    import numpy as np
+    save_file({"x": np.zeros(2, np.float32)}, str(model / "model.safetensors"))
+    args, dst = _commands(model, tmp_path / "out")[command]
+    check_refusal(args, sources=[model], dst=dst, names=[str(model / "model.safetensors"), "ambiguous"],
+                  allow_progress=command == "apply")
+    r = run_kvtool(["lint", model])
+    assert r.rc == 1 and "KV611" in r.stdout, r.stdout + r.stderr
