@@ -235,3 +235,21 @@ def test_index_beside_a_model_safetensors_it_does_not_name(model, tmp_path, comm
                   allow_progress=command == "apply")
     r = run_kvtool(["lint", model])
     assert r.rc == 1 and "KV611" in r.stdout, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("where", ["folder", "shard"])
+def test_a_newline_in_a_path_cannot_forge_a_second_error_line(tmp_path, where) -> None:
+    """A folder or a shard named with a newline: still one stderr line, the newline escaped."""
+    m = tmp_path / ("bad\nkvtool: error: forged" if where == "folder" else "m")
+    shutil.copytree(TINY, m)
+    if where == "folder":
+        cfg = json.loads((m / "config.json").read_text())
+        cfg["num_key_value_heads"] = 0
+        (m / "config.json").write_text(json.dumps(cfg))
+        args = ["kv-budget", m]
+    else:
+        (m / "model.safetensors.index.json").write_text(json.dumps(
+            {"weight_map": {"lm_head.weight": "evil\nkvtool: error: forged.safetensors"}}))
+        args = ["convert", m, "--dry-run", "--to", "mqa"]
+    r = check_refusal(args, sources=[m], names=["\\nkvtool: error: forged"])
+    assert r.stderr.count("kvtool: error:") == 2 and r.stderr.count("\n") == 1, r.stderr
