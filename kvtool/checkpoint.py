@@ -14,7 +14,7 @@ from pathlib import Path
 
 from kvtool.errors import InputError
 from kvtool.jsonfile import JsonDocument, load_json_object
-from kvtool.io.weight_files import INDEX_NAME, PICKLE_SUFFIXES, ReaderProblem, scan_weights
+from kvtool.io.weight_files import INDEX_NAME, PICKLE_SUFFIXES, ReaderProblem, is_inside, scan_weights
 from kvtool.safetensors_header import SafetensorsHeader, TensorInfo
 
 __all__ = ["INDEX_NAME", "PICKLE_SUFFIXES", "Checkpoint", "ReaderProblem", "open_checkpoint"]
@@ -111,6 +111,10 @@ def _open_folder(text: str, root: Path, read_weights: bool, read_side_files: boo
         raise InputError("symlink loop", file=str(cfg))
     if not cfg.exists() and not cfg.is_symlink():
         raise InputError("no config.json in the model folder", file=str(cfg))
+    from kvtool.io.staging import check_inside
+
+    if cfg.is_file():  # kvtool reads only the folders it was given (as for weights, KV704); a FIFO or
+        check_inside(root, cfg)  # device is refused below by what it is, unread
     # a config.json that is a folder, FIFO or device: load_json_object names what it is
     ckpt = Checkpoint(source=text, root=root, config_doc=load_json_object(cfg, what="config"))
     if read_side_files:
@@ -134,7 +138,7 @@ def _read_weights(ckpt: Checkpoint, root: Path) -> None:
 
 
 def _optional_json(path: Path) -> dict | None:
-    if not path.is_file():
+    if not is_inside(path.parent, path.name) or not path.is_file():  # outside the folder: never read
         return None
     try:
         return load_json_object(path).data
@@ -144,7 +148,7 @@ def _optional_json(path: Path) -> dict | None:
 
 def _tokenizer_size(path: Path) -> int | None:
     """Vocabulary size of a fast tokenizer (model vocab plus added tokens), or None."""
-    if not path.is_file():
+    if not is_inside(path.parent, path.name) or not path.is_file():  # outside the folder: never read
         return None
     try:
         data = load_json_object(path, what="tokenizer").data

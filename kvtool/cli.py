@@ -15,7 +15,7 @@ import sys
 
 import typer
 
-from kvtool.errors import EXIT_INPUT, KvtoolError
+from kvtool.errors import EXIT_INPUT, KvtoolError, one_line
 
 # Order here is the order in `kvtool --help`.
 COMMAND_MODULES = ("lint", "rules", "kv_budget", "convert", "eval", "rope", "quantize_kv", "apply", "fixtures")
@@ -98,7 +98,7 @@ def _main(argv: list[str] | None) -> int:
         exc.show()
         return EXIT_INPUT
     except click.ClickException as exc:
-        typer.echo(f"kvtool: error: {_click_line(exc)}", err=True)
+        typer.echo(f"kvtool: error: {one_line(_click_line(exc))}", err=True)
         return EXIT_INPUT
     except KvtoolError as exc:
         typer.echo(f"kvtool: error: {exc.line()}", err=True)
@@ -150,7 +150,8 @@ def _interrupted() -> int:
 def _internal(exc: BaseException) -> int:
     if os.environ.get("KVTOOL_DEBUG"):
         raise exc
-    typer.echo(f"kvtool: internal error: {type(exc).__name__}: {exc} (set KVTOOL_DEBUG=1 for a traceback)", err=True)
+    typer.echo(f"kvtool: internal error: {type(exc).__name__}: {one_line(str(exc))} (set KVTOOL_DEBUG=1 for a "
+               "traceback)", err=True)
     return EXIT_INPUT
 
 

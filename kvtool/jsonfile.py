@@ -89,7 +89,7 @@ def _deeper_than(data, limit: int) -> bool:
         node, depth = stack.pop()
         if depth > limit:
             return True
-        children = node.values() if isinstance(node, dict) else node
+        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else ()
         stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list)))
     return False
 

@@ -9,6 +9,36 @@ from __future__ import annotations
 
 from typing import Callable
 
+# Values transformers accepts in `layer_types` (configuration_utils.ALLOWED_LAYER_TYPES, v5) plus the
+# legacy spellings it remaps on load.
+KNOWN_LAYER_TYPES = (
+    "full_attention", "sliding_attention", "chunked_attention", "window_attention", "indexed_attention",
+    "compressed_sparse_attention", "heavily_compressed_attention", "minimax_m3_sparse", "conv", "moe",
+    "hybrid", "hybrid_sliding", "reference_sliding_attention", "linear_attention", "sparse", "dense",
+    # legacy names remapped by transformers
+    "mamba", "attention", "deepseek_sparse_attention", "qwen_sparse_attention",
+)
+
+
+
+def layer_types_problems(cfg: dict, key: str):
+    """(rule code, config path, what is wrong) for a `layer_types` transformers would refuse: not a list,
+    an unknown name, or a length other than num_hidden_layers. lint reports them (KV305, KV304);
+    commands that compute per layer refuse the config, since every per-layer figure would be wrong."""
+    lt = cfg.get("layer_types")
+    if lt is None:
+        return
+    if not isinstance(lt, list):
+        yield "KV305", key, f"is a {type(lt).__name__}; it must be a list of layer-type names"
+        return
+    bad = [(i, v) for i, v in enumerate(lt) if not isinstance(v, str) or v not in KNOWN_LAYER_TYPES]
+    if bad:
+        shown = ", ".join(f"[{i}] {v!r}" for i, v in bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
+        yield "KV305", f"{key}[{bad[0][0]}]", f"has unknown values: {shown}"
+    n = cfg.get("num_hidden_layers")
+    if isinstance(n, int) and not isinstance(n, bool) and n >= 0 and len(lt) != n:
+        yield "KV304", key, f"has {len(lt)} entries but num_hidden_layers is {n}"
+
 KV_CACHE_TYPES = ("full_attention", "sliding_attention", "chunked_attention")
 KNOWN_TYPES = KV_CACHE_TYPES + ("linear_attention", "mamba", "none", "mlp", "moe")
 # Names real configs carry (older transformers, remote code, DSA indexers) -> the type kvtool reasons with.

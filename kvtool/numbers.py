@@ -205,6 +205,11 @@ def require_valid_numbers(spec, file: str) -> None:
         if name in LINT_ONLY:
             continue
         raise InputError(f"got {bad.got}; it must be {bad.need}", file=file, field=bad.key)
+    from kvtool.layer_types import layer_types_problems
+
+    key = spec.prefixed("layer_types")
+    for _code, path, what in layer_types_problems(spec.config, key):
+        raise InputError(f"{key} {what}", file=file, field=path)
 
 
 def bounds_markdown() -> str:

@@ -211,14 +211,16 @@ def _fill_pool(f: Figures, pool: float | None, block_size: int) -> None:
 
 def compute(ckpt, spec, opts: BudgetOptions) -> Budget:
     notes: list[str] = []
+    where = str(ckpt.config_path)  # the file the missing value should be in
     if not spec.layer_types:
         raise UsageError("cannot tell the number of layers (num_hidden_layers or its equivalent is missing)",
-                         field=spec.key("num_layers") or "num_hidden_layers")
+                         file=where, field=spec.key("num_layers") or spec.prefixed("num_hidden_layers"))
     seq_len, source = opts.max_model_len, "--max-model-len"
     if seq_len is None:
         seq_len, source = spec.max_position, f"config {spec.key('max_position') or 'max_position_embeddings'}"
         if not seq_len:
-            raise UsageError("the config gives no maximum length; pass --max-model-len", field="max_position_embeddings")
+            raise UsageError("the config gives no maximum length; pass --max-model-len", file=where,
+                             field=spec.prefixed("max_position_embeddings"))
     elif spec.max_position and seq_len > spec.max_position:
         notes.append(f"--max-model-len {seq_len:,} exceeds the config's {spec.max_position:,}: vLLM refuses it "
                      "unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 (or RoPE scaling raises the limit)")

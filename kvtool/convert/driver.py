@@ -129,7 +129,8 @@ def resolve_target(to: str, groups: int | None, num_heads: int, kv_heads: int, *
 def _refuse_unsupported(arch: Architecture, spec: ModelSpec, ckpt: Checkpoint) -> None:
     where = str(ckpt.config_path)
     if arch.generic:
-        raise UsageError(f"model_type {spec.model_type!r} has no architecture table; its weight layout is unknown, "
+        mt = spec.model_type if spec.model_type is not None else spec.full_config.get("model_type")  # as written
+        raise UsageError(f"model_type {mt!r:.60} has no architecture table; its weight layout is unknown, "
                          "so it cannot be converted", file=where, field="model_type")
     conv = arch.convert
     if not conv.get("supported"):
@@ -160,7 +161,14 @@ def _refuse_unsupported(arch: Architecture, spec: ModelSpec, ckpt: Checkpoint) -
                          "convert does not know how to pool", file=where, field=flag)
 
 
-def _layer_names(arch: Architecture, layer: int, tensors: dict) -> dict[str, str]:
+def _weights_file(ckpt: Checkpoint) -> str:
+    """The file a missing tensor should be in: the index, the one safetensors file, or the folder."""
+    if ckpt.index_doc is not None:
+        return str(ckpt.index_doc.path)
+    return str(ckpt.headers[0].path) if len(ckpt.headers) == 1 else str(ckpt.root)
+
+
+def _layer_names(arch: Architecture, layer: int, tensors: dict, where: str) -> dict[str, str]:
     names: dict[str, str] = {}
     for fld, role, suffix in ROLES:
         n = arch.tensor_name(role, layer, suffix)
@@ -170,8 +178,8 @@ def _layer_names(arch: Architecture, layer: int, tensors: dict) -> dict[str, str
     for fld in required:
         if fld not in names:
             want = arch.tensor_name(fld, layer) or f"{arch.attn_prefix(layer)}.<{fld}>"
-            raise InputError(f"tensor {want!r} is missing (the {arch.model_type} table expects it)",
-                             file=arch.source_file, field="weights")
+            raise InputError(f"missing: the {arch.model_type} table expects this tensor",
+                             file=where, field=want)
     return names
 
 
@@ -215,7 +223,8 @@ def make_plan(src: str | Path, *, to: str, groups: int | None = None, method: st
 
     # Layers without attention (Mamba, linear attention) have no KV heads: streamed through as they are.
     kinds = spec.layer_types if len(spec.layer_types) == L else ["full_attention"] * L
-    layers = {i: _layer_names(arch, i, tensors) for i in range(L) if kinds[i] in KV_CACHE_TYPES}
+    where = _weights_file(ckpt)
+    layers = {i: _layer_names(arch, i, tensors, where) for i in range(L) if kinds[i] in KV_CACHE_TYPES}
     for names in layers.values():
         for fld, n in names.items():
             if fld not in ("q_norm", "k_norm") and tensors[n].dtype not in FLOAT_DTYPES:

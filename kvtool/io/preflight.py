@@ -8,7 +8,11 @@
   torch.load on them);
 - with `model_code=True` (the command loads the model or tokenizer with transformers): an auto_map in
   config.json or tokenizer_config.json, which names Python files shipped with the checkpoint. kvtool
-  passes trust_remote_code=False as well, but refuses by name rather than let a loader decide.
+  passes trust_remote_code=False as well, but refuses by name rather than let a loader decide; and
+  every other JSON file transformers parses while loading (generation_config.json, tokenizer.json...)
+  goes through kvtool's bounded reader first, so a FIFO, a file leading outside the folder, 100,000
+  levels of nesting or a 5000-digit integer is one line here, never a hang or a RecursionError inside
+  transformers.
 
 The loaders (kvtool.torch_utils, kvtool.layerwise) call `check_loadable` again, so a caller that skips
 the command-level gate is still refused.
@@ -24,6 +28,9 @@ from kvtool.io.weight_files import raise_first_error
 
 # Files whose auto_map makes transformers import code from the checkpoint folder.
 CODE_MAPS = ("config.json", "tokenizer_config.json")
+# Other JSON files transformers' AutoModel / AutoTokenizer / GenerationConfig read from the folder.
+LOADED_JSON = ("generation_config.json", "tokenizer.json", "special_tokens_map.json", "added_tokens.json",
+               "chat_template.json")
 
 
 def preflight(source: str | os.PathLike, *, model_code: bool = False, read_side_files: bool = True,
@@ -41,6 +48,7 @@ def preflight(source: str | os.PathLike, *, model_code: bool = False, read_side_
         raise_first_error(ckpt, ckpt.root, require_weights=require_weights)
         if model_code:
             refuse_auto_map(ckpt.root)
+            refuse_unreadable_json(ckpt.root)
     elif model_code:
         _refuse_entries(ckpt.config.get("auto_map"), str(ckpt.config_path) if not ckpt.hub else ckpt.source)
     return ckpt
@@ -62,6 +70,20 @@ def refuse_auto_map(root: Path) -> None:
         path = root / name
         if path.is_file():
             _refuse_entries(load_json_object(path).data.get("auto_map"), str(path))
+
+
+def refuse_unreadable_json(root: Path) -> None:
+    """Each JSON file transformers would parse must be inside the folder and pass kvtool's reader."""
+    from kvtool.io.staging import check_inside
+    from kvtool.jsonfile import load_json_object
+
+    for name in (*CODE_MAPS, *LOADED_JSON):
+        path = root / name
+        if not path.exists() and not path.is_symlink():
+            continue
+        if path.is_file():
+            check_inside(root, path)
+        load_json_object(path, what=name.removesuffix(".json").replace("_", " "))
 
 
 def _refuse_entries(auto_map, file: str) -> None:

@@ -24,7 +24,7 @@ if TYPE_CHECKING:  # torch and numpy are imported lazily: this module is importa
 __all__ = ["INDEX_NAME", "CheckpointReader", "st_to_torch_dtype"]
 
 
-def st_to_torch_dtype(st: str):
+def st_to_torch_dtype(st: str, file: str | None = None, tensor: str | None = None):
     """safetensors dtype string -> torch dtype."""
     import torch
 
@@ -37,7 +37,7 @@ def st_to_torch_dtype(st: str):
     try:
         return table[st]
     except KeyError:
-        raise InputError(f"tensors of dtype {st} cannot be loaded") from None
+        raise InputError(f"tensors of dtype {st} cannot be loaded", file=file, field=tensor) from None
 
 
 class CheckpointReader:
@@ -141,7 +141,7 @@ class CheckpointReader:
     def _torch(self, info: TensorInfo, begin: int, nbytes: int, shape: tuple[int, ...]) -> "torch.Tensor":
         import torch
 
-        dtype = st_to_torch_dtype(info.dtype)
+        dtype = st_to_torch_dtype(info.dtype, str(self.folder / info.file), info.name)
         if nbytes == 0:
             return torch.empty(shape, dtype=dtype)
         return torch.frombuffer(self._read_bytes(info, begin, nbytes), dtype=dtype).reshape(shape)

@@ -98,6 +98,9 @@ def check_destination(dst: Path, *, force: bool, protect: Iterable[Path] = ()) -
         raise UsageError("destination is a dangling symlink", file=str(dst))
     if dst.exists() and not dst.is_dir():
         raise UsageError("destination exists and is not a folder", file=str(dst))
+    if dst.is_symlink() and not force:  # the output replaces the link; it is never written through it
+        raise UsageError("destination is a symlink (use --force to replace the link; the folder it points to is "
+                         "left as it is)", file=str(dst))
     if dst.is_dir() and any(dst.iterdir()) and not force:
         raise UsageError("destination folder is not empty (use --force to replace it)", file=str(dst))
 
@@ -228,6 +231,17 @@ def staged_output(dst: str | Path, *, force: bool = False, protect: Iterable[Pat
 
 def _commit(tmp: Path, dst: Path, force: bool) -> None:
     (tmp / MARKER).unlink()  # the marker stays until the last moment: a run killed before this is swept
+    if dst.is_symlink():  # --force: the link is moved aside and removed; what it points to is never touched
+        old = dst.parent / f".{dst.name}{OLD_MARK}{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        os.replace(dst, old)
+        try:
+            os.replace(tmp, dst)
+        finally:
+            if tmp.exists():
+                os.replace(old, dst)
+            else:
+                old.unlink()
+        return
     if dst.is_dir():
         if any(dst.iterdir()):
             if not force:  # appeared while we were writing

@@ -62,6 +62,13 @@ def scan_weights(root: Path) -> WeightScan:
     if index_path.is_file():
         scan.index_doc = load_json_object(index_path, what="safetensors index")
         names = _index_files(scan, root)
+        single = root / "model.safetensors"
+        if "model.safetensors" not in names and (single.is_file() or single.is_symlink()):
+            # transformers loads model.safetensors before it looks for an index; vLLM follows the index
+            scan.problems.append(ReaderProblem(
+                "unindexed-shards", f"model.safetensors is not in {INDEX_NAME}, yet transformers would read it alone "
+                "(it looks for the index only when that file is absent), so which files form the model is ambiguous",
+                "model.safetensors"))
     else:
         names = sorted(p.name for p in root.glob("*.safetensors") if p.is_file())
         if len(names) > 1:

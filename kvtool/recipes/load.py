@@ -24,6 +24,7 @@ RECIPE_SUFFIXES = (".yaml", ".yml")
 MAX_YAML_NODES = 10_000  # nodes after expanding aliases
 MAX_YAML_DEPTH = 32
 MAX_YAML_ALIASES = 100
+MAX_INT_CHARS = 100  # far past any count a recipe holds; well under Python's 4300-digit int() limit
 
 
 @dataclass(frozen=True)
@@ -86,7 +87,10 @@ def _validator():
     import jsonschema
 
     schema = json.loads((schemas_dir() / "recipe.schema.json").read_text(encoding="utf-8"))
-    return jsonschema.Draft202012Validator(schema)
+    # JSON Schema counts 1.0 as an integer; a recipe's counts go to range() and reshape, so only ints are
+    checker = jsonschema.Draft202012Validator.TYPE_CHECKER.redefine(
+        "integer", lambda _c, v: isinstance(v, int) and not isinstance(v, bool))
+    return jsonschema.validators.extend(jsonschema.Draft202012Validator, type_checker=checker)(schema)
 
 
 def _dotted(path: tuple) -> str:
@@ -177,9 +181,31 @@ def _load_bounded(text: str, file: str) -> tuple[yaml.Node | None, object]:
         if _expanded_size(node) > MAX_YAML_NODES:
             raise InputError(f"YAML expands to more than {MAX_YAML_NODES} nodes (aliases repeat anchored "
                              f"content)", file=file)
+        too_long = _first_long_integer(node)
+        if too_long is not None:
+            raise InputError(f"line {too_long.start_mark.line + 1}: an integer with {len(too_long.value)} characters; "
+                             f"recipe numbers have at most {MAX_INT_CHARS}", file=file)
         return node, loader.construct_document(node)
     finally:
         loader.dispose()
+
+
+def _first_long_integer(root: yaml.Node) -> yaml.ScalarNode | None:
+    """An int scalar too long for int() (Python refuses past 4300 digits), found before constructing."""
+    stack, seen = [root], set()
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, yaml.ScalarNode):
+            if node.tag == "tag:yaml.org,2002:int" and len(node.value) > MAX_INT_CHARS:
+                return node
+        elif isinstance(node, yaml.MappingNode):
+            stack.extend(x for kv in node.value for x in kv)
+        elif isinstance(node, yaml.SequenceNode):
+            stack.extend(node.value)
+    return None
 
 
 def _expanded_size(root: yaml.Node) -> int:

@@ -182,6 +182,8 @@ def _write_dst(ckpt, dst: Path, text: str, *, link: bool = False) -> str:
     # a lone config.json: the file is the input (a DST folder beside it is fine, one holding it is not)
     protect = [ckpt.root] if ckpt.root is not None else [ckpt.config_path]
     check_destination(dst, force=True, protect=protect)  # the input itself, or a file: refused
+    if dst.is_symlink():  # never written through, and without --force never replaced
+        raise UsageError("destination is a symlink; give a new DST, or --in-place", file=str(dst))
     if dst.is_dir() and any(dst.iterdir()):  # rope has no --force (staging's message names it): never replaces
         raise UsageError("destination folder is not empty; give a new or empty DST, or --in-place", file=str(dst))
     linked = copied = 0

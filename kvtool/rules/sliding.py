@@ -3,17 +3,8 @@
 from __future__ import annotations
 
 from kvtool.rules.registry import checker, define
+from kvtool.layer_types import KNOWN_LAYER_TYPES, layer_types_problems
 from kvtool.values import is_int as _is_int
-
-# Values transformers accepts in `layer_types` (configuration_utils.ALLOWED_LAYER_TYPES, v5) plus the
-# legacy spellings it remaps on load.
-KNOWN_LAYER_TYPES = (
-    "full_attention", "sliding_attention", "chunked_attention", "window_attention", "indexed_attention",
-    "compressed_sparse_attention", "heavily_compressed_attention", "minimax_m3_sparse", "conv", "moe",
-    "hybrid", "hybrid_sliding", "reference_sliding_attention", "linear_attention", "sparse", "dense",
-    # legacy names remapped by transformers
-    "mamba", "attention", "deepseek_sparse_attention", "qwen_sparse_attention",
-)
 
 define("KV301", "sliding-window-invalid", "error",
        "sliding_window is neither a positive integer nor null",
@@ -131,17 +122,6 @@ def check_layer_types(ctx) -> None:
     spec, cfg = ctx.spec, ctx.config
     if "layer_types" not in cfg:
         return
-    lt = cfg["layer_types"]
     key = spec.prefixed("layer_types")
-    if lt is None:
-        return
-    if not isinstance(lt, list):
-        ctx.report("KV305", f"{key} is a {type(lt).__name__}; it must be a list of layer-type names", path=key)
-        return
-    bad = [(i, v) for i, v in enumerate(lt) if not isinstance(v, str) or v not in KNOWN_LAYER_TYPES]
-    if bad:
-        shown = ", ".join(f"[{i}] {v!r}" for i, v in bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
-        ctx.report("KV305", f"{key} has unknown values: {shown}", path=f"{key}[{bad[0][0]}]")
-    n = cfg.get("num_hidden_layers")
-    if _is_int(n) and n >= 0 and len(lt) != n:
-        ctx.report("KV304", f"{key} has {len(lt)} entries but num_hidden_layers is {n}", path=key)
+    for code, path, what in layer_types_problems(cfg, key):
+        ctx.report(code, f"{key} {what}", path=path)

@@ -138,6 +138,9 @@ define("KV611", "safetensors-without-index", "error",
        Why it matters: without an index transformers reads only model.safetensors and silently
        ignores the other files (or finds no weights at all when none has that name), so which
        files form the model is ambiguous; kvtool refuses to guess.
+       The same holds for an index beside a model.safetensors it does not name: transformers loads
+       that file alone (it looks for the index only when model.safetensors is absent), vLLM the
+       shards the index lists.
        Example: model-00001-of-00002.safetensors and model-00002-of-00002.safetensors, no index.
        Fix: add the index (save_pretrained writes it), or remove the files that are not the model.
        """, hint="add model.safetensors.index.json or remove the stray files", topic="weights")
