@@ -70,7 +70,8 @@ def scan_weights(root: Path) -> WeightScan:
                 "(it looks for the index only when that file is absent), so which files form the model is ambiguous",
                 "model.safetensors"))
     else:
-        names = sorted(p.name for p in root.glob("*.safetensors") if p.is_file())
+        # not only regular files: a FIFO, device or folder named *.safetensors is reported, not skipped
+        names = sorted(p.name for p in root.glob("*.safetensors"))
         if len(names) > 1:
             scan.problems.append(ReaderProblem(
                 "unindexed-shards", f"{len(names)} safetensors files ({', '.join(names[:3])}"
@@ -124,7 +125,7 @@ def _index_files(scan: WeightScan, root: Path) -> list[str]:
             scan.problems.append(ReaderProblem(
                 "index-escape", f"weight_map names {fname!r}, outside the model folder; it was not opened",
                 INDEX_NAME, tensor))
-        elif not (root / fname).is_file():
+        elif not (root / fname).exists():
             scan.problems.append(ReaderProblem(
                 "index-missing-file", f"shard {fname!r} named by the index does not exist", INDEX_NAME, tensor))
         else:

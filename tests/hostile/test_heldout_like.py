@@ -253,3 +253,31 @@ def test_a_newline_in_a_path_cannot_forge_a_second_error_line(tmp_path, where) -
         args = ["convert", m, "--dry-run", "--to", "mqa"]
     r = check_refusal(args, sources=[m], names=["\\nkvtool: error: forged"])
     assert r.stderr.count("kvtool: error:") == 2 and r.stderr.count("\n") == 1, r.stderr
+
+
+def _special_weights(model: Path, kind: str) -> Path:
+    target = model / "model.safetensors"
+    target.unlink()
+    if kind == "fifo":
+        os.mkfifo(target)
+    elif kind == "device":
+        target.symlink_to("/dev/urandom")
+    else:
+        target.mkdir()
+    return target
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device", "folder"])
+def test_lint_flags_weights_that_are_not_regular_files(model, kind) -> None:
+    """Not skipped as if the folder were config-only: the safetensors library cannot read them either."""
+    target = _special_weights(model, kind)
+    r = run_kvtool(["lint", model], timeout=30)
+    assert r.rc == 1 and f"{target}: KV606 [error] is not a regular file" in r.stdout, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("command", ["kv-budget", "convert", "convert-dry-run", "apply"])
+@pytest.mark.parametrize("kind", ["fifo", "device"])
+def test_commands_refuse_weights_that_are_not_regular_files(model, tmp_path, command, kind) -> None:
+    target = _special_weights(model, kind)
+    args, dst = _commands(model, tmp_path / "out")[command]
+    check_refusal(args, sources=[model], dst=dst, names=[str(target), "not a regular file"], timeout=30)
