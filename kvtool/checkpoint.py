@@ -66,7 +66,7 @@ class Checkpoint:
         if self.lfs_pointers and self.root is not None:
             from kvtool.lfs import refuse_pointers
 
-            refuse_pointers(self.root, self.source)
+            refuse_pointers(self.lfs_pointers, self.source)
 
     def display(self, path: Path | None) -> str:
         """A path as users gave it (relative to the model folder when inside it)."""
@@ -122,11 +122,11 @@ def _open_folder(text: str, root: Path, read_weights: bool, read_side_files: boo
         ckpt.tokenizer_config = _optional_json(root / "tokenizer_config.json")
         ckpt.tokenizer_vocab_size = _tokenizer_size(root / "tokenizer.json")
     ckpt.pickle_files = sorted(p.name for p in root.iterdir() if p.suffix in PICKLE_SUFFIXES and p.is_file())
-    from kvtool.lfs import find_pointers
+    from kvtool.lfs import folder_pointers
 
     # Git LFS pointers first: read as safetensors they look corrupt and would hide the real cause
     # (stat only, so commands that let transformers read the weights can say so too)
-    ckpt.lfs_pointers = find_pointers(root, sorted(p.name for p in root.glob("*.safetensors")))
+    ckpt.lfs_pointers = folder_pointers(root)
     if read_weights and not ckpt.lfs_pointers:  # no header is read from a partial set
         _read_weights(ckpt, root)
     return ckpt

@@ -147,6 +147,8 @@ def _interrupted() -> int:
 
     typer.echo(interrupted_line(), err=True)
     return 130
+
+
 def _internal(exc: BaseException) -> int:
     if os.environ.get("KVTOOL_DEBUG"):
         raise exc

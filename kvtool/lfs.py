@@ -68,15 +68,15 @@ def find_pointers(root: Path, names: list[str]) -> list[LfsPointer]:
     return out
 
 
-def refuse_pointers(folder: str | Path, source: str | None = None) -> None:
-    """InputError (exit 2) when the folder's *.safetensors files include Git LFS pointers: for every command
-    that reads tensors, before any safetensors validity check (a pointer is not a corrupt file, it is a file
-    not pulled). Only files of at most 1 KiB are opened."""
+def folder_pointers(root: Path) -> list[LfsPointer]:
+    """Pointers among a model folder's *.safetensors files (stat only, except for files of at most 1 KiB)."""
+    return find_pointers(root, sorted(p.name for p in root.glob("*.safetensors")))
+
+
+def refuse_pointers(pointers: list[LfsPointer], source: str) -> None:
+    """InputError (exit 2) naming the pointers: for every command that reads tensors, before any safetensors
+    validity check (a pointer is not a corrupt file, it is a file not pulled)."""
     from kvtool.errors import InputError
 
-    root = Path(folder)
-    if not root.is_dir():
-        return
-    pointers = find_pointers(root, sorted(p.name for p in root.glob("*.safetensors")))
     if pointers:
-        raise InputError(f"{not_pulled_message(pointers)}; {PULL_HINT}", file=source or str(folder))
+        raise InputError(f"{not_pulled_message(pointers)}; {PULL_HINT}", file=source)
