@@ -32,8 +32,8 @@ from pathlib import Path
 
 FLOOR = r'''
 import sys, torch, transformers, accelerate, safetensors
-import kvtool.convert.aware.merge, kvtool.layerwise
-from kvtool.torch_utils import load_tokenizer
+import kvtool.convert.aware.merge, kvtool.runtime.layerwise
+from kvtool.runtime.torch_utils import load_tokenizer
 load_tokenizer(sys.argv[1])
 '''
 
@@ -58,8 +58,8 @@ def timed(cmd: list[str], env: dict) -> dict:
 
 def model_sizes(src: Path, tokens: int) -> dict:
     """fp32 bytes of all weights, of the largest decoder layer, and of one layer's activations."""
-    from kvtool.checkpoint import open_checkpoint
-    from kvtool.spec import build_spec
+    from kvtool.model.checkpoint import open_checkpoint
+    from kvtool.model.spec import build_spec
 
     ckpt = open_checkpoint(src)
     spec = build_spec(ckpt.config)
@@ -95,10 +95,10 @@ def compare(a: Path, b: Path) -> float:
 def deeper_copy(src: Path, dst: Path, times: int) -> Path:
     """src with every decoder layer repeated `times` times (layer i -> layers i*times .. i*times+times-1),
     tensor bytes copied file to file: the same per-layer work, `times` x the weights."""
-    from kvtool.checkpoint import open_checkpoint
+    from kvtool.model.checkpoint import open_checkpoint
     from kvtool.io.reader import CheckpointReader
     from kvtool.io.writer import PlannedTensor, ShardWriter
-    from kvtool.spec import build_spec
+    from kvtool.model.spec import build_spec
 
     ckpt = open_checkpoint(src)
     spec = build_spec(ckpt.config)

@@ -64,7 +64,7 @@ def main() -> None:
     from kvtool.eval.api import evaluate
     from kvtool.testing.fixtures import smollm2_dir
     from kvtool.testing.text import evaluation_text
-    from kvtool.torch_utils import pick_device, pick_dtype
+    from kvtool.runtime.torch_utils import pick_device, pick_dtype
 
     if args.threads:
         torch.set_num_threads(args.threads)

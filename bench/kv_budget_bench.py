@@ -83,8 +83,8 @@ def in_process(folder: Path, repeat: int) -> float:
     from kvtool.budget.budget import BudgetOptions, compute
     from kvtool.budget.gpus import resolve
     from kvtool.budget.report import render_json
-    from kvtool.checkpoint import open_checkpoint
-    from kvtool.spec import build_spec
+    from kvtool.model.checkpoint import open_checkpoint
+    from kvtool.model.spec import build_spec
 
     times = []
     for _ in range(repeat):

@@ -35,7 +35,7 @@ def kvtool_scales(src, wins, observer: str):
 
     from kvtool.quantize.calibrate import calibrate
     from kvtool.quantize.formats import FORMATS
-    from kvtool.torch_utils import load_model
+    from kvtool.runtime.torch_utils import load_model
 
     model = load_model(src, device=torch.device("cpu"), dtype=torch.float32)
     t0 = time.perf_counter()
@@ -80,7 +80,7 @@ def main() -> None:
 
     from kvtool.quantize.observers import DEFAULT_OBSERVER
     from kvtool.testing.fixtures import smollm2_dir
-    from kvtool.torch_utils import load_tokenizer
+    from kvtool.runtime.torch_utils import load_tokenizer
 
     torch.manual_seed(0)
     src = smollm2_dir()

@@ -31,9 +31,9 @@ from convert_memory import add_common_args, deeper_copy, measure, model_sizes, m
 
 FLOOR = r'''
 import sys, torch, transformers, accelerate, safetensors
-import kvtool.quantize.run, kvtool.quantize.calibrate, kvtool.layerwise
+import kvtool.quantize.run, kvtool.quantize.calibrate, kvtool.runtime.layerwise
 from kvtool.quantize.run import tokenize_windows
-from kvtool.torch_utils import load_tokenizer
+from kvtool.runtime.torch_utils import load_tokenizer
 tokenize_windows(load_tokenizer(sys.argv[1]), [open(sys.argv[2]).read()], int(sys.argv[3]), 512)
 '''
 

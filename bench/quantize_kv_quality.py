@@ -52,7 +52,7 @@ def load(name: str):
     import torch
 
     from kvtool.testing.fixtures import gemma3_dir, smollm2_dir
-    from kvtool.torch_utils import load_model, load_tokenizer
+    from kvtool.runtime.torch_utils import load_model, load_tokenizer
 
     src = smollm2_dir() if name == "smollm2" else gemma3_dir()
     tok = load_tokenizer(src)
@@ -92,7 +92,7 @@ def score(model, wins, candidates: dict, log=print):
     """Per-token NLL of the original and every candidate, per-token KL and top-1 agreement."""
     import torch
 
-    from kvtool.kv_hooks import kv_hook
+    from kvtool.runtime.kv_hooks import kv_hook
 
     out = {"nll": {"original": []}, "kl": {}, "top1": {}}
     for c in candidates:
@@ -195,7 +195,7 @@ def layers(name: str, n_windows: int, observer: str, costs: bool = True) -> None
     import torch
 
     from kvtool.eval.fp8 import fp8_roundtrip
-    from kvtool.kv_hooks import kv_hook
+    from kvtool.runtime.kv_hooks import kv_hook
 
     _, tok, model = load(name)
     wins = eval_windows(tok, n_windows)

@@ -240,7 +240,7 @@ def build(arch) -> dict:
 
 
 def main() -> None:
-    from kvtool.architectures import all_architectures
+    from kvtool.model.architectures import all_architectures
 
     seen = set()
     for arch in all_architectures().values():

@@ -34,7 +34,7 @@ def running_kv_amax(model, batches) -> dict:
     through kvtool's KV hook (the reference calibration results are compared against)."""
     import torch
 
-    from kvtool.kv_hooks import kv_hook
+    from kvtool.runtime.kv_hooks import kv_hook
 
     seen: dict = {}
 

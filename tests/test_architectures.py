@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from kvtool.architectures import (
+from kvtool.model.architectures import (
     _validate, all_architectures, all_wrappers, fit_weight_names, lookup, renamed,
 )
 from kvtool.errors import InputError
-from kvtool.layer_types import ALIASES
-from kvtool.spec import build_spec
+from kvtool.model.layer_types import ALIASES
+from kvtool.model.spec import build_spec
 
 CONFIGS = Path(__file__).resolve().parent / "data" / "configs"
 ISSUE_TYPES = (  # issue 2's list plus the assignment's

@@ -1,4 +1,4 @@
-"""kvtool/inputfile.py: regular files only, sizes bounded while reading, never blocking on a FIFO."""
+"""kvtool/io/inputfile.py: regular files only, sizes bounded while reading, never blocking on a FIFO."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import time
 import pytest
 
 from kvtool.errors import InputError
-from kvtool.inputfile import not_regular, read_bytes, read_text
+from kvtool.io.inputfile import not_regular, read_bytes, read_text
 
 
 def test_reads_a_regular_file_up_to_the_limit(tmp_path) -> None:

@@ -1,11 +1,11 @@
-"""kvtool/jsonfile.py: integers too long to parse and deep nesting are refused with the key and line."""
+"""kvtool/io/jsonfile.py: integers too long to parse and deep nesting are refused with the key and line."""
 
 from __future__ import annotations
 
 import pytest
 
 from kvtool.errors import InputError
-from kvtool.jsonfile import MAX_INT_DIGITS, MAX_JSON_DEPTH, load_json_object, parse_json
+from kvtool.io.jsonfile import MAX_INT_DIGITS, MAX_JSON_DEPTH, load_json_object, parse_json
 
 
 def test_long_integer_names_key_and_line(tmp_path) -> None:

@@ -1,4 +1,4 @@
-"""kvtool.layerwise: one decoder layer with real weights at a time, same hidden states as transformers."""
+"""kvtool.runtime.layerwise: one decoder layer with real weights at a time, same hidden states as transformers."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 
 from kvtool.errors import InputError  # noqa: E402
-from kvtool.layerwise import open_layerwise, run_layer  # noqa: E402
+from kvtool.runtime.layerwise import open_layerwise, run_layer  # noqa: E402
 
 TINY = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
             head_dim=16, vocab_size=300, max_position_embeddings=256, tie_word_embeddings=True)

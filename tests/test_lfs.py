@@ -1,4 +1,4 @@
-"""kvtool.lfs: checkpoints checked out without Git LFS (pointer files instead of shards)."""
+"""kvtool.io.lfs: checkpoints checked out without Git LFS (pointer files instead of shards)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from kvtool.cli import main
-from kvtool.lfs import MAX_POINTER_BYTES, read_pointer
+from kvtool.io.lfs import MAX_POINTER_BYTES, read_pointer
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "llama-gqa-tiny"

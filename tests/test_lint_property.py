@@ -9,13 +9,13 @@ from pathlib import Path
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from kvtool.checkpoint import Checkpoint
-from kvtool.jsonfile import JsonDocument
-from kvtool.lint import ModelReport, kv_summary
+from kvtool.model.checkpoint import Checkpoint
+from kvtool.io.jsonfile import JsonDocument
+from kvtool.rules.engine import ModelReport, kv_summary
 from kvtool.rules import load_all
 from kvtool.rules.context import LintContext
 from kvtool.rules.registry import CHECKERS, RULES, SEVERITY_ORDER, LintOptions
-from kvtool.spec import build_spec
+from kvtool.model.spec import build_spec
 
 CONFIGS = Path(__file__).resolve().parent / "data" / "configs"
 VALID = ["llama-3.1-8b.json", "qwen3-30b-a3b.json", "gemma-3-1b-it.json", "deepseek-v3.json", "gpt-oss-20b.json",

@@ -1,4 +1,4 @@
-"""kvtool/numbers.py: every bound in the table, the accessors that hide invalid values, and `show`."""
+"""kvtool/model/numbers.py: every bound in the table, the accessors that hide invalid values, and `show`."""
 
 from __future__ import annotations
 
@@ -9,14 +9,14 @@ from pathlib import Path
 import pytest
 
 from kvtool.errors import InputError
-from kvtool.numbers import (
+from kvtool.model.numbers import (
     QUANTITY_BOUNDS,
     ROPE_PARAM_BOUNDS,
     problem,
     require_valid_numbers,
     show,
 )
-from kvtool.spec import build_spec
+from kvtool.model.spec import build_spec
 
 LLAMA = {"model_type": "llama", "hidden_size": 64, "num_attention_heads": 8, "num_key_value_heads": 2,
          "num_hidden_layers": 2, "vocab_size": 32, "max_position_embeddings": 256, "rope_theta": 10000.0}
@@ -91,7 +91,7 @@ def test_token_ids_are_lint_only() -> None:
 
 def test_every_real_config_is_inside_the_bounds() -> None:
     """The bounds are for impossible values: none of the public configs may trip them."""
-    from kvtool.jsonfile import load_json_object
+    from kvtool.io.jsonfile import load_json_object
 
     files = sorted(glob.glob(str(Path(__file__).parent / "data" / "configs" / "*.json")))
     files += sorted(glob.glob("/work/shared/configs/*.json"))  # the wider corpus, where present
@@ -103,7 +103,7 @@ def test_every_real_config_is_inside_the_bounds() -> None:
 
 def test_docs_table_is_current() -> None:
     """docs/input-limits.md carries the bound table as bounds_markdown() renders it."""
-    from kvtool.numbers import bounds_markdown
+    from kvtool.model.numbers import bounds_markdown
 
     doc = (Path(__file__).parents[1] / "docs" / "input-limits.md").read_text(encoding="utf-8")
-    assert bounds_markdown() in doc, "regenerate the table in docs/input-limits.md from kvtool.numbers"
+    assert bounds_markdown() in doc, "regenerate the table in docs/input-limits.md from kvtool.model.numbers"

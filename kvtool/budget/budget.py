@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kvtool import kvcache
+from kvtool.model import kvcache
 from kvtool.budget.estimate import estimate
 from kvtool.budget.gpus import Gpu
 from kvtool.budget.variants import Variant

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kvtool.kvcache import dtype_bytes
-from kvtool.layer_types import KV_CACHE_TYPES
+from kvtool.model.kvcache import dtype_bytes
+from kvtool.model.layer_types import KV_CACHE_TYPES
 
 NO_MIXER = ("mlp", "moe", "none")  # layer types that are a feed-forward block only (nemotron_h)
 # Bits per weight of quantized linear layers, by quantization_config.quant_method, when the config

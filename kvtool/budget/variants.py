@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvtool.errors import UsageError
-from kvtool.kvcache import KV_CACHE_DTYPES
+from kvtool.model.kvcache import KV_CACHE_DTYPES
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ from typing import Optional
 import typer
 
 from kvtool.errors import EXIT_FINDINGS, EXIT_OK, UsageError
-from kvtool.numbers import QUANTITY_BOUNDS, show
+from kvtool.model.numbers import QUANTITY_BOUNDS, show
 
 
 def register(app: typer.Typer) -> None:
@@ -37,10 +37,10 @@ def register(app: typer.Typer) -> None:
         from kvtool.budget.report import render_json, render_text
         from pathlib import Path
 
-        from kvtool.checkpoint import open_checkpoint
-        from kvtool.kvcache import KV_CACHE_DTYPES
-        from kvtool.numbers import require_valid_numbers
-        from kvtool.spec import build_spec
+        from kvtool.model.checkpoint import open_checkpoint
+        from kvtool.model.kvcache import KV_CACHE_DTYPES
+        from kvtool.model.numbers import require_valid_numbers
+        from kvtool.model.spec import build_spec
         from kvtool.units import parse_size
 
         if output_format not in ("text", "json"):

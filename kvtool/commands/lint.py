@@ -29,9 +29,9 @@ def register(app: typer.Typer) -> None:
                                              help="Git LFS pointers instead of weights (KV613) are an error, "
                                                   "not an info."),
     ) -> int:
-        from kvtool.config_file import find_pyproject, load_settings
-        from kvtool.inputfile import not_regular
-        from kvtool.lint import lint_one
+        from kvtool.rules.config_file import find_pyproject, load_settings
+        from kvtool.io.inputfile import not_regular
+        from kvtool.rules.engine import lint_one
         from kvtool.output import FORMATS, render
         from kvtool.rules.registry import LintOptions, Selection
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 
 from kvtool.errors import UsageError
-from kvtool.spec import get_path as _get
+from kvtool.model.spec import get_path as _get
 
 
 def _set(d: dict, dotted: str, value) -> None:

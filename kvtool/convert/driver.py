@@ -18,15 +18,15 @@ from pathlib import Path
 
 from kvtool import __version__
 from kvtool import progress as kv_progress
-from kvtool.architectures import Architecture
-from kvtool.checkpoint import Checkpoint
+from kvtool.model.architectures import Architecture
+from kvtool.model.checkpoint import Checkpoint
 from kvtool.io.preflight import preflight
 from kvtool.convert.config_edit import dump_config, kv_field_is_boolean, rewrite_config
 from kvtool.errors import InputError, UsageError
 from kvtool.io.writer import PlannedTensor
-from kvtool.jsonfile import load_json_object
-from kvtool.numbers import require_valid_numbers
-from kvtool.spec import ModelSpec, build_spec, get_path
+from kvtool.io.jsonfile import load_json_object
+from kvtool.model.numbers import require_valid_numbers
+from kvtool.model.spec import ModelSpec, build_spec, get_path
 
 # --dtype choices -> safetensors dtype (None: keep what is stored) and the config's dtype name.
 OUT_DTYPES = {"keep": None, "bf16": "BF16", "fp16": "F16", "fp32": "F32"}
@@ -219,7 +219,7 @@ def make_plan(src: str | Path, *, to: str, groups: int | None = None, method: st
     G = resolve_target(to, groups, H, KV, flag_field=flag)
     out_dtype = OUT_DTYPES[dtype]
     tensors = ckpt.tensors
-    from kvtool.layer_types import KV_CACHE_TYPES
+    from kvtool.model.layer_types import KV_CACHE_TYPES
 
     # Layers without attention (Mamba, linear attention) have no KV heads: streamed through as they are.
     kinds = spec.layer_types if len(spec.layer_types) == L else ["full_attention"] * L
@@ -233,7 +233,7 @@ def make_plan(src: str | Path, *, to: str, groups: int | None = None, method: st
     plan = ConvertPlan(src=src_path, ckpt=ckpt, spec=spec, arch=arch, num_heads=H, head_dim=hd, from_kv=KV, to_kv=G,
                        method=method, out_dtype=out_dtype, max_shard_size=max_shard_size, layers=layers)
     _plan_tensors(plan, tensors)
-    from kvtool import kvcache
+    from kvtool.model import kvcache
 
     plan.new_config = rewrite_config(ckpt.config, arch, num_heads=H, new_kv_heads=G,
                                      dtype_name=CONFIG_DTYPE_NAMES.get(out_dtype) if out_dtype else None)

@@ -22,10 +22,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from kvtool.errors import UsageError
 
 if TYPE_CHECKING:
-    from kvtool.architectures import Architecture
+    from kvtool.model.architectures import Architecture
     from kvtool.convert.layout import AttentionWeights
     from kvtool.io.reader import CheckpointReader
-    from kvtool.spec import ModelSpec
+    from kvtool.model.spec import ModelSpec
 
 # Modules that register methods; a missing one is skipped (plug-ins may not be installed).
 _METHOD_MODULES = ("kvtool.convert.pooling", "kvtool.convert.aware")

@@ -138,7 +138,7 @@ def evaluate_many(candidates: Sequence[Candidate | Any], baseline=None, *, texts
     """
     import torch
 
-    from kvtool.torch_utils import pick_device, pick_dtype
+    from kvtool.runtime.torch_utils import pick_device, pick_dtype
 
     cands = [c if isinstance(c, Candidate) else Candidate(c) for c in candidates]
     if not cands:
@@ -262,7 +262,7 @@ class _ModelPool:
         return self._by_key[key]
 
     def _wrap_module(self, module, tokenizer) -> _Loaded:
-        from kvtool.torch_utils import load_tokenizer
+        from kvtool.runtime.torch_utils import load_tokenizer
 
         src = getattr(module.config, "_name_or_path", "") or getattr(module, "name_or_path", "")
         folder = Path(src) if src and Path(src).is_dir() else None
@@ -273,9 +273,9 @@ class _ModelPool:
 
     def _load(self, spec: str) -> _Loaded:
         from kvtool.io.preflight import preflight
-        from kvtool.numbers import require_valid_numbers
-        from kvtool.spec import build_spec
-        from kvtool.torch_utils import load_model, load_tokenizer
+        from kvtool.model.numbers import require_valid_numbers
+        from kvtool.model.spec import build_spec
+        from kvtool.runtime.torch_utils import load_model, load_tokenizer
 
         ckpt = preflight(spec, model_code=True, read_side_files=False)  # before transformers sees the folder
         require_valid_numbers(build_spec(ckpt.config), str(ckpt.config_path))
@@ -345,7 +345,7 @@ def _emulation(c: Candidate, m: _Loaded):
 
 @contextlib.contextmanager
 def _hooked(m: _Loaded, fn):
-    from kvtool.kv_hooks import kv_hook
+    from kvtool.runtime.kv_hooks import kv_hook
 
     with kv_hook(m.model, fn):
         yield

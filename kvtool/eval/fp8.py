@@ -2,12 +2,12 @@
 
 vLLM's cache kernels store x as fp8 = saturate(x / scale) (float32 math, round to nearest even,
 finite saturation at +-448 for e4m3fn) and read it back as fp8 * scale. Here each post-RoPE key
-and value, exactly where it enters the cache (kvtool.kv_hooks), goes through the same round
+and value, exactly where it enters the cache (kvtool.runtime.kv_hooks), goes through the same round
 trip: x.float() / scale, clamp to +-448, cast to float8_e4m3fn, cast back, * scale, cast to the
 model dtype. Queries stay in the model dtype.
 
 Scales: one per layer (shape [] or [1]) or one per KV head (shape [kv_heads]), read from the
-checkpoint's scale tensors in any spelling vLLM loads (kvtool.kv_scale_names); a layer
+checkpoint's scale tensors in any spelling vLLM loads (kvtool.model.kv_scale_names); a layer
 without one (or with only a spelling vLLM drops) uses 1.0, as vLLM does.
 """
 
@@ -20,7 +20,7 @@ from typing import Mapping
 
 import torch
 
-from kvtool import kv_scale_names
+from kvtool.model import kv_scale_names
 from kvtool.errors import InputError
 
 FP8_DTYPE = torch.float8_e4m3fn
@@ -56,7 +56,7 @@ class KVScales:
         return len(set(self.k) | set(self.v))
 
     def hook(self, device: torch.device | None = None):
-        """fn(layer, key, value) for kvtool.kv_hooks.kv_hook: the fp8 round trip of K and V."""
+        """fn(layer, key, value) for kvtool.runtime.kv_hooks.kv_hook: the fp8 round trip of K and V."""
         cache: dict[tuple[str, int, torch.device], torch.Tensor] = {}
 
         def scale_for(role: str, table: dict, layer: int, x: torch.Tensor) -> torch.Tensor | float:
@@ -135,7 +135,7 @@ def read_checkpoint_scales(folder: str | Path) -> KVScales:
 def _store(out: KVScales, name: str, tensor: torch.Tensor, file: str) -> None:
     prefix, spelling = kv_scale_names.match(name)
     if not spelling.vllm_loads:
-        return  # vLLM drops this spelling and runs the layer with 1.0 (kvtool.kv_scale_names)
+        return  # vLLM drops this spelling and runs the layer with 1.0 (kvtool.model.kv_scale_names)
     layer = layer_index(prefix)
     if layer is None:
         raise InputError("KV scale tensor name has no layer number", file=file, field=name)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from kvtool import inputfile
+from kvtool.io import inputfile
 from kvtool.errors import InputError, UsageError
 
 

@@ -14,7 +14,7 @@
   levels of nesting or a 5000-digit integer is one line here, never a hang or a RecursionError inside
   transformers.
 
-The loaders (kvtool.torch_utils, kvtool.layerwise) call `check_loadable` again, so a caller that skips
+The loaders (kvtool.runtime.torch_utils, kvtool.runtime.layerwise) call `check_loadable` again, so a caller that skips
 the command-level gate is still refused.
 """
 
@@ -35,11 +35,11 @@ LOADED_JSON = ("generation_config.json", "tokenizer.json", "special_tokens_map.j
 
 def preflight(source: str | os.PathLike, *, model_code: bool = False, read_side_files: bool = True,
               require_weights: bool = True):
-    """Open a checkpoint and refuse it if any reader would; returns the kvtool.checkpoint.Checkpoint.
+    """Open a checkpoint and refuse it if any reader would; returns the kvtool.model.checkpoint.Checkpoint.
 
     require_weights=False accepts a folder with no weights at all (a config-only recipe) or with Git LFS
     pointers in their place (kv-budget then estimates the weights), never one whose weights are pickles only."""
-    from kvtool.checkpoint import open_checkpoint
+    from kvtool.model.checkpoint import open_checkpoint
 
     ckpt = open_checkpoint(source, read_side_files=read_side_files)
     if require_weights:  # a pointer is a file not pulled, not a corrupt one: say so first
@@ -64,7 +64,7 @@ def check_loadable(*paths: str | os.PathLike | None) -> None:
 
 
 def refuse_auto_map(root: Path) -> None:
-    from kvtool.jsonfile import load_json_object
+    from kvtool.io.jsonfile import load_json_object
 
     for name in CODE_MAPS:
         path = root / name
@@ -75,7 +75,7 @@ def refuse_auto_map(root: Path) -> None:
 def refuse_unreadable_json(root: Path) -> None:
     """Each JSON file transformers would parse must be inside the folder and pass kvtool's reader."""
     from kvtool.io.staging import check_inside
-    from kvtool.jsonfile import load_json_object
+    from kvtool.io.jsonfile import load_json_object
 
     for name in (*CODE_MAPS, *LOADED_JSON):
         path = root / name

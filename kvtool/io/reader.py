@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Iterator
 
 from kvtool.errors import InputError
 from kvtool.io.weight_files import INDEX_NAME, raise_first_error, scan_weights
-from kvtool.safetensors_header import TensorInfo
+from kvtool.io.safetensors_header import TensorInfo
 
 if TYPE_CHECKING:  # torch and numpy are imported lazily: this module is importable without them
     import numpy as np

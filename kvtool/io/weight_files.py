@@ -1,7 +1,7 @@
 """Which safetensors files make up a model folder, and the checks every reader shares.
 
 One place decides which files are the weights and whether each may be opened: lint's reader
-(kvtool.checkpoint), the streaming reader (kvtool.io.reader), the KV-scale reader (kvtool.eval.fp8)
+(kvtool.model.checkpoint), the streaming reader (kvtool.io.reader), the KV-scale reader (kvtool.eval.fp8)
 and the pre-load gate (kvtool.io.preflight) all call `scan_weights`, so they agree on every verdict.
 
 - With model.safetensors.index.json: its weight_map must be a non-empty object of tensor -> plain
@@ -12,7 +12,7 @@ and the pre-load gate (kvtool.io.preflight) all call `scan_weights`, so they agr
   model.safetensors when there is no index (and finds nothing when none has that name), so which
   files form the model is ambiguous. (Files found this way may be symlinks, e.g. into a shared
   cache: they are the folder's own entries, not paths a file named.)
-- Every file's header is validated as the safetensors library does (kvtool.safetensors_header).
+- Every file's header is validated as the safetensors library does (kvtool.io.safetensors_header).
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvtool.jsonfile import JsonDocument, load_json_object
-from kvtool.safetensors_header import SafetensorsHeader, read_header
+from kvtool.io.jsonfile import JsonDocument, load_json_object
+from kvtool.io.safetensors_header import SafetensorsHeader, read_header
 
 INDEX_NAME = "model.safetensors.index.json"
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".ckpt", ".pickle")
@@ -166,7 +166,7 @@ def _check_placement(scan: WeightScan) -> None:
 def raise_first_error(scan, root: Path, *, require_weights: bool = True) -> None:
     """Refuse a folder whose weights any reader would refuse: one line naming the file and tensor or field.
 
-    `scan` is a WeightScan or a kvtool.checkpoint.Checkpoint (the same problems, headers, index_doc).
+    `scan` is a WeightScan or a kvtool.model.checkpoint.Checkpoint (the same problems, headers, index_doc).
     A folder with no safetensors at all is refused too; if it holds pickle files, the line says kvtool
     never opens them."""
     from kvtool.errors import InputError

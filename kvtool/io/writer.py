@@ -22,7 +22,7 @@ from math import prod
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable
 
-from kvtool.safetensors_header import DTYPE_BYTES
+from kvtool.io.safetensors_header import DTYPE_BYTES
 
 if TYPE_CHECKING:
     import torch

@@ -1,12 +1,12 @@
 """Layer-by-layer calibration of FP8 KV-cache scales.
 
-1. `LayerwiseModel.capture` (kvtool.layerwise) runs the model once with every decoder layer
+1. `LayerwiseModel.capture` (kvtool.runtime.layerwise) runs the model once with every decoder layer
    replaced by a recorder: this yields the hidden states entering layer 0 and, per layer, the exact
    arguments the model passes it (position embeddings of that layer's type, that layer's mask),
    without running any layer.
 2. Each decoder layer then gets its weights on the device (`materialised(i)`: read from the
    safetensors files, freed after), runs on the cached hidden states of every calibration batch,
-   and kvtool.kv_hooks hands its K (after RoPE and any k_norm) and V, where they enter the cache and
+   and kvtool.runtime.kv_hooks hands its K (after RoPE and any k_norm) and V, where they enter the cache and
    before GQA repetition, to that layer's K and V observers. The layer's outputs become the next
    layer's inputs; its observers are reduced to scales and freed.
 3. Output-aware observers (`attn-out`) also get the layer's attention module rerun on the same
@@ -15,7 +15,7 @@
 
 Memory (host and device): one decoder layer's weights, the non-layer parameters except the input
 embedding (of which only the calibration tokens' rows are read), and the calibration hidden states
-(tokens x hidden_size). When the checkpoint cannot be read layer by layer (kvtool.layerwise:
+(tokens x hidden_size). When the checkpoint cannot be read layer by layer (kvtool.runtime.layerwise:
 renamed or stacked tensors, quantized weights) the whole model is loaded and the same replay runs
 on it. `calibrate(model, ...)` runs the replay on a model the caller has loaded.
 """
@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from kvtool.layerwise import LayerwiseModel, find_layers, run_layer
+from kvtool.runtime.layerwise import LayerwiseModel, find_layers, run_layer
 from kvtool.quantize.formats import Fp8Format, roundtrip
 from kvtool.quantize.observers import make_observer, parse_spec
 
@@ -174,7 +174,7 @@ def calibrate(model, batches: list[torch.Tensor], *, layers_path: str, observer:
 
 def calibrate_layers(lm: LayerwiseModel, batches: list[torch.Tensor], *, observer: str, strategy: str,
                      fmt: Fp8Format, num_kv_heads: int, bar=None) -> CalibrationResult:
-    """Scales for every attention layer of `lm` (kvtool.layerwise, on its device) from the
+    """Scales for every attention layer of `lm` (kvtool.runtime.layerwise, on its device) from the
     calibration batches (each [batch, seq] token ids). bar: a kvtool.progress task counting layers
     (else one is opened for the call)."""
     from kvtool import progress as kv_progress
@@ -187,7 +187,7 @@ def calibrate_layers(lm: LayerwiseModel, batches: list[torch.Tensor], *, observe
 
 def _calibrate_layers(lm: LayerwiseModel, batches: list[torch.Tensor], *, observer: str, strategy: str,
                       fmt: Fp8Format, num_kv_heads: int, bar) -> CalibrationResult:
-    from kvtool.kv_hooks import attention_modules, kv_hook
+    from kvtool.runtime.kv_hooks import attention_modules, kv_hook
 
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy must be one of {STRATEGIES}")

@@ -104,14 +104,14 @@ def text_hash(texts: list[str]) -> str:
 
 def prepare(src: str, dst: str, opts: QuantizeOptions):
     """All checks that need no model: (checkpoint, architecture, spec, new config). Raises exit-2 errors."""
-    from kvtool.architectures import is_known
+    from kvtool.model.architectures import is_known
     from kvtool.io.preflight import preflight
     from kvtool.io.staging import check_destination
-    from kvtool.numbers import require_valid_numbers
+    from kvtool.model.numbers import require_valid_numbers
     from kvtool.quantize.config import with_kv_cache_scheme
     from kvtool.quantize.observers import parse_spec
     from kvtool.quantize.write import existing_scales
-    from kvtool.spec import build_spec
+    from kvtool.model.spec import build_spec
 
     check_options(opts)
     src_path = Path(src)
@@ -143,15 +143,16 @@ def prepare(src: str, dst: str, opts: QuantizeOptions):
 
 def quantize_kv(src: str, dst: str, opts: QuantizeOptions, *, log=print) -> QuantizeResult:
     ckpt, arch, spec, new_config = prepare(src, dst, opts)  # refuses bad input before torch is imported
-    from kvtool import __version__, kv_scale_names
+    from kvtool import __version__
+    from kvtool.model import kv_scale_names
     from kvtool.datasets import calibration_texts
     from kvtool.io.staging import staged_output
-    from kvtool.layerwise import describe, open_layerwise, release_free_memory
+    from kvtool.runtime.layerwise import describe, open_layerwise, release_free_memory
     from kvtool.quantize.calibrate import calibrate_layers
     from kvtool.quantize.formats import get_format
     from kvtool.quantize.observers import canonical
     from kvtool.quantize.write import scale_tensors, write_output
-    from kvtool.torch_utils import load_model, load_tokenizer, pick_device, pick_dtype
+    from kvtool.runtime.torch_utils import load_model, load_tokenizer, pick_device, pick_dtype
 
     if opts.calib_texts:
         calib, calib_label = read_texts(opts.calib_texts, "--calib-text"), [str(f) for f in opts.calib_texts]
@@ -175,7 +176,7 @@ def quantize_kv(src: str, dst: str, opts: QuantizeOptions, *, log=print) -> Quan
         layers_path = arch.weights["layer"].split(".{layer}")[0]
         model = None
         bar.set_note(f"building the model, {n} calibration tokens")
-        # one decoder layer's weights at a time, read onto the device (kvtool.layerwise)
+        # one decoder layer's weights at a time, read onto the device (kvtool.runtime.layerwise)
         with open_layerwise(src, device=device, dtype=dtype, attn="sdpa", layers_path=layers_path,
                             layerwise=opts.layerwise) as lm:
             result = calibrate_layers(lm, batches, observer=canonical(opts.observer), strategy=opts.strategy,

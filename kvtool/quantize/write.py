@@ -16,9 +16,9 @@ from pathlib import Path
 
 import torch
 
-from kvtool import kv_scale_names
+from kvtool.model import kv_scale_names
 from kvtool.errors import InputError
-from kvtool.jsonfile import load_json_object
+from kvtool.io.jsonfile import load_json_object
 from kvtool.io.staging import link_or_copy
 
 SCALE_SHARD = "model-kv-scales.safetensors"

@@ -21,13 +21,13 @@ from pathlib import Path
 from typing import Callable
 
 from kvtool import __version__
-from kvtool.checkpoint import open_checkpoint
+from kvtool.model.checkpoint import open_checkpoint
 from kvtool.errors import GateFailed, InputError, KvtoolError, UsageError
 from kvtool.io.preflight import preflight
-from kvtool.numbers import require_valid_numbers
+from kvtool.model.numbers import require_valid_numbers
 from kvtool.recipes.load import Recipe, Step, load_recipe
 from kvtool.recipes.plan import plan_recipe
-from kvtool.spec import build_spec
+from kvtool.model.spec import build_spec
 
 
 @dataclass
@@ -104,7 +104,7 @@ def run_convert_step(ctx: RunContext, step: Step) -> StepResult:
 
 
 def run_lint_step(ctx: RunContext, step: Step) -> StepResult:
-    from kvtool.lint import lint_one
+    from kvtool.rules.engine import lint_one
     from kvtool.rules.registry import LintOptions, Selection
 
     o = step.options

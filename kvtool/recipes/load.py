@@ -14,9 +14,9 @@ from pathlib import Path
 
 import yaml
 
-from kvtool.architectures import schemas_dir
+from kvtool.model.architectures import schemas_dir
 from kvtool.errors import InputError
-from kvtool.inputfile import RECIPE_LIMIT, read_text
+from kvtool.io.inputfile import RECIPE_LIMIT, read_text
 
 RECIPE_SUFFIXES = (".yaml", ".yml")
 # A recipe is a few dozen nodes. Anchors and aliases are allowed, but the document they expand to is

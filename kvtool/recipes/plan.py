@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from kvtool.errors import UsageError
-from kvtool.inputfile import not_regular
+from kvtool.io.inputfile import not_regular
 from kvtool.recipes.load import Recipe, Step
-from kvtool.spec import build_spec
+from kvtool.model.spec import build_spec
 
 
 @dataclass

@@ -16,12 +16,12 @@ import copy
 from dataclasses import dataclass, field
 
 from kvtool.errors import InputError, UsageError
-from kvtool.numbers import ROPE_PARAM_BOUNDS, problem
-from kvtool.rope import types as rt
-from kvtool.rope.params import (
+from kvtool.model.numbers import ROPE_PARAM_BOUNDS, problem
+from kvtool.model.rope import types as rt
+from kvtool.model.rope.params import (
     ORIGINAL_FROM_TOP, geometry_for, is_nested, raw_dict, rope_dict, theta_of, unprefixed,
 )
-from kvtool.spec import ModelSpec, build_spec, unwrap
+from kvtool.model.spec import ModelSpec, build_spec, unwrap
 
 LAYOUTS = ("both", "legacy", "v5")
 # MLA attention: vLLM and SGLang rewrite any rope_scaling on DeepSeek-style MLA layers to
@@ -187,7 +187,7 @@ def _factor(req: RopeRequest, original: int) -> float:
 
 
 def _check_option_numbers(req: RopeRequest) -> None:
-    """Each numeric option against the bound its config key has (kvtool.numbers), named by its flag."""
+    """Each numeric option against the bound its config key has (kvtool.model.numbers), named by its flag."""
     given = {"factor": req.factor, "original_max_position_embeddings": req.original, **req.options}
     for key, value in given.items():
         if value is not None and key in ROPE_PARAM_BOUNDS:
@@ -301,8 +301,8 @@ def lint_findings(config: dict, display: str) -> list:
     import json
     from pathlib import Path
 
-    from kvtool.checkpoint import Checkpoint
-    from kvtool.jsonfile import JsonDocument
+    from kvtool.model.checkpoint import Checkpoint
+    from kvtool.io.jsonfile import JsonDocument
     from kvtool.rules import load_all
     from kvtool.rules.context import LintContext
     from kvtool.rules.registry import CHECKERS, LintOptions

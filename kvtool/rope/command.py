@@ -9,14 +9,14 @@ from pathlib import Path
 
 import typer
 
-from kvtool.checkpoint import open_checkpoint
+from kvtool.model.checkpoint import open_checkpoint
 from kvtool.io.preflight import preflight
 from kvtool.errors import EXIT_OK, InputError, UsageError
-from kvtool.jsonfile import atomic_write_text, dump_json_like, parse_json, read_text
-from kvtool.numbers import FACTOR_LIST_BOUND, problem, require_valid_numbers
+from kvtool.io.jsonfile import atomic_write_text, dump_json_like, parse_json, read_text
+from kvtool.model.numbers import FACTOR_LIST_BOUND, problem, require_valid_numbers
 from kvtool.rope import show as sh
 from kvtool.rope.apply import RopeRequest, lint_findings, plan_rope, target_params
-from kvtool.spec import build_spec
+from kvtool.model.spec import build_spec
 
 
 @dataclass

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvtool.errors import UsageError
-from kvtool.rope import types as rt
-from kvtool.rope.freqs import wavelengths
-from kvtool.rope.params import geometry_for, raw_dict, rope_dict
+from kvtool.model.rope import types as rt
+from kvtool.model.rope.freqs import wavelengths
+from kvtool.model.rope.params import geometry_for, raw_dict, rope_dict
 
 
 # Types whose frequencies depend on the sequence length (shown at the served length).

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kvtool.checkpoint import Checkpoint
+from kvtool.model.checkpoint import Checkpoint
 from kvtool.rules.registry import RULES, Finding, LintOptions
-from kvtool.spec import ModelSpec
+from kvtool.model.spec import ModelSpec
 
 
 @dataclass

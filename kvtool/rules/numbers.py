@@ -1,4 +1,4 @@
-"""KV906: numeric config values outside the bounds every command relies on (kvtool/numbers.py)."""
+"""KV906: numeric config values outside the bounds every command relies on (kvtool/model/numbers.py)."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from kvtool.rules.registry import checker, define
-from kvtool.spec import get_path
+from kvtool.model.spec import get_path
 
 # Keys that put RoPE settings into a config, whatever the architecture.
 ROPE_KEYS = ("rope_scaling", "rope_parameters", "rope_theta", "rotary_dim", "rotary_emb_base", "rope_base")

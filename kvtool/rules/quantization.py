@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from kvtool import kv_scale_names as ksn
-from kvtool.layer_types import KV_CACHE_TYPES
+from kvtool.model import kv_scale_names as ksn
+from kvtool.model.layer_types import KV_CACHE_TYPES
 from kvtool.rules.registry import checker, define
 
 # quantization_config keys that declare a quantized KV cache: compressed-tensors / llm-compressor

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kvtool.inputfile import not_regular
+from kvtool.io.inputfile import not_regular
 from kvtool.rules.registry import define
 
 define("KV961", "recipe-invalid", "error", "Recipe file does not match the recipe schema",
@@ -30,7 +30,7 @@ define("KV962", "recipe-missing-file", "error", "A text file named by a recipe d
 def lint_recipe_file(path: str):
     """Findings for a recipe file (a ModelReport with the recipe as the model)."""
     from kvtool.errors import InputError
-    from kvtool.lint import ModelReport
+    from kvtool.rules.engine import ModelReport
     from kvtool.recipes.load import load_recipe
     from kvtool.rules.registry import RULES, Finding
 

@@ -1,4 +1,4 @@
-"""RoPE settings (KV2xx), for every rope_type in kvtool/rope/types.py.
+"""RoPE settings (KV2xx), for every rope_type in kvtool/model/rope/types.py.
 
 Key checks come from the type table (the same one `kvtool rope` writes from); the served-context
 rules follow how vLLM derives max_model_len (vllm/config/model.py): yarn uses
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import math
 
-from kvtool.rope import types as rt
-from kvtool.rope.params import geometry_for, is_nested, legacy_view, raw_dict, rope_dict, v5_view
+from kvtool.model.rope import types as rt
+from kvtool.model.rope.params import geometry_for, is_nested, legacy_view, raw_dict, rope_dict, v5_view
 from kvtool.rules.registry import checker, define
 from kvtool.values import is_number as _num
 

@@ -2,7 +2,7 @@
 
 Schemas live in schemas/<model_type>.json (JSON Schema 2020-12, built by schemas/build_schemas.py);
 a model type without one is checked against schemas/generic.json. Validation uses
-kvtool.jsonschema_subset (jsonschema's semantics for the keywords these schemas use, without its
+kvtool.rules.jsonschema_subset (jsonschema's semantics for the keywords these schemas use, without its
 ~70 ms import); each compiled validator is cached for the run.
 """
 
@@ -13,7 +13,7 @@ import math
 from functools import lru_cache
 from typing import Any
 
-from kvtool.architectures import schemas_dir
+from kvtool.model.architectures import schemas_dir
 from kvtool.rules.registry import checker, define
 
 define("KV001", "unknown-model-type", "info",
@@ -101,7 +101,7 @@ def schema_for(model_type: str) -> tuple[str, dict]:
 
 @lru_cache(maxsize=None)
 def validator_for(model_type: str):
-    from kvtool.jsonschema_subset import Validator
+    from kvtool.rules.jsonschema_subset import Validator
 
     _name, schema = schema_for(model_type)
     return Validator(schema)
@@ -157,7 +157,7 @@ def _branch_types(err) -> list[str]:
 
 
 def describe(err) -> tuple[str, str, str]:
-    """(code, dotted path, message) for one validation error (kvtool.jsonschema_subset or jsonschema)."""
+    """(code, dotted path, message) for one validation error (kvtool.rules.jsonschema_subset or jsonschema)."""
     err = _leaf(err)
     path = dotted(err.absolute_path)
     if _all_required(err):

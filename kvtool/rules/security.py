@@ -5,7 +5,7 @@ Nothing here opens a pickle file: names are enough.
 
 from __future__ import annotations
 
-from kvtool.architectures import is_known
+from kvtool.model.architectures import is_known
 from kvtool.rules.registry import checker, define
 
 # Pickle files the HF Trainer writes next to a model; they are not weights.

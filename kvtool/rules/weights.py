@@ -178,7 +178,7 @@ _READER_CODES = {"header": "KV606", "index-invalid": "KV607", "index-missing-ten
 def check_lfs_pointers(ctx) -> None:
     pointers = ctx.checkpoint.lfs_pointers
     if pointers:
-        from kvtool.lfs import not_pulled_message
+        from kvtool.io.lfs import not_pulled_message
 
         ctx.report("KV613", not_pulled_message(pointers) + "; the weight checks were skipped",
                    file=ctx.file_of(pointers[0].file),

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvtool import kvcache
+from kvtool.model import kvcache
 from kvtool.budget import gpus
 from kvtool.budget.variants import Variant, parse
 from kvtool.errors import UsageError

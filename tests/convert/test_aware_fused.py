@@ -103,7 +103,7 @@ def test_installed_fused_projections_run_with_fewer_kv_heads(tmp_path, tokenizer
     the attention of a 2-KV-head model holding those heads: same output."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from kvtool.architectures import lookup
+    from kvtool.model.architectures import lookup
     from kvtool.convert.aware.attention import Proj
 
     src = _tiny(tmp_path / "m", model_type, tokenizer_dir, kv_heads=4)
@@ -143,10 +143,10 @@ def test_cohere_with_qk_norm_is_refused_by_name(tmp_path, tokenizer_dir, capsys)
 
 
 def test_unsupported_reason_follows_the_config_flags():
-    from kvtool.architectures import lookup
+    from kvtool.model.architectures import lookup
     from kvtool.convert.aware.method import unsupported_reason
     from kvtool.convert.methods import MergeJob
-    from kvtool.spec import build_spec
+    from kvtool.model.spec import build_spec
 
     def reason(config):
         spec = build_spec(config)
@@ -184,7 +184,7 @@ def test_interleaved_rope_is_merged_in_its_own_pairs(tmp_path, tokenizer_dir, mo
 
     import kvtool.convert.aware.calibration as calib
     from kvtool.convert.aware.merge import MergeSettings, merge_layer
-    from kvtool.layerwise import open_layerwise
+    from kvtool.runtime.layerwise import open_layerwise
 
     src = _tiny(tmp_path / "gqa", "cohere", tokenizer_dir, kv_heads=2, logit_scale=1.0)
     assert _convert(src, tmp_path / "mha", "--to", "mha") == 0  # KV heads [k0, k0, k1, k1]
@@ -226,7 +226,7 @@ def test_interleaved_rope_is_merged_in_its_own_pairs(tmp_path, tokenizer_dir, mo
 
 def test_interleaved_rope_needs_on_merged(tmp_path, tokenizer_dir):
     from kvtool.errors import UsageError
-    from kvtool.layerwise import open_layerwise
+    from kvtool.runtime.layerwise import open_layerwise
 
     src = _tiny(tmp_path / "c", "cohere", tokenizer_dir, kv_heads=4)
     with open_layerwise(src) as lm, pytest.raises(UsageError, match="interleaved RoPE"):

@@ -15,7 +15,7 @@ from kvtool.cli import main  # noqa: E402
 from kvtool.convert.aware.calibration import run_layerwise  # noqa: E402
 from kvtool.convert.aware.merge import MergeSettings, merge_layer  # noqa: E402
 from kvtool.convert.aware.modules import install_proj, read_proj  # noqa: E402
-from kvtool.layerwise import open_layerwise  # noqa: E402
+from kvtool.runtime.layerwise import open_layerwise  # noqa: E402
 
 H, KV, HD, LAYERS = 4, 4, 16, 3
 SETTINGS = MergeSettings(num_heads=H, num_kv_heads=KV, groups=2, head_dim=HD)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvtool.architectures import QKV_LAYOUTS, all_architectures
+from kvtool.model.architectures import QKV_LAYOUTS, all_architectures
 from kvtool.convert.fused import split_qkv
 
 ISSUE_SUPPORTED = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma", "gemma2",

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from kvtool.errors import UsageError
-from kvtool.kv_hooks import kv_hook
-from kvtool.torch_utils import kv_cache_only_quantization, pick_device, pick_dtype
+from kvtool.runtime.kv_hooks import kv_hook
+from kvtool.runtime.torch_utils import kv_cache_only_quantization, pick_device, pick_dtype
 
 
 @pytest.fixture(scope="module")

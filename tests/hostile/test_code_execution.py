@@ -92,8 +92,8 @@ def test_quantize_kv_refuses_remote_code(evil, tmp_path, which, stdin_kind):
 def _loaders():
     import torch
 
-    from kvtool.layerwise import open_layerwise
-    from kvtool.torch_utils import load_model, load_tokenizer
+    from kvtool.runtime.layerwise import open_layerwise
+    from kvtool.runtime.torch_utils import load_model, load_tokenizer
 
     cpu = torch.device("cpu")
 

@@ -81,7 +81,7 @@ def test_config_json_symlinked_out_of_the_model_folder_is_not_read(model, tmp_pa
 @pytest.mark.parametrize("name", ["tokenizer.json", "tokenizer_config.json", "generation_config.json"])
 def test_lint_does_not_read_side_files_symlinked_outside(model, tmp_path, monkeypatch, name) -> None:
     """lint and kv-budget read these for cross-checks only; one that leads outside is left unread."""
-    from kvtool.checkpoint import open_checkpoint
+    from kvtool.model.checkpoint import open_checkpoint
 
     outside = tmp_path / "secret.json"
     outside.write_text('{"model": {"vocab": {"a": 99999}}, "bos_token_id": 77}')
@@ -223,7 +223,7 @@ def test_index_beside_a_model_safetensors_it_does_not_name(model, tmp_path, comm
     from safetensors.numpy import save_file
 
     (model / "model.safetensors").rename(model / "model-00001-of-00001.safetensors")
-    from kvtool.safetensors_header import read_header
+    from kvtool.io.safetensors_header import read_header
 
     names = read_header(model / "model-00001-of-00001.safetensors", "model-00001-of-00001.safetensors").tensors
     (model / "model.safetensors.index.json").write_text(json.dumps(

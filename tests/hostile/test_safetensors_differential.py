@@ -1,7 +1,7 @@
 """kvtool's safetensors verdict equals the safetensors library's, over generated valid and malformed files.
 
 Each case (tests/hostile/malformed.py: a small valid file plus one mutation, seeded) is opened by
-`safetensors.safe_open` and by kvtool.safetensors_header.read_header; the two must agree. Every file
+`safetensors.safe_open` and by kvtool.io.safetensors_header.read_header; the two must agree. Every file
 the library refuses must also make `kvtool lint` exit 1 with a KV606 error, and no file it accepts
 may get one.
 """
@@ -15,7 +15,7 @@ import pytest
 from safetensors import safe_open
 
 from harness import run_kvtool
-from kvtool.safetensors_header import read_header
+from kvtool.io.safetensors_header import read_header
 from malformed import MUTATIONS, case
 
 N_CASES = 8 * len(MUTATIONS)

@@ -144,10 +144,10 @@ def _init_function_freqs(conf):
 
 def kvtool_verdict(cfg: dict) -> KvtoolVerdict:
     """lint's config checks and `kvtool rope`'s numbers for one config dict."""
-    from kvtool.rope import types as rt
+    from kvtool.model.rope import types as rt
     from kvtool.rope.apply import lint_findings, target_params
-    from kvtool.rope.params import geometry_for, raw_dict, rope_dict
-    from kvtool.spec import build_spec
+    from kvtool.model.rope.params import geometry_for, raw_dict, rope_dict
+    from kvtool.model.spec import build_spec
 
     findings = lint_findings(cfg, "config.json")
     out = KvtoolVerdict(sorted({f.code for f in findings if f.severity == "error"}),

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from kvtool import kv_scale_names as ksn
-from kvtool import kvcache
-from kvtool.rope import types as rt
+from kvtool.model import kv_scale_names as ksn
+from kvtool.model import kvcache
+from kvtool.model.rope import types as rt
 from kvtool.rules.quantization import SUPPORTED_SCHEME
 
 pytestmark = pytest.mark.oracle

@@ -74,7 +74,7 @@ def _tiny_model(cfg: dict, outlier: float):
 def test_calibrate_picks_the_candidate_with_the_smallest_attention_output_error(tiny_llama_config):
     """An independent measurement (full forward, only layer 0 quantized, its attention output
     captured) ranks the candidates exactly as calibrate() did, and its pick is the argmin."""
-    from kvtool.kv_hooks import kv_hook
+    from kvtool.runtime.kv_hooks import kv_hook
     from kvtool.quantize.calibrate import calibrate
 
     model = _tiny_model(tiny_llama_config, outlier=13.3)

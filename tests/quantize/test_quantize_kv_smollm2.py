@@ -58,7 +58,7 @@ def test_exit_zero_and_source_untouched(run):
 def test_written_scales_names_shapes_dtype_and_metadata(run):
     from safetensors import safe_open
 
-    from kvtool import kv_scale_names
+    from kvtool.model import kv_scale_names
 
     with safe_open(str(run["dst"] / "model-kv-scales.safetensors"), framework="pt") as f:
         names = sorted(f.keys())
@@ -81,7 +81,7 @@ def test_original_tensors_byte_for_byte_and_index_complete(run):
     src, dst = run["src"], run["dst"]
     assert _sha(dst / "model.safetensors") == _sha(src / "model.safetensors")
     index = json.loads((dst / "model.safetensors.index.json").read_text())
-    from kvtool.checkpoint import open_checkpoint
+    from kvtool.model.checkpoint import open_checkpoint
 
     ckpt = open_checkpoint(dst)
     assert not ckpt.problems  # every index entry is in its shard and vice versa
@@ -190,7 +190,7 @@ def test_layer_by_layer_replay_sees_exactly_what_a_full_forward_writes():
     from kvtool.quantize.calibrate import calibrate
     from kvtool.quantize.formats import FORMATS
     from kvtool.testing.fixtures import FixtureUnavailable, smollm2_dir
-    from kvtool.torch_utils import load_model
+    from kvtool.runtime.torch_utils import load_model
 
     try:
         src = smollm2_dir()
@@ -217,10 +217,10 @@ def test_default_scales_never_quantize_held_out_kv_worse_than_scale_one(run):
     """The default observer's guarantee, checked on held-out text: for every layer, K and V written
     with the calibrated scales have no more FP8 round-trip error than with vLLM's default 1.0."""
     from kvtool.eval.fp8 import read_checkpoint_scales
-    from kvtool.kv_hooks import kv_hook
+    from kvtool.runtime.kv_hooks import kv_hook
     from kvtool.quantize.formats import FORMATS, roundtrip
     from kvtool.testing.text import evaluation_text
-    from kvtool.torch_utils import load_model, load_tokenizer
+    from kvtool.runtime.torch_utils import load_model, load_tokenizer
 
     fmt = FORMATS["e4m3"]
     scales = read_checkpoint_scales(run["dst"])

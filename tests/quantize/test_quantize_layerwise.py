@@ -1,4 +1,4 @@
-"""quantize-kv calibrates layer by layer (kvtool.layerwise): one decoder layer's weights in memory at a
+"""quantize-kv calibrates layer by layer (kvtool.runtime.layerwise): one decoder layer's weights in memory at a
 time, and exactly the scales the whole model gives (same observers, same data)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ pytest.importorskip("accelerate")
 
 from kvtest import running_kv_amax  # noqa: E402
 
-from kvtool.layerwise import open_layerwise  # noqa: E402
+from kvtool.runtime.layerwise import open_layerwise  # noqa: E402
 from kvtool.quantize.calibrate import calibrate_layers  # noqa: E402
 from kvtool.quantize.formats import FORMATS  # noqa: E402
 
@@ -112,7 +112,7 @@ def test_calibration_holds_one_decoder_layer_at_a_time(tmp_path):
     seen = []
 
     def spy(lm):
-        from kvtool.kv_hooks import attention_modules
+        from kvtool.runtime.kv_hooks import attention_modules
 
         def record(mod, args, kwargs):
             seen.append((mod.layer_idx, lm.real_layers(), lm.model.get_input_embeddings().weight.device.type))
@@ -169,7 +169,7 @@ def test_whole_model_fallback_says_so_and_the_report_reuses_the_model(tmp_path, 
     def no_second_load(*a, **k):
         raise AssertionError("the quality report loaded the model again")
 
-    monkeypatch.setattr("kvtool.torch_utils.load_model", no_second_load)
+    monkeypatch.setattr("kvtool.runtime.torch_utils.load_model", no_second_load)
     res = run_mod.quantize_kv(str(src), str(tmp_path / "out"),
                               run_mod.QuantizeOptions(calib_texts=[str(calib_text_file)], calib_tokens=96, seq_len=48,
                                                       eval_texts=[str(eval_text_file)], eval_tokens=64, device="cpu"))

@@ -22,8 +22,8 @@ import re
 import pytest
 import torch
 
-from kvtool import kv_scale_names
-from kvtool.architectures import lookup
+from kvtool.model import kv_scale_names
+from kvtool.model.architectures import lookup
 from kvtool.quantize.calibrate import CalibrationResult
 from kvtool.quantize.write import scale_tensors
 

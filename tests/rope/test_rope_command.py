@@ -14,7 +14,7 @@ import pytest
 from kvtest import write_config, write_safetensors
 
 from kvtool.cli import main
-from kvtool.lint import lint_one
+from kvtool.rules.engine import lint_one
 from kvtool.rules.registry import LintOptions
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "rope"
@@ -245,8 +245,8 @@ def test_show_current_and_preview(tmp_path, capsys):
 
 
 def test_show_wavelengths_match_the_math(tmp_path, capsys):
-    from kvtool.rope.freqs import wavelengths
-    from kvtool.rope.types import Geometry, compute
+    from kvtool.model.rope.freqs import wavelengths
+    from kvtool.model.rope.types import Geometry, compute
 
     assert run(DATA / "llama-2-7b-hf.json", "--show") == 0
     rows = [line.split() for line in capsys.readouterr().out.splitlines() if line.strip()[:1].isdigit()]

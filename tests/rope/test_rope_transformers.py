@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from kvtool.cli import main
-from kvtool.rope import freqs
-from kvtool.rope import types as rt
+from kvtool.model.rope import freqs
+from kvtool.model.rope import types as rt
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from kvtool.rope import freqs
-from kvtool.rope import types as rt
+from kvtool.model.rope import freqs
+from kvtool.model.rope import types as rt
 
 DIM = 64
 LISTS = {"short_factor": [1.0 + 0.01 * i for i in range(DIM // 2)],

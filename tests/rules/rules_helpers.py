@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from kvtool.checkpoint import Checkpoint
-from kvtool.jsonfile import JsonDocument
+from kvtool.model.checkpoint import Checkpoint
+from kvtool.io.jsonfile import JsonDocument
 from kvtool.rules import load_all
 from kvtool.rules.context import LintContext
 from kvtool.rules.registry import CHECKERS, LintOptions
-from kvtool.spec import build_spec
+from kvtool.model.spec import build_spec
 
 FIXTURES = Path(__file__).resolve().parents[1] / "data" / "rules"
 

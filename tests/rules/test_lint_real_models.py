@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from kvtool.lint import lint_one
+from kvtool.rules.engine import lint_one
 from kvtool.rules.registry import LintOptions
 
 pytestmark = pytest.mark.slow

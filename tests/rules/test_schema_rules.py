@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from jsonschema import Draft202012Validator
 
-from kvtool.architectures import all_architectures, schemas_dir
-from kvtool.lint import lint_one
+from kvtool.model.architectures import all_architectures, schemas_dir
+from kvtool.rules.engine import lint_one
 from kvtool.rules.registry import LintOptions
 from kvtool.rules.schema import SCHEMA_CODES, describe, schema_for, validator_for
 

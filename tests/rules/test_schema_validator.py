@@ -1,4 +1,4 @@
-"""kvtool.jsonschema_subset agrees with jsonschema (the reference implementation) on kvtool's schemas."""
+"""kvtool.rules.jsonschema_subset agrees with jsonschema (the reference implementation) on kvtool's schemas."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from jsonschema import Draft202012Validator
 
-from kvtool.architectures import schemas_dir
-from kvtool.jsonschema_subset import SchemaError, Validator
+from kvtool.model.architectures import schemas_dir
+from kvtool.rules.jsonschema_subset import SchemaError, Validator
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from test_lint_property import mutated  # noqa: E402

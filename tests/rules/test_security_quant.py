@@ -1,4 +1,4 @@
-"""KV7xx security and KV8xx KV-cache scales, plus the accepted scale names (kvtool.kv_scale_names)."""
+"""KV7xx security and KV8xx KV-cache scales, plus the accepted scale names (kvtool.model.kv_scale_names)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 from kvtest import write_config, write_safetensors
 from rules_helpers import FIXTURES, LLAMA
 
-from kvtool import kv_scale_names as ksn
-from kvtool.lint import lint_one
+from kvtool.model import kv_scale_names as ksn
+from kvtool.rules.engine import lint_one
 from kvtool.rules.registry import LintOptions
 
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from kvtest import write_config, write_safetensors
 
-from kvtool.lint import lint_one
+from kvtool.rules.engine import lint_one
 from kvtool.rules.registry import LintOptions
 
 
@@ -94,7 +94,7 @@ def test_layer_count_reports_missing_indices(tmp_path) -> None:
      "transformer.h.0.attn", "transformer.wte.weight"),
 ])
 def test_fused_layouts_of_other_tables(tmp_path, config, prefix, embed) -> None:
-    from kvtool.spec import build_spec
+    from kvtool.model.spec import build_spec
 
     spec = build_spec(config)
     rows = (spec.num_heads + 2 * spec.num_kv_heads) * spec.head_dim

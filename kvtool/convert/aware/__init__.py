@@ -1,6 +1,6 @@
 """Calibrated K/V head merging (`kvtool convert --method aware`).
 
-Modules: `calibration` (layer-by-layer replay over kvtool.layerwise with a per-layer merge hook),
+Modules: `calibration` (layer-by-layer replay over kvtool.runtime.layerwise with a per-layer merge hook),
 `modules` (reading / installing a live attention module's projections, fused or not, per the
 architecture table), `attention` (reference attention maths), `keys` (RoPE-aware complex key merge),
 `values` (o-weighted value merge and o_proj least-squares refit), `grouping` (which heads share a

@@ -1,6 +1,6 @@
 """Sequential calibration, layer by layer: each layer is merged from the converted stream's input.
 
-kvtool.layerwise holds one decoder layer's weights at a time. Layer i runs on the hidden states the
+kvtool.runtime.layerwise holds one decoder layer's weights at a time. Layer i runs on the hidden states the
 already-converted layers before it produced; a forward pre-hook on its attention module merges the
 layer from its attention input x and installs the merged projections before the attention runs,
 so the layer's output is the converted stream entering layer i + 1. Memory: one layer's weights
@@ -20,11 +20,11 @@ from kvtool.convert.aware.attention import LayerInputs, Proj
 from kvtool.convert.aware.modules import (attention_scale, install_proj, module_layout, read_proj, reorder_qk,
                                           rope_order)
 from kvtool.errors import InputError, UsageError
-from kvtool.kv_hooks import attention_modules
-from kvtool.layerwise import release_free_memory, run_layer
+from kvtool.runtime.kv_hooks import attention_modules
+from kvtool.runtime.layerwise import release_free_memory, run_layer
 
 if TYPE_CHECKING:
-    from kvtool.layerwise import LayerwiseModel
+    from kvtool.runtime.layerwise import LayerwiseModel
 
 LayerFn = Callable[[int, LayerInputs, Proj], Proj]
 
@@ -102,7 +102,7 @@ def run_layerwise(lm: "LayerwiseModel", ids: torch.Tensor, layer_fn: LayerFn, nu
                     inp = LayerInputs(x.detach(), cos.detach(), sin.detach(), attention_scale(mod),
                                       getattr(mod, "sliding_window", None), softcap)
                     new = layer_fn(i, inp, src)
-                    release_free_memory()  # the merge's temporaries (see kvtool.layerwise)
+                    release_free_memory()  # the merge's temporaries (see kvtool.runtime.layerwise)
                     if order is not None:
                         new = reorder_qk(new, torch.argsort(order), lay.head_dim)
                     if on_merged is not None:

@@ -30,7 +30,7 @@ SEQ_LEN_CLOSED_FORM, SEQ_LEN_REFINE = 256, 1024
 
 def unsupported_reason(job: "MergeJob") -> str | None:
     """Why the architecture cannot be merged this way (None when it can), from its table and the config."""
-    from kvtool.spec import get_path
+    from kvtool.model.spec import get_path
 
     arch, spec, w = job.arch, job.spec, job.arch.weights
     if spec.is_mla:
@@ -95,8 +95,8 @@ class AwareMerge(MergeMethod):
 
             from kvtool.convert.aware.calibration import calibration_ids, read_text, run_layerwise
             from kvtool.convert.aware.merge import MergeSettings, merge_layer
-            from kvtool.layerwise import describe, open_layerwise, release_free_memory
-            from kvtool.torch_utils import load_tokenizer
+            from kvtool.runtime.layerwise import describe, open_layerwise, release_free_memory
+            from kvtool.runtime.torch_utils import load_tokenizer
 
             bar.set_note("reading the calibration text")
             text, label = read_text(s["calib_text"], s["calib_dataset"])

@@ -40,7 +40,7 @@ class ModuleLayout:
 
 def module_layout(module: nn.Module) -> ModuleLayout:
     """The table's layout for the module's model type (read from module.config)."""
-    from kvtool.spec import build_spec
+    from kvtool.model.spec import build_spec
 
     config = getattr(module, "config", None)
     if config is None or not hasattr(config, "to_dict"):

@@ -7,10 +7,22 @@ v5: `rope_parameters`, flat ({"rope_type", "rope_theta", ...}) or nested per lay
 
 from __future__ import annotations
 
-from kvtool.layer_types import KNOWN_TYPES
-from kvtool.spec import RopeParams
+from dataclasses import dataclass
+
+from kvtool.model.layer_types import KNOWN_TYPES
 
 TYPE_KEYS = ("rope_type", "type")
+
+
+@dataclass
+class RopeParams:
+    """RoPE settings for one layer type, whichever config generation they came from."""
+
+    rope_type: str
+    theta: float | None
+    params: dict  # everything else (factor, original_max_position_embeddings, ...)
+    source: str  # "rope_scaling" | "rope_parameters" | "default"
+    path: str  # dotted config path of the dict, for findings
 
 
 def rope_type_of(d: dict) -> str:
@@ -112,7 +124,7 @@ def theta_of(spec, rp: RopeParams) -> float:
 
 def geometry_for(spec, rp: RopeParams):
     """Geometry (rotary dim, theta, lengths) of one layer type, or None when the dims are unknown."""
-    from kvtool.rope.types import Geometry
+    from kvtool.model.rope.types import Geometry
 
     hd, dim = spec.head_dim, spec.rotary_dim
     qk_rope = spec.get("qk_rope_head_dim")
@@ -137,7 +149,7 @@ def geometry_for(spec, rp: RopeParams):
 
 def _norm(d: dict, theta) -> dict:
     out = {k: v for k, v in d.items() if k not in ("type", "rope_type", "rope_theta", "partial_rotary_factor")}
-    from kvtool.rope.types import canonical
+    from kvtool.model.rope.types import canonical
 
     t = d.get("rope_type", d.get("type", "default"))
     out["rope_type"] = canonical(t) if isinstance(t, str) else t

@@ -59,7 +59,7 @@ def find_layers(model: nn.Module, layers_path: str | None = None) -> tuple[str, 
         if not isinstance(mod, nn.ModuleList):
             raise InputError(f"{layers_path} is a {type(mod).__name__}, not the list of decoder layers", field="layers")
         return layers_path, mod
-    from kvtool.kv_hooks import attention_modules
+    from kvtool.runtime.kv_hooks import attention_modules
 
     attn = {id(m) for m in attention_modules(model)}
     best: tuple[str, nn.ModuleList] | None = None
@@ -77,7 +77,7 @@ def _skeleton(src: Path, dtype: torch.dtype, attn: str | None):
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from kvtool.io.preflight import check_loadable
-    from kvtool.torch_utils import kv_cache_only_quantization, load_error
+    from kvtool.runtime.torch_utils import kv_cache_only_quantization, load_error
 
     check_loadable(src)
     try:
@@ -264,7 +264,7 @@ def _to_meta(module: nn.Module) -> None:
 def layerwise_problem(model, layers_path: str, reader) -> str | None:
     """Why the checkpoint cannot be read layer by layer into `model` (None when it can): every
     parameter must be stored under its module name with its shape, unquantized."""
-    from kvtool.torch_utils import kv_cache_only_quantization
+    from kvtool.runtime.torch_utils import kv_cache_only_quantization
 
     qc = getattr(model.config, "quantization_config", None)
     if qc is not None and not kv_cache_only_quantization(qc):
@@ -335,7 +335,7 @@ def _whole(src: Path, device, dtype, attn: str | None, layers_path: str | None, 
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from kvtool.io.preflight import check_loadable
-    from kvtool.torch_utils import kv_cache_only_quantization, load_error, quiet_transformers
+    from kvtool.runtime.torch_utils import kv_cache_only_quantization, load_error, quiet_transformers
 
     check_loadable(src)
     quiet_transformers()  # kvtool's own progress line is showing

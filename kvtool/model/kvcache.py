@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from kvtool.layer_types import KV_CACHE_TYPES
+from kvtool.model.layer_types import KV_CACHE_TYPES
 
 # Bytes per element for KV-cache dtype names (vLLM's --kv-cache-dtype values and torch names).
 KV_DTYPE_BYTES: dict[str, float] = {

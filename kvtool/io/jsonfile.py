@@ -7,7 +7,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvtool import inputfile
+from kvtool.io import inputfile
 from kvtool.errors import InputError
 
 MAX_JSON_BYTES = inputfile.JSON_LIMIT
@@ -38,7 +38,7 @@ class JsonDocument:
 
 
 def read_text(path: Path, *, what: str = "file", limit: int = MAX_JSON_BYTES) -> str:
-    """A regular UTF-8 file of at most `limit` bytes (kvtool.inputfile: FIFOs and devices are refused)."""
+    """A regular UTF-8 file of at most `limit` bytes (kvtool.io.inputfile: FIFOs and devices are refused)."""
     return inputfile.read_text(path, what=what, limit=limit)
 
 

@@ -1,7 +1,7 @@
 """The RoPE type table: one entry per rope_type that transformers or vLLM know.
 
 Each entry says which keys the type requires and accepts (shared by `kvtool lint`'s KV2xx rules
-and by `kvtool rope`), which function of kvtool/rope/freqs.py computes its inverse frequencies and
+and by `kvtool rope`), which function of kvtool/model/rope/freqs.py computes its inverse frequencies and
 attention scaling (numpy, loaded only when used; checked against transformers' ROPE_INIT_FUNCTIONS
 by the tests), how vLLM derives the served
 context from it, and which type-specific values are invalid. Aliases (`su`, `mrope`) map to the
@@ -78,9 +78,9 @@ class RopeKind:
 
 
 def _math(name: str) -> Callable:
-    """The numpy implementation in kvtool/rope/freqs.py, imported on first use: lint never loads numpy."""
+    """The numpy implementation in kvtool/model/rope/freqs.py, imported on first use: lint never loads numpy."""
     def call(params: dict, g: Geometry, seq_len: int | None = None):
-        from kvtool.rope import freqs
+        from kvtool.model.rope import freqs
 
         return getattr(freqs, name)(params, g, seq_len)
     call.__name__ = name

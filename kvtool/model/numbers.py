@@ -36,7 +36,7 @@ def _count(high: int, reason: str, low: int = 1) -> Bound:
     return Bound("int", low, high, reason)
 
 
-# Spec quantities (kvtool/spec.py names; the config keys come from the architecture tables).
+# Spec quantities (kvtool/model/spec.py names; the config keys come from the architecture tables).
 QUANTITY_BOUNDS: dict[str, Bound] = {
     "num_layers": _count(100_000, "per-layer tables and loops; public models have <= 126"),
     "num_heads": _count(64 * _K, "per-head loops in convert; public models have <= 128"),
@@ -205,7 +205,7 @@ def require_valid_numbers(spec, file: str) -> None:
         if name in LINT_ONLY:
             continue
         raise InputError(f"got {bad.got}; it must be {bad.need}", file=file, field=bad.key)
-    from kvtool.layer_types import layer_types_problems
+    from kvtool.model.layer_types import layer_types_problems
 
     key = spec.prefixed("layer_types")
     for _code, path, what in layer_types_problems(spec.config, key):
@@ -214,7 +214,7 @@ def require_valid_numbers(spec, file: str) -> None:
 
 def bounds_markdown() -> str:
     """The bounds as the Markdown table in docs/input-limits.md (a test keeps the page in step)."""
-    from kvtool.architectures import lookup
+    from kvtool.model.architectures import lookup
 
     generic = lookup(None).fields  # the common config keys of each quantity (architecture tables add aliases)
     rows = ["| value | config keys | kind | allowed | why |", "| --- | --- | --- | --- | --- |"]

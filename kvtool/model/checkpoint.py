@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvtool.errors import InputError
-from kvtool.jsonfile import JsonDocument, load_json_object
+from kvtool.io.jsonfile import JsonDocument, load_json_object
 from kvtool.io.weight_files import INDEX_NAME, PICKLE_SUFFIXES, ReaderProblem, is_inside, scan_weights
-from kvtool.safetensors_header import SafetensorsHeader, TensorInfo
+from kvtool.io.safetensors_header import SafetensorsHeader, TensorInfo
 
 __all__ = ["INDEX_NAME", "PICKLE_SUFFIXES", "Checkpoint", "ReaderProblem", "open_checkpoint"]
 
@@ -35,7 +35,7 @@ class Checkpoint:
     tokenizer_config: dict | None = None
     tokenizer_vocab_size: int | None = None
     hub: bool = False
-    # Git LFS pointer files standing where weights should be (kvtool.lfs); headers are then not read at all
+    # Git LFS pointer files standing where weights should be (kvtool.io.lfs); headers are then not read at all
     lfs_pointers: list = field(default_factory=list)
 
     @property
@@ -64,7 +64,7 @@ class Checkpoint:
     def require_pulled_weights(self) -> None:
         """InputError (exit 2) when the weights are Git LFS pointers: commands that read tensors stop here."""
         if self.lfs_pointers and self.root is not None:
-            from kvtool.lfs import refuse_pointers
+            from kvtool.io.lfs import refuse_pointers
 
             refuse_pointers(self.lfs_pointers, self.source)
 
@@ -122,7 +122,7 @@ def _open_folder(text: str, root: Path, read_weights: bool, read_side_files: boo
         ckpt.tokenizer_config = _optional_json(root / "tokenizer_config.json")
         ckpt.tokenizer_vocab_size = _tokenizer_size(root / "tokenizer.json")
     ckpt.pickle_files = sorted(p.name for p in root.iterdir() if p.suffix in PICKLE_SUFFIXES and p.is_file())
-    from kvtool.lfs import folder_pointers
+    from kvtool.io.lfs import folder_pointers
 
     # Git LFS pointers first: read as safetensors they look corrupt and would hide the real cause
     # (stat only, so commands that let transformers read the weights can say so too)

@@ -25,8 +25,8 @@ from kvtool.errors import InputError
 
 def schemas_dir() -> Path:
     """schemas/ in a source checkout, kvtool/_schemas in an installed wheel."""
-    here = Path(__file__).resolve().parent
-    for cand in (here.parent / "schemas", here / "_schemas"):
+    package = Path(__file__).resolve().parent.parent  # kvtool/
+    for cand in (package.parent / "schemas", package / "_schemas"):
         if cand.is_dir():
             return cand
     raise InputError("kvtool's schemas folder is missing from the installation")
@@ -50,7 +50,7 @@ FIELDS = (
 
 ATTENTION_KINDS = ("gqa", "mla")
 POSITIONS = ("rope", "alibi", "learned", "none")
-# Layer-type resolvers, tried in the order a table lists them (see kvtool/layer_types.py).
+# Layer-type resolvers, tried in the order a table lists them (see kvtool/model/layer_types.py).
 LAYER_RESOLVERS = (
     "layer_types", "sliding_window_pattern", "alternating", "max_window_layers", "max_window_layers_alternating",
     "sliding_if_window", "hybrid_override_pattern", "chunked_no_rope", "no_rope_sliding", "full_attention_interval",

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kvtool.checkpoint import open_checkpoint
+from kvtool.model.checkpoint import open_checkpoint
 from kvtool.errors import InputError
 from kvtool.rules import load_all
 from kvtool.rules.context import LintContext
 from kvtool.rules.registry import CHECKERS, SEVERITY_ORDER, Finding, LintOptions
-from kvtool.spec import build_spec
+from kvtool.model.spec import build_spec
 
 
 @dataclass
@@ -46,7 +46,7 @@ def lint_one(source: str, options: LintOptions) -> ModelReport:
         return ModelReport(model=source, error=exc.line())
     spec = build_spec(ckpt.config)
     if ckpt.headers:
-        from kvtool.architectures import fit_weight_names
+        from kvtool.model.architectures import fit_weight_names
 
         outer = ckpt.config.get("model_type") if spec.wrapper_key else None
         spec.arch = fit_weight_names(spec.arch, ckpt.tensors, outer if isinstance(outer, str) else None)
@@ -76,7 +76,7 @@ def _drop_schema_duplicates(findings: list[Finding]) -> list[Finding]:
 
 
 def kv_summary(spec) -> dict | None:
-    from kvtool import kvcache
+    from kvtool.model import kvcache
 
     if not spec.layer_types:
         return None

@@ -21,7 +21,7 @@ from fnmatch import fnmatch
 from pathlib import Path, PurePosixPath
 
 from kvtool.errors import UsageError
-from kvtool.inputfile import TOML_LIMIT, read_text
+from kvtool.io.inputfile import TOML_LIMIT, read_text
 
 _KEYS = {"select", "ignore", "strict", "tensor-parallel-size", "format", "per-file-ignores"}
 

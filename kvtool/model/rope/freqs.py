@@ -1,6 +1,6 @@
 """Inverse frequencies and attention scaling per RoPE type (numpy; no torch).
 
-One function per entry of kvtool/rope/types.py, each `(params, geometry, seq_len) -> (inv_freq,
+One function per entry of kvtool/model/rope/types.py, each `(params, geometry, seq_len) -> (inv_freq,
 attention_scaling)`, written from the formulas of transformers' modeling_rope_utils.py and vLLM's
 rotary embeddings; tests/rope/test_rope_types.py compares them with transformers' own functions.
 """
@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from kvtool.rope.types import Geometry
+    from kvtool.model.rope.types import Geometry
 
 
 def base_inv_freq(theta: float, dim: int) -> np.ndarray:

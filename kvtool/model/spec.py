@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvtool.architectures import Architecture, lookup
+from kvtool.model.architectures import Architecture, lookup
+from kvtool.model.rope.params import RopeParams, resolve_rope
 
 WRAPPER_KEYS = ("text_config", "language_config", "llm_config", "thinker_config")
 _MISSING = object()
@@ -32,17 +33,6 @@ class Resolved:
 
 
 @dataclass
-class RopeParams:
-    """RoPE settings for one layer type, whichever config generation they came from."""
-
-    rope_type: str
-    theta: float | None
-    params: dict  # everything else (factor, original_max_position_embeddings, ...)
-    source: str  # "rope_scaling" | "rope_parameters" | "default"
-    path: str  # dotted config path of the dict, for findings
-
-
-@dataclass
 class ModelSpec:
     arch: Architecture
     config: dict  # the text-model config (inner dict for multimodal wrappers)
@@ -53,7 +43,7 @@ class ModelSpec:
     layer_types: list[str] = field(default_factory=list)
     rope: dict[str, RopeParams] = field(default_factory=dict)  # layer type ("default" for all) -> params
     issues: list[tuple[str, str]] = field(default_factory=list)  # (dotted key, message)
-    # Numeric values outside kvtool.numbers' bounds (quantity name or "rope:<type>:<key>" -> problem);
+    # Numeric values outside kvtool.model.numbers' bounds (quantity name or "rope:<type>:<key>" -> problem);
     # the accessors below return None for them, so nothing computes with a NaN or 10^9 layers.
     invalid: dict = field(default_factory=dict)
 
@@ -63,7 +53,7 @@ class ModelSpec:
         return default if r is None or r.value is None else r.value
 
     def number(self, name: str) -> Any:
-        """A numeric value inside its bound, else None (kvtool.numbers reports why)."""
+        """A numeric value inside its bound, else None (kvtool.model.numbers reports why)."""
         return None if name in self.invalid else self.get(name)
 
     def key(self, name: str) -> str | None:
@@ -185,7 +175,7 @@ def build_spec(full_config: dict) -> ModelSpec:
     config, wrapper = unwrap(full_config)
     model_type = config.get("model_type") if isinstance(config.get("model_type"), str) else None
     if wrapper and model_type is None:
-        from kvtool.architectures import wrapper as wrapper_table
+        from kvtool.model.architectures import wrapper as wrapper_table
 
         outer = full_config.get("model_type") if isinstance(full_config.get("model_type"), str) else None
         wt = wrapper_table(outer)
@@ -194,9 +184,8 @@ def build_spec(full_config: dict) -> ModelSpec:
     spec = ModelSpec(arch=arch, config=config, full_config=full_config, wrapper_key=wrapper, model_type=model_type)
     for name in arch.fields:
         spec.values[name] = _resolve(spec, name, set())
-    from kvtool.layer_types import resolve_layer_types
-    from kvtool.numbers import invalid_quantities, invalid_rope
-    from kvtool.rope.params import resolve_rope
+    from kvtool.model.layer_types import resolve_layer_types
+    from kvtool.model.numbers import invalid_quantities, invalid_rope
 
     spec.invalid = invalid_quantities(spec)  # before anything derives from the values
     spec.layer_types = resolve_layer_types(spec)

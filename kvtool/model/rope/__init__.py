@@ -1,0 +1,1 @@
+"""RoPE knowledge: the type table, inverse frequencies, config layouts (no torch)."""
