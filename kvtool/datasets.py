@@ -17,8 +17,19 @@ from pathlib import Path
 from kvtool.errors import UsageError
 
 BUILTIN = "pydoc"
-# --calib-dataset choices: the built-in text, or a `datasets` corpus's train split (network, `pip install datasets`)
-CALIBRATION_DATASETS = ("pydoc", "wikitext2", "wikitext103")
+# Text the model being converted writes itself (kvtool.convert.aware.selftext); only a command that has the
+# model loaded can produce it (convert --method aware), so the others refuse it.
+MODEL_WRITTEN = "self"
+# --calib-dataset choices: name -> the sources it mixes, in equal shares of the calibration tokens. A source is
+# the built-in text, a `datasets` corpus's train split (network, `pip install datasets`) or MODEL_WRITTEN.
+CALIBRATION_MIXES = {
+    "pydoc": ("pydoc",),
+    "self": (MODEL_WRITTEN,),
+    "pydoc+self": ("pydoc", MODEL_WRITTEN),
+    "wikitext2": ("wikitext2",),
+    "wikitext103": ("wikitext103",),
+}
+CALIBRATION_DATASETS = tuple(CALIBRATION_MIXES)
 CALIBRATION_LABEL = "builtin:pydoc_data.topics (calibration part)"
 
 
@@ -65,18 +76,34 @@ def check_calibration_source(files, dataset: str | None) -> None:
                          field="--calib-dataset")
 
 
-def calibration_texts(dataset: str | None, option: str = "--calib-dataset") -> tuple[list[str], str]:
-    """([text], label) of a --calib-dataset (None: the built-in pydoc calibration part)."""
+def calibration_parts(dataset: str | None, option: str = "--calib-dataset") -> tuple[str, ...]:
+    """The sources a --calib-dataset mixes (None: the built-in pydoc calibration part)."""
     name = dataset or BUILTIN
-    if name == BUILTIN:
-        return [calibration_text()], CALIBRATION_LABEL
-    if name not in CALIBRATION_DATASETS:
+    if name not in CALIBRATION_MIXES:
         raise UsageError(f"unknown dataset {name!r}; known: {', '.join(CALIBRATION_DATASETS)}", field=option)
+    return CALIBRATION_MIXES[name]
+
+
+def source_text(source: str, option: str = "--calib-dataset") -> tuple[str, str]:
+    """(text, label) of one text source of a mix (not MODEL_WRITTEN, which needs the model)."""
+    if source == BUILTIN:
+        return calibration_text(), CALIBRATION_LABEL
     from dataclasses import replace
 
     from kvtool.eval.texts import DATASETS, load_hub
 
-    return [load_hub(replace(DATASETS[name], split="train"), name, option)], f"{name} (train split)"
+    return load_hub(replace(DATASETS[source], split="train"), source, option), f"{source} (train split)"
+
+
+def calibration_texts(dataset: str | None, option: str = "--calib-dataset") -> tuple[list[str], str]:
+    """([text], label) of a --calib-dataset made of texts only (None: the built-in pydoc calibration part);
+    a mix with model-written text is refused (the caller has no model to write it)."""
+    parts = calibration_parts(dataset, option)
+    if MODEL_WRITTEN in parts:
+        raise UsageError(f"dataset {dataset!r} is text the model writes itself, which only convert --method aware "
+                         "can produce; use --calib-dataset pydoc or --calib-text FILE", field=option)
+    texts, labels = zip(*(source_text(p, option) for p in parts))
+    return list(texts), " + ".join(labels)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -61,3 +61,13 @@ def test_testing_text_is_the_same_module():
     from kvtool.testing import text
 
     assert text.write_text_files is write_text_files and text.evaluation_text is evaluation_text
+
+
+def test_mixes_name_their_sources_and_model_written_text_needs_the_model():
+    from kvtool.datasets import MODEL_WRITTEN, calibration_parts
+
+    assert calibration_parts(None) == ("pydoc",) and calibration_parts("pydoc+self") == ("pydoc", MODEL_WRITTEN)
+    check_calibration_source(None, "self")  # a known name
+    with pytest.raises(UsageError, match="only convert --method aware") as info:
+        calibration_texts("pydoc+self")  # quantize-kv has no model to write it
+    assert info.value.field == "--calib-dataset"

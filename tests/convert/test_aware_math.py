@@ -79,3 +79,42 @@ def test_refinement_lowers_the_calibration_loss_with_shared_positions():
     target = head_contexts(inp, src, H, HD) @ src.o.T
     new, before, after = refine(inp, start, target, num_heads=H, head_dim=HD, steps=30)
     assert after < before and new.k.shape == start.k.shape
+
+
+def _refine_case(batch=4, seed=0):
+    inp, g = _inputs(seed=seed)
+    x = torch.randn(batch, T, D, generator=g, dtype=torch.float64).float()
+    inp = LayerInputs(x, inp.cos[:1].float(), inp.sin[:1].float(), inp.scaling)
+    src = Proj(*(torch.randn(s, generator=g) * 0.3 for s in ((H * HD, D), (KV * HD, D), (KV * HD, D), (D, H * HD))))
+    start, _ = merge_layer(inp, src, MergeSettings(H, KV, 1, HD, o_ridge=None))
+    return inp, start, head_contexts(inp, src, H, HD) @ src.o.T
+
+
+def test_held_out_sequences_are_not_trained_on():
+    from kvtool.convert.aware.refine import refine
+
+    inp, start, target = _refine_case()
+    stats: dict = {}
+    held_out, _, _ = refine(inp, start, target, num_heads=H, head_dim=HD, steps=6, holdout_every=2, check_every=6,
+                            stats=stats)
+    train = LayerInputs(inp.x[[0, 2]], inp.cos, inp.sin, inp.scaling)  # rows 1 and 3 are held out
+    plain, _, _ = refine(train, start, target[[0, 2]], num_heads=H, head_dim=HD, steps=6)
+    if stats["best_step"] == 6:
+        assert torch.allclose(held_out.k, plain.k) and torch.allclose(held_out.q, plain.q)
+    else:  # the steps did not help the held-out rows: the start comes back
+        assert stats["best_step"] == 0 and torch.equal(held_out.k, start.k)
+    assert stats["holdout_best"] <= stats["holdout_start"]
+
+
+def test_early_stopping_keeps_the_best_held_out_step():
+    from kvtool.convert.aware.refine import refine
+
+    inp, start, target = _refine_case()
+    stats: dict = {}
+    # a step size that overshoots: the held-out loss rises, and the start (or an early check) is kept
+    new, before, after = refine(inp, start, target, num_heads=H, head_dim=HD, steps=24, lr=3.0, holdout_every=2,
+                                check_every=4, stats=stats)
+    assert stats["holdout_best"] <= stats["holdout_start"] and stats["best_step"] < 24
+    ok, _, _ = refine(inp, start, target, num_heads=H, head_dim=HD, steps=24, holdout_every=2, check_every=4,
+                      stats=(good := {}))
+    assert good["best_step"] > 0 and good["holdout_best"] < good["holdout_start"]

@@ -10,6 +10,7 @@ and one layer's activations over the calibration batch.
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator
 
@@ -117,6 +118,44 @@ def run_layerwise(lm: "LayerwiseModel", ids: torch.Tensor, layer_fn: LayerFn, nu
                                      field="architectures")
             calls[i] = None  # this layer's mask / position embeddings are no longer needed
             h = h_next
+
+
+@dataclass(frozen=True)
+class Source:
+    """One part of the calibration set: a text, or (text None) what the model writes itself."""
+
+    text: str | None
+    label: str
+
+
+def calibration_sources(path: str | Path | None, dataset: str | None = None) -> list[Source]:
+    """--calib-text, else the parts of the --calib-dataset (default: the built-in pydoc calibration part)."""
+    if path is not None:
+        text, label = read_text(path)
+        return [Source(text, label)]
+    from kvtool.datasets import MODEL_WRITTEN, calibration_parts, source_text
+
+    return [Source(None, "written by the model itself (kvtool.convert.aware.selftext)") if part == MODEL_WRITTEN
+            else Source(*source_text(part)) for part in calibration_parts(dataset)]
+
+
+def calibration_batch(tokenizer, sources: list[Source], tokens: int, seq_len: int,
+                      write: Callable[[int, int], torch.Tensor]) -> torch.Tensor:
+    """[n, seq_len] ids, the sources in equal shares of whole sequences (the first ones get the remainder).
+    A text source gives its first tokens (calibration_ids); write(rows, seq_len) the model-written ones."""
+    seq_len = min(seq_len, tokens)
+    rows = max(1, tokens // max(seq_len, 1))
+    k = len(sources)
+    shares = [rows // k + (1 if i < rows % k else 0) for i in range(k)]
+    parts = []
+    for src, n in zip(sources, shares):
+        if n == 0:
+            continue
+        if src.text is None:
+            parts.append(write(n, seq_len))
+        else:
+            parts.append(calibration_ids(tokenizer, src.text, n * seq_len, seq_len, src.label))
+    return torch.cat(parts)
 
 
 def read_text(path: str | Path | None, dataset: str | None = None) -> tuple[str, str]:

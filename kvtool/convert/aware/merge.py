@@ -24,6 +24,7 @@ class MergeSettings:
     grouping: str = "contiguous"  # contiguous | similarity
     o_ridge: float | None = 2.0  # None: keep the folded o_proj (no least-squares refit)
     refine_steps: int = 0
+    refine_holdout: int = 0  # > 1: every k-th calibration sequence picks the refinement step (refine.refine)
 
 
 @dataclass
@@ -31,6 +32,7 @@ class LayerReport:
     order: list[int]  # KV head order used (identity for contiguous)
     err_merged: float  # relative squared error of the attention output after the closed-form merge
     err_final: float  # ... after the o refit / refinement
+    best_step: int | None = None  # refinement step kept (held-out early stopping)
 
 
 def _split(w: torch.Tensor, keep_bias: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -72,16 +74,19 @@ def merge_layer(inp: LayerInputs, src: Proj, s: MergeSettings,
     if s.o_ridge is not None:
         new.o = refit_o(ctx, o_target, new.o, s.o_ridge)
     err_final = _rel_err(ctx @ new.o.T, o_target)
+    best_step = None
     if on_step is not None:
         on_step()
     if s.refine_steps:
         target = o_target if src.o_bias is None else o_target + src.o_bias
+        stats: dict = {}
         new, _, _ = refine(x32, new, target.to(torch.float32), num_heads=H, head_dim=hd, steps=s.refine_steps,
-                           on_step=on_step)
+                           holdout_every=s.refine_holdout, on_step=on_step, stats=stats)
+        best_step = stats.get("best_step")
         new = new.to(torch.float64)
         # refinement moved q/k/v: re-solve o_proj on all calibration tokens for the new contexts
         ctx = head_contexts(x32, new.to(torch.float32), H, hd).to(torch.float64)
         if s.o_ridge is not None:
             new.o = refit_o(ctx, o_target, new.o, s.o_ridge)
         err_final = _rel_err(ctx @ new.o.T, o_target)
-    return new.to(torch.float32), LayerReport(order, err_merged, err_final)
+    return new.to(torch.float32), LayerReport(order, err_merged, err_final, best_step)

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
 GROUPINGS = ("contiguous", "similarity")
 DEFAULTS = {"calib_text": None, "calib_dataset": None, "calib_tokens": 4096, "refine_steps": 0,
-            "grouping": "contiguous", "seq_len": None, "o_ridge": 2.0, "layerwise": True}
+            "grouping": "contiguous", "seq_len": None, "o_ridge": 2.0, "layerwise": True, "refine_holdout": 0}
 # Calibration sequence length when not given. Measured on SmolLM2 MQA (4096 tokens, 2047 held-out tokens in
 # windows of 1024): the closed-form merge is best on short sequences (more sequence starts: 3.43x at 256, 3.75x
 # at 512), refinement on long ones, whose attention spans what serving sees (64 steps: 2.17x at 256, 2.06x at
@@ -68,7 +68,7 @@ class AwareMerge(MergeMethod):
                              field="--grouping")
         if s["seq_len"] is None:
             s["seq_len"] = SEQ_LEN_REFINE if s["refine_steps"] else SEQ_LEN_CLOSED_FORM
-        for name, low in (("calib_tokens", 2), ("refine_steps", 0), ("seq_len", 2)):
+        for name, low in (("calib_tokens", 2), ("refine_steps", 0), ("seq_len", 2), ("refine_holdout", 0)):
             if not isinstance(s[name], int) or s[name] < low:
                 raise UsageError(f"{name.replace('_', '-')} must be an integer >= {low}, got {s[name]!r}",
                                  field="--" + name.replace("_", "-"))
@@ -93,20 +93,37 @@ class AwareMerge(MergeMethod):
             bar.set_note("importing torch and transformers")
             import torch
 
-            from kvtool.convert.aware.calibration import calibration_ids, read_text, run_layerwise
+            from kvtool.convert.aware.calibration import calibration_batch, calibration_sources, run_layerwise
             from kvtool.convert.aware.merge import MergeSettings, merge_layer
             from kvtool.runtime.layerwise import describe, open_layerwise, release_free_memory
             from kvtool.runtime.torch_utils import load_tokenizer
 
             bar.set_note("reading the calibration text")
-            text, label = read_text(s["calib_text"], s["calib_dataset"])
+            sources = calibration_sources(s["calib_text"], s["calib_dataset"])
             device = torch.device(job.device or "cpu")
-            ids = calibration_ids(load_tokenizer(job.src), text, s["calib_tokens"], s["seq_len"], label)
+            tokenizer = load_tokenizer(job.src)
+            written: dict = {}
+
+            def write(rows, seq_len):
+                from kvtool.convert.aware.selftext import Sampling, write_calibration
+
+                bar.set_note(f"the model writes {rows} calibration sequences of {seq_len} tokens")
+                t1 = time.perf_counter()
+                out = write_calibration(job.src, tokenizer, rows, seq_len, device=device, sampling=Sampling(),
+                                        on_batch=lambda done: bar.set_note(f"written {done}/{rows} sequences"))
+                written.update(rows=rows, seconds=round(time.perf_counter() - t1, 2), sampling=vars(Sampling()))
+                return out
+
+            ids = calibration_batch(tokenizer, sources, s["calib_tokens"], s["seq_len"], write)
+            text = "\n\n".join(src.text for src in sources if src.text is not None)
+            label = " + ".join(src.label for src in sources)
+            del tokenizer
             release_free_memory()  # the tokenizer (~100 MB for a 49k vocabulary) is gone before the model comes
             spec = job.spec
             settings = MergeSettings(num_heads=spec.num_heads, num_kv_heads=spec.num_kv_heads,
                                      groups=job.target_groups, head_dim=spec.head_dim, grouping=s["grouping"],
-                                     o_ridge=s["o_ridge"], refine_steps=s["refine_steps"])
+                                     o_ridge=s["o_ridge"], refine_steps=s["refine_steps"],
+                                     refine_holdout=s["refine_holdout"])
             reports = {}
             bar.set_note(f"building the model, {ids.numel()} calibration tokens")
             with sigterm_as_interrupt(), open_layerwise(job.src, device=device, dtype=torch.float32,
@@ -137,11 +154,15 @@ class AwareMerge(MergeMethod):
         errs = [reports[k].err_final for k in sorted(reports)]
         self._info = {
             "calib_text": label, "calib_text_sha256": hashlib.sha256(text.encode("utf-8")).hexdigest(),
+            "calib_ids_sha256": hashlib.sha256(ids.numpy().astype("<i8").tobytes()).hexdigest(),
             "calib_tokens": int(ids.numel()), "seq_len": int(ids.shape[1]), "refine_steps": s["refine_steps"],
             "grouping": s["grouping"], "o_ridge": s["o_ridge"],
+            **({"refine_holdout": s["refine_holdout"],
+                "refine_best_steps": [reports[k].best_step for k in sorted(reports)]} if s["refine_holdout"] else {}),
             "kv_order": {str(k): r.order for k, r in sorted(reports.items()) if r.order != sorted(r.order)},
             "attention_rel_err_mean": sum(errs) / max(len(errs), 1), "attention_rel_err_max": max(errs, default=0.0),
             "calibration_seconds": round(time.perf_counter() - t0, 2),
+            **({"self_written": written} if written else {}),
             "calibration_model": held,
         }
 
