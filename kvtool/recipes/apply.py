@@ -118,31 +118,26 @@ def run_lint_step(ctx: RunContext, step: Step) -> StepResult:
                       details=details)
 
 
-def rope_args(options: dict, recipe: Recipe):
-    """RopeArgs for a recipe's rope step (file options resolved relative to the recipe)."""
-    from kvtool.rope.command import RopeArgs
+def rope_options(options: dict, recipe: Recipe, **given):
+    """RopeOptions for a recipe's rope step (file options resolved relative to the recipe)."""
+    from kvtool.options.fields import from_recipe
+    from kvtool.options.rope import RopeOptions
 
-    o = dict(options)
-    extra = {k: o[k] for k in ("beta_fast", "beta_slow", "attention_factor", "low_freq_factor", "high_freq_factor") if k in o}
-    return RopeArgs(
-        src="", rope_type=o["type"], factor=o.get("factor"), target_context=o.get("target_context"),
-        original=o.get("original_max_position_embeddings"), theta=o.get("theta"), options=extra,
-        short_factor_file=str(recipe.resolve(o["short_factor_file"])) if "short_factor_file" in o else None,
-        long_factor_file=str(recipe.resolve(o["long_factor_file"])) if "long_factor_file" in o else None,
-        layer_type=o.get("layer_type", "full_attention"), layout=o.get("layout", "both"))
+    o = from_recipe(RopeOptions, options, **{"src": "", **given})
+    for name in ("short_factor_file", "long_factor_file"):
+        if getattr(o, name) is not None:
+            setattr(o, name, str(recipe.resolve(getattr(o, name))))
+    return o
 
 
 def run_rope_step(ctx: RunContext, step: Step) -> StepResult:
-    import contextlib
     import sys
 
     from kvtool.rope.command import run
 
-    args = rope_args(step.options, ctx.recipe)
     out = ctx.new_folder(step)
-    args.src, args.dst = str(ctx.current), str(out)
-    with contextlib.redirect_stdout(sys.stderr):  # keep stdout for the report
-        run(args)
+    opts = rope_options(step.options, ctx.recipe, src=str(ctx.current), dst=str(out))
+    run(opts, echo=lambda line: print(line, file=sys.stderr))  # keep stdout for the report
     cfg = open_checkpoint(out, read_weights=False).config
     spec = build_spec(cfg)
     return StepResult(step.index, step.kind, dict(step.options), str(out),

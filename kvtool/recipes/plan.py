@@ -12,7 +12,7 @@ import copy
 from dataclasses import dataclass, field
 from typing import Callable
 
-from kvtool.errors import UsageError
+from kvtool.errors import KvtoolError, UsageError
 from kvtool.io.inputfile import not_regular
 from kvtool.recipes.load import Recipe, Step
 from kvtool.model.spec import build_spec
@@ -25,9 +25,17 @@ class PlanState:
     notes: list[str] = field(default_factory=list)
 
 
-def _fail(recipe: Recipe, step: Step, message: str) -> UsageError:
+def _fail(recipe: Recipe, step: Step, message: str, cause: KvtoolError | None = None) -> UsageError:
+    """The step's error, naming the recipe key when `cause` names an options field (steps[0].rope.factor)."""
+    where = f"steps[{step.index - 1}].{step.kind}"
+    if cause is not None and cause.option and not cause.field:
+        from kvtool.options.fields import OPERATIONS, recipe_key_of
+
+        cls = OPERATIONS.get(step.kind)
+        if cls is not None:
+            where += "." + recipe_key_of(cls, cause.option)
     return UsageError(f"line {step.line}: step {step.index} ({step.kind}): {message}", file=str(recipe.path),
-                      field=f"steps[{step.index - 1}].{step.kind}")
+                      field=where)
 
 
 def _text_paths(recipe: Recipe, step: Step, section: dict | None, *, required: bool) -> None:
@@ -78,15 +86,13 @@ def plan_rope(recipe: Recipe, step: Step, state: PlanState) -> str:
     if spec.position != "rope":
         raise _fail(recipe, step, f"the model uses {spec.position} positions, not RoPE")
     from kvtool.errors import InputError
-    from kvtool.recipes.apply import rope_args
+    from kvtool.recipes.apply import rope_options
     from kvtool.rope.apply import plan_rope
-    from kvtool.rope.command import request_from_args
 
     try:
-        req = request_from_args(rope_args(step.options, recipe))
-        state.config = plan_rope(spec, req, source=str(recipe.path)).config
+        state.config = plan_rope(spec, rope_options(step.options, recipe), source=str(recipe.path)).config
     except (UsageError, InputError) as exc:
-        raise _fail(recipe, step, exc.message) from None
+        raise _fail(recipe, step, exc.message, exc) from None
     o = step.options
     size = f"factor {o['factor']}" if "factor" in o else (f"target context {o['target_context']}" if "target_context" in o else "")
     return f"{o['type']} {size}".strip()
