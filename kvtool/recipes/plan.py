@@ -29,11 +29,12 @@ def _fail(recipe: Recipe, step: Step, message: str, cause: KvtoolError | None = 
     """The step's error, naming the recipe key when `cause` names an options field (steps[0].rope.factor)."""
     where = f"steps[{step.index - 1}].{step.kind}"
     if cause is not None and cause.option and not cause.field:
-        from kvtool.options.fields import OPERATIONS, recipe_key_of
+        from kvtool.options.fields import OPERATIONS, field_named
 
         cls = OPERATIONS.get(step.kind)
-        if cls is not None:
-            where += "." + recipe_key_of(cls, cause.option)
+        f = field_named(cls, cause.option) if cls is not None else None
+        if f is not None and f.recipe_key:
+            where += "." + f.recipe_key
     return UsageError(f"line {step.line}: step {step.index} ({step.kind}): {message}", file=str(recipe.path),
                       field=where)
 
@@ -105,11 +106,11 @@ def plan_quantize_kv(recipe: Recipe, step: Step, state: PlanState) -> str:
     if spec.is_mla:
         raise _fail(recipe, step, "MLA models cache a latent, not per-head K/V; FP8 KV scales for MLA are not supported")
     _text_paths(recipe, step, step.options.get("calibration"), required=True)
-    from kvtool.quantize.run import QuantizeOptions  # no torch at import
+    from kvtool.options.fields import from_recipe
+    from kvtool.options.quantize_kv import QuantizeOptions
 
-    default = QuantizeOptions(calib_texts=[])
-    return (f"FP8 KV scales ({step.options.get('strategy', default.strategy)}, "
-            f"observer {step.options.get('observer', default.observer)})")
+    o = from_recipe(QuantizeOptions, step.options, src="", dst="")
+    return f"FP8 KV scales ({o.strategy}, observer {o.observer})"
 
 
 def plan_lint(recipe: Recipe, step: Step, state: PlanState) -> str:
