@@ -75,6 +75,12 @@ def fill(text: str, cmd: str, cls) -> str:
     return pattern.sub(lambda _m: _block(cmd, cls), text, count=1)
 
 
+def obsolete(docs: Path = DOCS) -> list[Path]:
+    """docs/options.md once every command's page holds its own table."""
+    page = docs / FALLBACK
+    return [page] if page.exists() and page not in expected(docs) else []
+
+
 def expected(docs: Path = DOCS) -> dict[Path, str]:
     """Every docs file holding option tables, as the declarations say it should read."""
     from kvtool.options import load_all

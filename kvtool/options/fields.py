@@ -13,6 +13,7 @@ Library code raises errors that name fields (`UsageError(..., option="groups")`)
 from __future__ import annotations
 
 import dataclasses
+import types
 import typing
 from dataclasses import MISSING
 from typing import Any
@@ -37,7 +38,7 @@ class Spec:
     recipe: str | bool = True  # the recipe key ("calibration.tokens" nests), True: the name, False: not in recipes
     recipe_required: bool = False
     schema: dict | None = None  # the recipe value's JSON schema, when the type alone does not say it
-    cli: bool = True  # False: a recipe-only key (e.g. a calibration dataset section)
+    cli: bool = True  # False: no flag (a library-only setting, e.g. quantize-kv's layerwise)
     metavar: str | None = None
     show_default: bool = True
 
@@ -77,7 +78,7 @@ class Field:
         """int for `int | None`, str for `list[str]`."""
         t = self.type
         args = [a for a in typing.get_args(t) if a is not type(None)]
-        if typing.get_origin(t) in (typing.Union, getattr(__import__("types"), "UnionType", None)) and len(args) == 1:
+        if typing.get_origin(t) in (typing.Union, types.UnionType) and len(args) == 1:
             t = args[0]
         if typing.get_origin(t) in (list, tuple):
             t = typing.get_args(t)[0]
