@@ -22,8 +22,8 @@ def _cell(text: str) -> str:
 
 
 def _type(f: Field) -> str:
-    if f.spec.choices:
-        return " \\| ".join(f"`{c}`" for c in f.spec.choices)
+    if f.choices:
+        return " \\| ".join(f"`{c}`" for c in f.choices)
     t = _TYPES.get(f.base_type, f.base_type.__name__)
     return f"{t} (repeatable)" if f.spec.repeatable or f.is_list else t
 

@@ -16,7 +16,7 @@ import dataclasses
 import types
 import typing
 from dataclasses import MISSING
-from typing import Any
+from typing import Any, Callable, Sequence
 
 _KEY = "kvtool"
 
@@ -31,7 +31,9 @@ class Spec:
     short: str | None = None  # e.g. "-g"
     negatable: bool = False  # --eval/--no-eval
     repeatable: bool = False  # --text A --text B
-    choices: tuple[str, ...] | None = None  # documented and in the recipe schema (the library checks them)
+    # documented and in the recipe schema (the library checks them); a function when a registry holds them
+    # (RoPE types, merge methods): called only when the schema or docs are built, never at import
+    choices: tuple[str, ...] | Callable[[], Sequence[str]] | None = None
     minimum: float | None = None  # recipe schema bound (the library checks the CLI value)
     exclusive_minimum: float | None = None
     maximum: float | None = None
@@ -51,6 +53,16 @@ class Field:
     type: Any  # the resolved annotation, e.g. int | None, list[str]
     default: Any  # MISSING when required
     spec: Spec
+
+    @property
+    def choices(self) -> tuple[str, ...] | None:
+        c = self.spec.choices
+        return tuple(c()) if callable(c) else c
+
+    @property
+    def registry_choices(self) -> bool:
+        """The choices come from a registry: the committed schema leaves them to be filled in at load."""
+        return callable(self.spec.choices)
 
     @property
     def required(self) -> bool:
