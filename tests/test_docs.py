@@ -1,5 +1,6 @@
-"""The docs hold together: relative links resolve, each command has its page with an Options section, the README
-stays short and keeps the Quick start CI relies on, and the docs index lists every page."""
+"""The docs hold together: relative links in README.md, docs/*.md and bench/README.md resolve (file and anchor),
+each command has its page with an Options section, the README stays short and keeps the Quick start CI relies on,
+and the docs index lists every page."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), REPO / "bench" / "README.md"]
 COMMANDS = ["lint", "kv-budget", "convert", "rope", "quantize-kv", "eval", "apply"]
 LINK = re.compile(r"!?\[([^\]]*)\]\(([^)\s]+)\)")
 
@@ -69,7 +70,7 @@ def test_every_relative_link_points_at_an_existing_file_and_anchor(page: Path) -
 
 
 def test_the_link_check_sees_links_and_anchors() -> None:
-    readme = dict((t, n) for n, t in links(REPO / "README.md"))
+    readme = {t for _, t in links(REPO / "README.md")}
     assert "docs/lint.md" in readme and "docs/README.md" in readme
     assert "#how-the-numbers-are-computed" in {t for _, t in links(REPO / "docs" / "kv-budget.md")}
     assert "staging-folders" in anchors(REPO / "docs" / "exit-codes.md")
