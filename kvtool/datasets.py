@@ -70,21 +70,21 @@ def write_text_files(folder: str | Path) -> tuple[Path, Path]:
 def check_calibration_source(files, dataset: str | None) -> None:
     """--calib-text and --calib-dataset exclude each other; the dataset must be one kvtool knows."""
     if files and dataset:
-        raise UsageError("give --calib-text or --calib-dataset, not both", field="--calib-dataset")
+        raise UsageError("give --calib-text or --calib-dataset, not both", option="calib_dataset")
     if dataset is not None and dataset not in CALIBRATION_DATASETS:
         raise UsageError(f"unknown dataset {dataset!r}; known: {', '.join(CALIBRATION_DATASETS)}",
-                         field="--calib-dataset")
+                         option="calib_dataset")
 
 
-def calibration_parts(dataset: str | None, option: str = "--calib-dataset") -> tuple[str, ...]:
+def calibration_parts(dataset: str | None, option: str = "calib_dataset") -> tuple[str, ...]:
     """The sources a --calib-dataset mixes (None: the built-in pydoc calibration part)."""
     name = dataset or BUILTIN
     if name not in CALIBRATION_MIXES:
-        raise UsageError(f"unknown dataset {name!r}; known: {', '.join(CALIBRATION_DATASETS)}", field=option)
+        raise UsageError(f"unknown dataset {name!r}; known: {', '.join(CALIBRATION_DATASETS)}", option=option)
     return CALIBRATION_MIXES[name]
 
 
-def source_text(source: str, option: str = "--calib-dataset") -> tuple[str, str]:
+def source_text(source: str, option: str = "calib_dataset") -> tuple[str, str]:
     """(text, label) of one text source of a mix (not MODEL_WRITTEN, which needs the model)."""
     if source == BUILTIN:
         return calibration_text(), CALIBRATION_LABEL
@@ -95,13 +95,13 @@ def source_text(source: str, option: str = "--calib-dataset") -> tuple[str, str]
     return load_hub(replace(DATASETS[source], split="train"), source, option), f"{source} (train split)"
 
 
-def calibration_texts(dataset: str | None, option: str = "--calib-dataset") -> tuple[list[str], str]:
+def calibration_texts(dataset: str | None, option: str = "calib_dataset") -> tuple[list[str], str]:
     """([text], label) of a --calib-dataset made of texts only (None: the built-in pydoc calibration part);
     a mix with model-written text is refused (the caller has no model to write it)."""
     parts = calibration_parts(dataset, option)
     if MODEL_WRITTEN in parts:
         raise UsageError(f"dataset {dataset!r} is text the model writes itself, which only convert --method aware "
-                         "can produce; use --calib-dataset pydoc or --calib-text FILE", field=option)
+                         "can produce; use --calib-dataset pydoc or --calib-text FILE", option=option)
     texts, labels = zip(*(source_text(p, option) for p in parts))
     return list(texts), " + ".join(labels)
 
