@@ -70,4 +70,4 @@ def test_mixes_name_their_sources_and_model_written_text_needs_the_model():
     check_calibration_source(None, "self")  # a known name
     with pytest.raises(UsageError, match="only convert --method aware") as info:
         calibration_texts("pydoc+self")  # quantize-kv has no model to write it
-    assert info.value.field == "--calib-dataset"
+    assert info.value.option == "calib_dataset"
