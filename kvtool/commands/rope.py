@@ -6,6 +6,8 @@ from typing import Optional
 
 import typer
 
+from kvtool.model.rope.types import applicable_types
+
 
 def register(app: typer.Typer) -> None:
     @app.command("rope", help="Apply, verify and explain RoPE scaling (yarn, llama3, longrope, linear, dynamic); "
@@ -13,7 +15,7 @@ def register(app: typer.Typer) -> None:
     def rope(
         src: str = typer.Argument(..., help="Model folder, config.json, or hub id (hub: --show only)."),
         dst: Optional[str] = typer.Argument(None, help="Output folder (new config.json, other files copied); required unless --in-place or --show (preview)."),
-        rope_type: Optional[str] = typer.Option(None, "--type", help="linear | dynamic | yarn | longrope | llama3"),
+        rope_type: Optional[str] = typer.Option(None, "--type", help=" | ".join(applicable_types())),
         factor: Optional[float] = typer.Option(None, "--factor", help="Scaling factor (>= 1)."),
         target_context: Optional[int] = typer.Option(None, "--target-context", help="Target context N: factor = N / original length."),
         original: Optional[int] = typer.Option(None, "--original-max-position-embeddings", help="Pre-scaling context (default: from the config)."),

@@ -21,6 +21,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from kvtool.errors import InputError
+from kvtool.model.layer_types import RESOLVERS
 
 
 def schemas_dir() -> Path:
@@ -50,12 +51,6 @@ FIELDS = (
 
 ATTENTION_KINDS = ("gqa", "mla")
 POSITIONS = ("rope", "alibi", "learned", "none")
-# Layer-type resolvers, tried in the order a table lists them (see kvtool/model/layer_types.py).
-LAYER_RESOLVERS = (
-    "layer_types", "sliding_window_pattern", "alternating", "max_window_layers", "max_window_layers_alternating",
-    "sliding_if_window", "hybrid_override_pattern", "chunked_no_rope", "no_rope_sliding", "full_attention_interval",
-    "all_full",
-)
 # Fused QKV row layouts (kvtool/convert/fused.py splits them): concat = [q | k | v] (phi3, mpt, dbrx);
 # falcon = per KV group [q x H/KV, k, v] (falcon, InternLM2 wqkv); bloom / neox = per head [q, k, v];
 # bigcode = concat with one KV head, per head otherwise.
@@ -178,7 +173,7 @@ def _validate(data: dict, file: str) -> Architecture:
     if not (isinstance(rw, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in rw.items())):
         _fail(file, "attention.rope_rewrites must map rope type names to rope type names")
     for r in attn.get("layer_types", []):
-        if r not in LAYER_RESOLVERS:
+        if r not in RESOLVERS:
             _fail(file, f"attention.layer_types: unknown resolver {r!r}")
     w = data["weights"]
     if set(w) - _WEIGHT_KEYS:

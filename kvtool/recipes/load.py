@@ -87,10 +87,21 @@ def _validator():
     import jsonschema
 
     schema = json.loads((schemas_dir() / "recipe.schema.json").read_text(encoding="utf-8"))
+    _registered_choices(schema)
     # JSON Schema counts 1.0 as an integer; a recipe's counts go to range() and reshape, so only ints are
     checker = jsonschema.Draft202012Validator.TYPE_CHECKER.redefine(
         "integer", lambda _c, v: isinstance(v, int) and not isinstance(v, bool))
     return jsonschema.validators.extend(jsonschema.Draft202012Validator, type_checker=checker)(schema)
+
+
+def _registered_choices(schema: dict) -> None:
+    """The choices that are registries (merge methods, RoPE types `kvtool rope` writes) come from them, so a
+    new method or type is accepted by recipes without editing the schema file."""
+    from kvtool.convert.methods import METHODS
+    from kvtool.model.rope.types import applicable_types
+
+    schema["$defs"]["convert"]["properties"]["method"] = {"enum": METHODS.names()}
+    schema["$defs"]["rope"]["properties"]["type"] = {"enum": applicable_types()}
 
 
 def _dotted(path: tuple) -> str:
