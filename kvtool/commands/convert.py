@@ -87,7 +87,7 @@ def register(app: typer.Typer) -> None:
         if want_eval or method_obj.array_api == "torch":  # transformers will load SRC: no checkpoint code
             from pathlib import Path
 
-            from kvtool.io.preflight import refuse_auto_map
+            from kvtool.model.preflight import refuse_auto_map
 
             refuse_auto_map(Path(src))
         with kv_progress.session(progress):

@@ -37,7 +37,7 @@ def register(app: typer.Typer) -> None:
         output_format: str = typer.Option("text", "--format", help="text | json"),
         progress: Optional[bool] = typer.Option(None, "--progress/--no-progress", help=kv_progress.FLAG_HELP),
     ) -> int:
-        from kvtool.eval.texts import read_texts
+        from kvtool.datasets import read_texts
         from kvtool.units import gate_threshold, parse_percent
 
         if output_format not in ("text", "json"):
@@ -63,7 +63,7 @@ def register(app: typer.Typer) -> None:
                 raise UsageError("compares against a baseline; give --baseline", field=explicit[0])
             gates = {}  # the default PPL gate needs a baseline; without one, PPL alone
         texts, text_name = read_texts(text, dataset)
-        from kvtool.io.preflight import check_loadable
+        from kvtool.model.preflight import check_loadable
 
         check_loadable(model, baseline)  # refuse a bad folder before torch and transformers are imported
         require_torch("kvtool eval")

@@ -42,7 +42,7 @@ def register(app: typer.Typer) -> None:
         force: bool = typer.Option(False, "--force", help="Replace a non-empty DST."),
         progress: Optional[bool] = typer.Option(None, "--progress/--no-progress", help=kv_progress.FLAG_HELP),
     ) -> int:
-        from kvtool.io.preflight import check_loadable
+        from kvtool.model.preflight import check_loadable
 
         check_loadable(src)  # refuse a bad folder before check_options imports torch
         require_torch("kvtool quantize-kv")  # before the imports below, which need it

@@ -23,7 +23,7 @@ from typing import Callable
 from kvtool import __version__
 from kvtool.model.checkpoint import open_checkpoint
 from kvtool.errors import GateFailed, InputError, KvtoolError, UsageError
-from kvtool.io.preflight import preflight
+from kvtool.model.preflight import preflight
 from kvtool.model.numbers import require_valid_numbers
 from kvtool.recipes.load import Recipe, Step, load_recipe
 from kvtool.recipes.plan import plan_recipe
@@ -83,7 +83,7 @@ def run_convert_step(ctx: RunContext, step: Step) -> StepResult:
         calib = o.get("calibration") or {}
         files = _texts(ctx, calib, "calibration")
         if len(files) > 1:  # the aware method reads one file: join them
-            from kvtool.eval.texts import read_text_file
+            from kvtool.datasets import read_text_file
 
             joined = ctx.work / "text" / f"step{step.index}-calib.txt"
             joined.parent.mkdir(parents=True, exist_ok=True)
@@ -180,7 +180,7 @@ EVAL_GATES = {"max_ppl_increase": "--max-ppl-increase", "max_kld": "--max-kld", 
 
 def run_eval_step(ctx: RunContext, step: Step) -> StepResult:
     from kvtool.eval.api import evaluate
-    from kvtool.eval.texts import read_texts
+    from kvtool.datasets import read_texts
     from kvtool.units import parse_percent
 
     o = step.options

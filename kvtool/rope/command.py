@@ -10,7 +10,7 @@ from pathlib import Path
 import typer
 
 from kvtool.model.checkpoint import open_checkpoint
-from kvtool.io.preflight import preflight
+from kvtool.model.preflight import preflight
 from kvtool.errors import EXIT_OK, InputError, UsageError
 from kvtool.io.jsonfile import atomic_write_text, dump_json_like, parse_json, read_text
 from kvtool.model.numbers import FACTOR_LIST_BOUND, problem, require_valid_numbers
