@@ -22,6 +22,7 @@ from pathlib import Path
 
 from kvtool.errors import InputError
 from kvtool.model.layer_types import RESOLVERS
+from kvtool.registry import Registry
 
 
 def schemas_dir() -> Path:
@@ -230,28 +231,45 @@ def _validate(data: dict, file: str) -> Architecture:
 
 
 @lru_cache(maxsize=None)
-def all_architectures() -> dict[str, Architecture]:
-    """model_type (and alias) -> table, loaded once."""
-    out: dict[str, Architecture] = {}
+def all_architectures() -> Registry[Architecture]:
+    """model_type (and alias) -> table: every schemas/architectures/*.json, loaded once."""
+    out: Registry[Architecture] = Registry("architecture")
     for path in sorted((schemas_dir() / "architectures").glob("*.json")):
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as exc:
-            raise InputError(f"invalid JSON at line {exc.lineno}: {exc.msg}", file=str(path)) from None
-        arch = _validate(data, path.name)
-        if path.stem != arch.model_type:
-            _fail(path.name, f"file name must equal model_type {arch.model_type!r}")
-        for key in (arch.model_type, *arch.aliases):
-            if key in out:
-                _fail(path.name, f"model_type {key!r} is defined twice")
-            out[key] = arch
+        _add(out, path)
     if "generic" not in out:
         raise InputError("schemas/architectures/generic.json is missing")
     for arch in {id(a): a for a in out.values()}.values():
-        alt = arch.convert.get("alternative")
-        if alt is not None and alt not in out:
-            _fail(arch.source_file, f"convert.alternative {alt!r} is not a known model_type")
+        _check_alternative(arch, out)
     return out
+
+
+def add_table(path: str | Path) -> Architecture:
+    """Make one more table known (a table kept outside schemas/architectures/: a plug-in, a test)."""
+    tables = all_architectures()
+    arch = _add(tables, Path(path))
+    _check_alternative(arch, tables)
+    return arch
+
+
+def _add(tables: Registry[Architecture], path: Path) -> Architecture:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise InputError(f"invalid JSON at line {exc.lineno}: {exc.msg}", file=str(path)) from None
+    arch = _validate(data, path.name)
+    if path.stem != arch.model_type:
+        _fail(path.name, f"file name must equal model_type {arch.model_type!r}")
+    for key in (arch.model_type, *arch.aliases):
+        if key in tables:
+            _fail(path.name, f"model_type {key!r} is defined twice")
+        tables.add(key, arch)
+    return arch
+
+
+def _check_alternative(arch: Architecture, tables) -> None:
+    alt = arch.convert.get("alternative")
+    if alt is not None and alt not in tables:
+        _fail(arch.source_file, f"convert.alternative {alt!r} is not a known model_type")
 
 
 def lookup(model_type: str | None) -> Architecture:
