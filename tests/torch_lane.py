@@ -4,13 +4,15 @@ rest in seconds, with or without torch installed.
 A test needs torch when it, or its module at top level, or a fixture of its module, imports torch /
 transformers / accelerate / compressed-tensors or a module (kvtool's or a tests/ helper) that imports them at
 top level; when it uses a real-model fixture (smollm2_path, gemma3_path); or when it is marked slow, oracle or
-real_weights. Tests that reach torch only through the CLI (`main(["eval", ...])`) carry `@pytest.mark.torch`.
+real_weights; when its file, name or parameters name a command or option that loads a model (quantize-kv,
+eval, aware, calib-text). Other tests that reach torch only through the CLI carry `@pytest.mark.torch`.
 """
 
 from __future__ import annotations
 
 import ast
 import functools
+import re
 import importlib.util
 from pathlib import Path
 
@@ -18,6 +20,9 @@ REPO = Path(__file__).resolve().parents[1]
 TORCH_LIBS = frozenset({"torch", "transformers", "accelerate", "compressed_tensors"})
 TORCH_FIXTURES = frozenset({"smollm2_path", "gemma3_path"})
 TORCH_MARKS = ("torch", "slow", "oracle", "real_weights")
+# Commands (and options) that load a model with transformers: a test named or parametrized after one of them
+# runs torch through the CLI (the hostile tests run every command on one bad input).
+TORCH_COMMAND_WORDS = re.compile(r"(?<![a-z])(quantize[-_]kv|eval|aware|calib[-_]text)(?![a-z])")
 
 
 def torch_installed() -> bool:
@@ -42,6 +47,9 @@ def _names(nodes) -> set[str]:
             elif isinstance(n, ast.ImportFrom) and n.module and not n.level:
                 out.add(n.module)
                 out.update(f"{n.module}.{a.name}" for a in n.names)
+            elif (isinstance(n, ast.Call) and getattr(n.func, "attr", None) == "importorskip" and n.args
+                  and isinstance(n.args[0], ast.Constant) and isinstance(n.args[0].value, str)):
+                out.add(n.args[0].value)  # pytest.importorskip("torch")
     return out
 
 
@@ -91,13 +99,33 @@ def needs_torch(item) -> bool:
         return True
     if TORCH_FIXTURES & set(getattr(item, "fixturenames", ())):
         return True
+    if TORCH_COMMAND_WORDS.search(f"{Path(str(item.fspath)).stem} {item.name}".replace("no-eval", "")):
+        return True
     path = Path(str(item.fspath))
     tree = _tree(path)
     if tree is None:
         return False
     if module_is_heavy(path):
         return True
-    functions = {n.name: n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
     name = getattr(item, "originalname", None) or item.name.split("[")[0]
-    used = [functions[n] for n in (name, *getattr(item, "fixturenames", ())) if n in functions]
-    return any(heavy(m) for m in _names(used))
+    if any(heavy(m) for m in _names(_functions(tree, (name,)))):
+        return True
+    # the fixtures it uses: defined in its module or in a conftest.py of its folder or above
+    fixtures = tuple(getattr(item, "fixturenames", ()))
+    trees = [tree] + [t for t in map(_tree, _conftests(path)) if t is not None]
+    return any(heavy(m) for t in trees for m in _names(_functions(t, fixtures)))
+
+
+def _functions(tree: ast.Module, names: tuple[str, ...]) -> list[ast.AST]:
+    wanted = set(names)
+    return [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name in wanted]
+
+
+def _conftests(path: Path) -> list[Path]:
+    out = []
+    for folder in path.parents:
+        if folder == REPO:
+            break
+        if (folder / "conftest.py").is_file():
+            out.append(folder / "conftest.py")
+    return out
