@@ -54,11 +54,15 @@ def _names(nodes) -> set[str]:
 
 
 def _top_level(tree: ast.Module) -> list[ast.stmt]:
-    """Statements that run at import (functions' and classes' bodies excluded, `if` / `try` blocks included)."""
+    """Statements that run at import (functions' and classes' bodies and `if TYPE_CHECKING:` excluded)."""
     out = []
     for node in tree.body:
-        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            out.append(node)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            continue
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            out += node.orelse
+            continue
+        out.append(node)
     return out
 
 
