@@ -20,7 +20,7 @@ from kvtool import __version__
 from kvtool import progress as kv_progress
 from kvtool.model.architectures import Architecture
 from kvtool.model.checkpoint import Checkpoint
-from kvtool.io.preflight import preflight
+from kvtool.model.preflight import preflight
 from kvtool.convert.config_edit import dump_config, kv_field_is_boolean, rewrite_config
 from kvtool.errors import InputError, UsageError
 from kvtool.io.writer import PlannedTensor

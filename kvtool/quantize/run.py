@@ -26,7 +26,7 @@ class QuantizeResult:
 
 
 def read_texts(files: list[str], option: str) -> list[str]:
-    from kvtool.eval.texts import read_text_file
+    from kvtool.datasets import read_text_file
 
     out = [read_text_file(f, option) for f in files]
     if not any(t.strip() for t in out):
@@ -87,7 +87,7 @@ def text_hash(texts: list[str]) -> str:
 def prepare(src: str, dst: str, opts: QuantizeOptions):
     """All checks that need no model: (checkpoint, architecture, spec, new config). Raises exit-2 errors."""
     from kvtool.model.architectures import is_known
-    from kvtool.io.preflight import preflight
+    from kvtool.model.preflight import preflight
     from kvtool.io.staging import check_destination
     from kvtool.model.numbers import require_valid_numbers
     from kvtool.quantize.config import with_kv_cache_scheme
