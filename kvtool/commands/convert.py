@@ -74,7 +74,7 @@ def register(app: typer.Typer) -> None:
         for w in plan.warnings:
             typer.echo(f"kvtool: warning: {w}", err=True)
         if dry_run:
-            typer.echo(render_plan(plan, dst), nl=False)
+            typer.echo(render_plan(plan, dst, method_obj, eval_tokens if eval_ else None), nl=False)
             return EXIT_OK
         if method_obj.array_api == "torch" or eval_:
             require_torch(f"kvtool convert {'--eval' if eval_ else '--method ' + method}")

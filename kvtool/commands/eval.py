@@ -35,6 +35,7 @@ def register(app: typer.Typer) -> None:
         max_kld: Optional[float] = typer.Option(None, "--max-kld", help="Gate: mean KL(baseline||model), nats/token."),
         min_top1: Optional[float] = typer.Option(None, "--min-top1", help="Gate: top-1 agreement with the baseline."),
         output_format: str = typer.Option("text", "--format", help="text | json"),
+        dry_run: bool = typer.Option(False, "--dry-run", help="Print the estimated peak memory and time; evaluate nothing."),
         progress: Optional[bool] = typer.Option(None, "--progress/--no-progress", help=kv_progress.FLAG_HELP),
     ) -> int:
         from kvtool.eval.texts import read_texts
@@ -66,6 +67,9 @@ def register(app: typer.Typer) -> None:
         from kvtool.io.preflight import check_loadable
 
         check_loadable(model, baseline)  # refuse a bad folder before torch and transformers are imported
+        if dry_run:
+            typer.echo(render_plan(model, baseline, texts, max_tokens), nl=False)
+            return EXIT_OK
         require_torch("kvtool eval")
         with kv_progress.session(progress):
             with kv_progress.task("starting (importing torch and transformers)"):
@@ -94,6 +98,26 @@ def _finite(obj):
     if isinstance(obj, list):
         return [_finite(v) for v in obj]
     return obj
+
+
+def render_plan(model: str, baseline: str | None, texts: list[str] | None, max_tokens: int | None) -> str:
+    """--dry-run: the estimated cost (kvtool.model.costs). Without --max-tokens the token count is
+    estimated as characters / 4 (no tokenizer is loaded)."""
+    from kvtool.model import costs
+
+    if texts is None:
+        from kvtool.datasets import evaluation_text
+
+        texts = [evaluation_text()]
+    in_text = max(2, sum(len(t) for t in texts) // 4)
+    tokens = min(max_tokens, in_text) if max_tokens else in_text
+    shape = costs.for_checkpoint(model)
+    est = costs.evaluate(shape, tokens, models=2 if baseline else 1)
+    about = "" if max_tokens and max_tokens <= in_text else "~"
+    return (f"kvtool eval plan: {model}" + (f" against {baseline}" if baseline else "") + "\n"
+            f"  tokens       {about}{tokens} through {shape.layers} layers"
+            + (", candidate and baseline" if baseline else "") + "\n"
+            f"  estimate     {est.line()}\n")
 
 
 def render_text(r) -> str:

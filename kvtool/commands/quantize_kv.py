@@ -18,7 +18,8 @@ def register(app: typer.Typer) -> None:
                                      "(compressed-tensors kv_cache_scheme; vLLM loads it as is).")
     def quantize_kv(
         src: str = typer.Argument(..., help="Source model folder (config.json + safetensors); never modified."),
-        dst: str = typer.Argument(..., help="Output folder (written to a temporary folder, renamed when complete)."),
+        dst: Optional[str] = typer.Argument(None, help="Output folder (written to a temporary folder, renamed when "
+                                                       "complete)."),
         calib_dataset: Optional[str] = typer.Option(None, "--calib-dataset",
                                                     help="pydoc (built-in, offline; the default) | wikitext2 | "
                                                          "wikitext103 (train split; need `datasets`)."),
@@ -40,11 +41,20 @@ def register(app: typer.Typer) -> None:
         link: bool = typer.Option(False, "--link", help="Hard-link the unchanged source shards into DST instead of "
                                   "copying them: saves disk, but editing either copy in place changes both."),
         force: bool = typer.Option(False, "--force", help="Replace a non-empty DST."),
+        dry_run: bool = typer.Option(False, "--dry-run", help="Print the estimated peak memory and time; write nothing."),
         progress: Optional[bool] = typer.Option(None, "--progress/--no-progress", help=kv_progress.FLAG_HELP),
     ) -> int:
+        from kvtool.errors import UsageError
         from kvtool.io.preflight import check_loadable
 
         check_loadable(src)  # refuse a bad folder before check_options imports torch
+        if dry_run:
+            from kvtool.quantize.report import render_plan
+
+            typer.echo(render_plan(src, dst, calib_tokens, 0 if no_eval else eval_tokens), nl=False)
+            return EXIT_OK
+        if not dst:
+            raise UsageError("missing required argument (only --dry-run goes without one)", field="DST")
         require_torch("kvtool quantize-kv")  # before the imports below, which need it
         with kv_progress.session(progress):
             with kv_progress.task("starting (importing torch and transformers)"):
