@@ -12,7 +12,7 @@ embeddings, lm_head) is cost(d1) - d1 * layer. Every command runs as a fresh pro
   quantize  quantize-kv --no-eval (calibration of the FP8 KV scales)
   eval      eval --max-tokens N (perplexity on the built-in text), reported per 1k tokens
 
-Calibration and evaluation use few tokens (256; 128 at 70B width) so that the
+Calibration and evaluation use few tokens (256 at 1B, 128 at 8B, 64 at 70B width) so that the
 runs fit on a shared 2-core machine; the costs are linear in tokens at these sequence lengths, and
 the table says what was scaled. The tokenizer is SmolLM2's (the cached fixture): the 1B shape uses
 its vocabulary (49152, not TinyLlama's 32000), as does the 70B shape (so that its fp32 embedding
@@ -42,9 +42,9 @@ from convert_bench import make_checkpoint, timed  # noqa: E402
 SHAPES = {
     "1b": dict(hidden=2048, heads=32, kv=4, inter=5632, vocab=49152, depths=(2, 4), groups=2, tokens=256, seq=128,
                ops=("mean", "aware0", "quantize", "eval")),
-    "8b": dict(hidden=4096, heads=32, kv=8, inter=14336, vocab=128256, depths=(2, 4), groups=4, tokens=256, seq=128,
+    "8b": dict(hidden=4096, heads=32, kv=8, inter=14336, vocab=128256, depths=(2, 4), groups=4, tokens=128, seq=64,
                ops=("mean", "aware0", "aware1", "aware2", "quantize", "eval")),
-    "70b": dict(hidden=8192, heads=64, kv=8, inter=28672, vocab=49152, depths=(1, 2), groups=4, tokens=128, seq=64,
+    "70b": dict(hidden=8192, heads=64, kv=8, inter=28672, vocab=49152, depths=(1, 2), groups=4, tokens=64, seq=32,
                 ops=("mean", "aware0", "aware1", "quantize", "eval")),
     "tiny": dict(hidden=256, heads=4, kv=4, inter=512, vocab=49152, depths=(1, 2), groups=2, tokens=64, seq=32,
                  ops=("mean", "aware0", "aware1", "aware2", "quantize", "eval")),
@@ -108,10 +108,13 @@ def main() -> int:
         results["shapes"][name] = {**s, "layer_params": layer_params(s)}
         runs = results["runs"].setdefault(name, {})
         for d in s["depths"]:
+            todo = [op for op in ops if f"{op}@{d}" not in runs]  # --json: resume where a run stopped
+            if not todo:
+                continue
             src = base / f"{name}-{d}l"
             build(src, s, d, tokenizer)
             os.sync()
-            for op in ops:
+            for op in todo:
                 out = base / "out"
                 shutil.rmtree(out, ignore_errors=True)
                 t0 = time.time()

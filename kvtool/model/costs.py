@@ -71,20 +71,14 @@ class Estimate:
     cpu_seconds: float  # one core; for a disk-bound run, seconds at the measured copy speed
     disk_bound: bool = False
 
-    def line(self, cores: int | None = None) -> str:
-        """One line for a plan: '~1.20 GiB peak memory, ~3 min on 1 CPU core (~2 min on 2 cores); ...'."""
-        import os
-
+    def line(self) -> str:
+        """One line for a plan: '~1.20 GiB peak memory, ~3 min of one CPU core; ...' (machine-independent
+        wording: commands spread CPU time over the cores torch uses)."""
         from kvtool.units import fmt_bytes
 
-        text = f"~{fmt_bytes(self.peak_bytes)} peak memory, ~{fmt_duration(self.cpu_seconds)}"
-        if self.disk_bound:
-            text += " at the measured copy speed"
-        else:
-            cores = cores or os.cpu_count() or 1
-            text += " on 1 CPU core" + (f" (~{fmt_duration(self.cpu_seconds / cores)} on {cores} cores)"
-                                        if cores > 1 else "")
-        return text + "; measured cost model, docs/scaling.md"
+        how = "at the measured copy speed" if self.disk_bound else "of one CPU core"
+        return (f"~{fmt_bytes(self.peak_bytes)} peak memory, ~{fmt_duration(self.cpu_seconds)} {how}; "
+                "measured cost model, docs/scaling.md")
 
 
 def fmt_duration(s: float) -> str:
