@@ -14,7 +14,7 @@ cp / kvtool of the medians. Goals: kvtool >= 0.7x of cp (issue 18); naive: >= 3x
 the peak memory (issue 4). Say how busy the machine was: the load average is printed.
 
     python bench/convert_bench.py [--layers 12] [--hidden 2048] [--heads 16] [--kv-heads 16] [--groups 4]
-        [--dtype bf16] [--shard-gb 5] [--repeat 5] [--naive] [--keep DIR] [--dir SCRATCH]
+        [--dtype bf16] [--shard-gb 5] [--repeat 5] [--naive] [--ref /work/main] [--keep DIR] [--dir SCRATCH]
 
 The 8B shape (Llama-3-8B, ~16 GB, 5 GB shards, 8 -> 4 KV heads):
     python bench/convert_bench.py --layers 32 --hidden 4096 --heads 32 --kv-heads 8 --intermediate 14336 \
@@ -109,9 +109,10 @@ def make_checkpoint(folder: Path, layers: int, hidden: int, heads: int, inter: i
     return sum(p.stat().st_size for p in folder.iterdir())
 
 
-def timed(cmd: list[str]) -> tuple[float, int, float]:
+def timed(cmd: list[str], env: dict | None = None) -> tuple[float, int, float]:
     """(wall seconds, peak RSS bytes, CPU seconds user + system) of one fresh process (/usr/bin/time -v)."""
-    proc = subprocess.run(["/usr/bin/time", "-v", *cmd], capture_output=True, text=True)
+    proc = subprocess.run(["/usr/bin/time", "-v", *cmd], capture_output=True, text=True,
+                          env={**os.environ, **env} if env else None)
     if proc.returncode != 0:
         raise SystemExit(f"command failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stderr[-2000:]}")
     wall = re.search(r"Elapsed \(wall clock\) time.*: (?:(\d+):)?(\d+):([\d.]+)", proc.stderr)
@@ -135,6 +136,7 @@ def main() -> int:
     ap.add_argument("--shard-gb", type=float, default=None, help="shard size (default: 2 shards)")
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--naive", action="store_true", help="also time the naive transformers way")
+    ap.add_argument("--ref", help="also time the kvtool checkout at this path (e.g. /work/main: before / after)")
     ap.add_argument("--keep", help="reuse / keep the generated checkpoint in this folder")
     ap.add_argument("--dir", default=os.environ.get("TMPDIR"), help="scratch folder for the outputs")
     args = ap.parse_args()
@@ -158,6 +160,10 @@ def main() -> int:
             "cp": lambda d: ["cp", "-r", str(src), str(d)],
             "kvtool": lambda d: [x if x is not None else str(d) for x in kvtool],
         }
+        envs = {}
+        if args.ref:
+            tools["kvtool@ref"] = tools["kvtool"]
+            envs["kvtool@ref"] = {"PYTHONPATH": str(Path(args.ref).resolve())}
         if args.naive:
             tools["naive"] = lambda d: [sys.executable, str(naive_py), str(src), str(d), str(args.groups)]
         os.sync()
@@ -169,7 +175,7 @@ def main() -> int:
         for i in range(args.repeat):
             for name, cmd in tools.items():
                 out = base / f"out-{name}"
-                results[name].append(timed(cmd(out)))
+                results[name].append(timed(cmd(out), envs.get(name)))
                 print(f"run {i + 1}/{args.repeat} {name}: {results[name][-1][0]:.2f} s", file=sys.stderr)
                 shutil.rmtree(out)
                 os.sync()
@@ -178,7 +184,7 @@ def main() -> int:
         print(f"checkpoint: {size / 1e9:.2f} GB {args.dtype} ({args.layers} layers, hidden {args.hidden}, "
               f"{args.heads} heads, {kv_heads} KV heads) -> {args.groups} KV heads; {args.repeat} alternating runs "
               f"each after a sync and a warm-up copy")
-        print(f"{'tool':8} {'min s':>7} {'median s':>9} {'GB/s':>7} {'CPU s':>7} {'peak RSS MiB':>13}")
+        print(f"{'tool':10} {'min s':>7} {'median s':>9} {'GB/s':>7} {'CPU s':>7} {'peak RSS MiB':>13}")
         summary = {}
         for name, runs in results.items():
             wall = statistics.median(r[0] for r in runs)
@@ -186,10 +192,13 @@ def main() -> int:
             rss = max(r[1] for r in runs)
             cpu = statistics.median(r[2] for r in runs)
             summary[name] = (wall, rss, cpu, low)
-            print(f"{name:8} {low:7.2f} {wall:9.2f} {size / wall / 1e9:7.2f} {cpu:7.2f} {rss / 2**20:13.0f}")
+            print(f"{name:10} {low:7.2f} {wall:9.2f} {size / wall / 1e9:7.2f} {cpu:7.2f} {rss / 2**20:13.0f}")
         print(f"load average (1 min) during the runs: {min(load):.1f}-{max(load):.1f} on {os.cpu_count()} CPUs")
         cp, kv = summary["cp"], summary["kvtool"]
         print(f"kvtool vs cp: {cp[0] / kv[0]:.2f}x of cp's speed (medians), {cp[3] / kv[3]:.2f}x (minima); goal >= 0.7")
+        if "kvtool@ref" in summary:
+            ref = summary["kvtool@ref"]
+            print(f"kvtool@ref ({args.ref}) vs cp: {cp[0] / ref[0]:.2f}x (medians), {cp[3] / ref[3]:.2f}x (minima)")
         if "naive" in summary:
             naive = summary["naive"]
             print(f"kvtool vs naive: {naive[0] / kv[0]:.2f}x faster (goal >= 3), peak RSS {kv[1] / naive[1]:.2f}x "

@@ -43,9 +43,10 @@ SHAPES = {
     "1b": dict(hidden=2048, heads=32, kv=4, inter=5632, vocab=49152, depths=(2, 4), groups=2, tokens=256, seq=128,
                ops=("mean", "aware0", "quantize", "eval")),
     "8b": dict(hidden=4096, heads=32, kv=8, inter=14336, vocab=128256, depths=(2, 4), groups=4, tokens=128, seq=64,
-               ops=("mean", "aware0", "aware1", "aware2", "quantize", "eval")),
+               ops=("mean", "aware0", "aware1", "aware2", "quantize", "eval"),
+               deep_ops=("mean", "aware0", "quantize", "eval")),
     "70b": dict(hidden=8192, heads=64, kv=8, inter=28672, vocab=49152, depths=(1, 2), groups=4, tokens=64, seq=32,
-                ops=("mean", "aware0", "aware1", "quantize", "eval")),
+                ops=("mean", "aware0", "quantize", "eval")),
     "tiny": dict(hidden=256, heads=4, kv=4, inter=512, vocab=49152, depths=(1, 2), groups=2, tokens=64, seq=32,
                  ops=("mean", "aware0", "aware1", "aware2", "quantize", "eval")),
 }
@@ -90,7 +91,19 @@ def main() -> int:
     ap.add_argument("--shapes", default="1b,8b,70b")
     ap.add_argument("--ops", default=None, help="default: each shape's list")
     ap.add_argument("--json", help="write the raw runs and derived costs here")
+    ap.add_argument("--coefficients", action="store_true",
+                    help="only print kvtool/model/costs.json fitted from --json (no runs)")
+    ap.add_argument("--copy-gbps", type=float, help="--coefficients: convert --method mean's measured GB/s "
+                    "(bench/convert_bench.py at the 8B shape)")
+    ap.add_argument("--report", action="store_true", help="only print docs/scaling.md's tables from --json")
+    ap.add_argument("--convert-startup", type=float, default=0.3, help="--coefficients: convert start-up seconds")
     args = ap.parse_args()
+    if args.coefficients:
+        print(json.dumps(fit(json.loads(Path(args.json).read_text()), args.copy_gbps, args.convert_startup), indent=2))
+        return 0
+    if args.report:
+        print(report(json.loads(Path(args.json).read_text())))
+        return 0
     from kvtool.fixtures import fixture_dir
 
     tokenizer = Path(fixture_dir("smollm2"))
@@ -108,7 +121,8 @@ def main() -> int:
         results["shapes"][name] = {**s, "layer_params": layer_params(s)}
         runs = results["runs"].setdefault(name, {})
         for d in s["depths"]:
-            todo = [op for op in ops if f"{op}@{d}" not in runs]  # --json: resume where a run stopped
+            want = s.get("deep_ops", ops) if d == s["depths"][-1] and not args.ops else ops
+            todo = [op for op in want if f"{op}@{d}" not in runs]  # --json: resume where a run stopped
             if not todo:
                 continue
             src = base / f"{name}-{d}l"
@@ -141,6 +155,153 @@ def main() -> int:
             Path(args.json).write_text(json.dumps(results, indent=1))
     print_table(results)
     return 0
+
+
+def _median(xs):
+    xs = sorted(xs)
+    return xs[len(xs) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2
+
+
+def _line(points):
+    """Least-squares a + b x through (x, y) points (b >= 0)."""
+    n = len(points)
+    mx, my = sum(x for x, _ in points) / n, sum(y for _, y in points) / n
+    sxx = sum((x - mx) ** 2 for x, _ in points)
+    b = max(0.0, sum((x - mx) * (y - my) for x, y in points) / sxx) if sxx else 0.0
+    return my - b * mx, b
+
+
+def fit(results: dict, copy_gbps: float | None, convert_startup: float) -> dict:
+    """The coefficients of kvtool.model.costs from the derived per-layer costs (see that module)."""
+    shapes, der = results["shapes"], results["derived"]
+    real = [n for n in der if n != "tiny"]
+
+    def params(n):
+        s = shapes[n]
+        return s["layer_params"], s["vocab"] * s["hidden"] * 2 + s["hidden"]
+
+    def attn(n):
+        s = shapes[n]
+        hd = s["hidden"] // s["heads"]
+        return 2 * s["heads"] * hd * s["hidden"] + 2 * s["kv"] * hd * s["hidden"]
+
+    def per_token(op):
+        return _median([der[n][op]["layer_cpu_s"] / (shapes[n]["layer_params"] * shapes[n]["tokens"])
+                        for n in real if op in der[n]])
+
+    def calib(op):
+        a, b = _line([(sum(params(n)), der[n][op]["rss_d1"]) for n in real if op in der[n]])
+        return {"startup_s": round(max(1.0, _median([der[n][op]["base_cpu_s"] for n in real if op in der[n]])), 2),
+                "s_per_param_token": float(f"{per_token(op):.3g}"), "rss_base_bytes": int(max(a, 1e8)),
+                "rss_per_param": round(max(b, 1.0), 3)}
+
+    out = {"about": "kvtool.model.costs coefficients: CPU-core seconds (one thread) and peak RSS bytes, fitted by "
+                    "bench/scaling_bench.py --coefficients (per-layer costs at 1B / 8B / 70B widths) and "
+                    "bench/convert_bench.py (copy speed); docs/scaling.md has the measurements."}
+    mean = [(shapes[n]["kv"] * (shapes[n]["hidden"] // shapes[n]["heads"]) * shapes[n]["hidden"] * 2 * 2,
+             der[n]["mean"]["rss_d1"]) for n in real if "mean" in der[n]]
+    a, b = _line(mean)
+    out["convert_mean"] = {"startup_s": convert_startup, "copy_bytes_per_s": (copy_gbps or 1.0) * 1e9,
+                           "pool_bytes_per_s": 2.0e9, "rss_base_bytes": int(max(a, 3e7)),
+                           "rss_per_layer_kv_byte": round(max(b, 1.0), 3)}
+    aw = calib("aware0")
+    step = fixed = None
+    for n in real:  # refinement costs are per layer: from the shallow depth, (aware2 - aware1) / layers
+        r, s = results["runs"][n], shapes[n]
+        d1 = s["depths"][0]
+        if all(f"aware{k}@{d1}" in r for k in (0, 1, 2)):
+            a0, a1, a2 = (r[f"aware{k}@{d1}"]["cpu"] / d1 for k in (0, 1, 2))
+            step = (a2 - a1) / (attn(n) * s["seq"])
+            fixed = (a1 - a0 - step * attn(n) * s["seq"]) / (attn(n) * s["tokens"])
+    aw["refine_fixed_s_per_attn_param_token"] = float(f"{max(fixed or 0, 1e-12):.3g}")
+    aw["refine_step_s_per_attn_param_token"] = float(f"{max(step or 0, 1e-12):.3g}")
+    out["convert_aware"] = aw
+    out["quantize_kv"] = calib("quantize")
+    a, b = _line([(shapes[n]["layer_params"] * der[n]["eval"]["d1"] + params(n)[1], der[n]["eval"]["rss_d1"])
+                  for n in real if "eval" in der[n]])
+    out["eval"] = {"startup_s": round(max(1.0, _median([der[n]["eval"]["base_cpu_s"] for n in real
+                                                          if "eval" in der[n]])), 2),
+                   "s_per_param_token": float(f"{per_token('eval'):.3g}"), "rss_base_bytes": int(max(a, 1e8)),
+                   "rss_per_param": round(max(b, 1.0), 3)}
+    return out
+
+
+# GPU estimates (no GPU measured): CPU-measured work converted to FLOPs at the CPU's measured rate,
+# run at GPU_EFFICIENCY of the H200's dense bf16 peak, plus reading the bf16 weights once.
+H200_BF16_FLOPS = 989e12
+GPU_EFFICIENCY = 0.4
+DISK_BYTES_PER_S = 2e9
+GPU_STARTUP_S = 15.0
+FULL = {  # the real models the projections are for
+    "8B": dict(layers=32, hidden=4096, heads=32, kv=8, inter=14336, vocab=128256),
+    "70B": dict(layers=80, hidden=8192, heads=64, kv=8, inter=28672, vocab=128256),
+}
+
+
+def _full_shape(m: dict):
+    from kvtool.model.costs import Shape
+
+    hd = m["hidden"] // m["heads"]
+    s = {"hidden": m["hidden"], "heads": m["heads"], "kv": m["kv"], "inter": m["inter"]}
+    lp = layer_params(s)
+    other = 2 * m["vocab"] * m["hidden"] + m["hidden"]
+    return Shape(layers=m["layers"], hidden=m["hidden"], layer_params=lp, other_params=other,
+                 attn_params=2 * m["heads"] * hd * m["hidden"] + 2 * m["kv"] * hd * m["hidden"],
+                 layer_kv_bytes=2 * m["kv"] * hd * m["hidden"] * 2, weight_bytes=2 * (m["layers"] * lp + other),
+                 vocab=m["vocab"])
+
+
+def _dur(s: float) -> str:
+    from kvtool.model.costs import fmt_duration
+
+    return fmt_duration(s)
+
+
+def report(results: dict) -> str:
+    """The measured table and the projections (kvtool.model.costs with costs.json) as markdown."""
+    from kvtool.model import costs
+    from kvtool.units import fmt_bytes
+
+    shapes, der = results["shapes"], results["derived"]
+    names = {"mean": "convert --method mean", "aware0": "convert --method aware (training-free)",
+             "aware1": "aware, --refine-steps 1", "aware2": "aware, --refine-steps 2",
+             "quantize": "quantize-kv --no-eval (calibration)", "eval": "eval"}
+    out = ["| width | command | tokens | CPU s per layer | CPU s rest | peak RSS (depth) |",
+           "| --- | --- | ---: | ---: | ---: | --- |"]
+    for n in ("1b", "8b", "70b"):
+        for op, v in der.get(n, {}).items():
+            s = shapes[n]
+            tok = "" if op == "mean" else str(s["tokens"])
+            rss = f"{fmt_bytes(v['rss_d1'])} ({v['d1']} L), {fmt_bytes(v['rss_d2'])} ({v['d2']} L)"
+            out.append(f"| {n.upper()} | {names[op]} | {tok} | {v['layer_cpu_s']:.2f} | {v['base_cpu_s']:.1f} | {rss} |")
+    r8 = results["runs"].get("8b", {})
+    if all(f"aware{k}@2" in r8 for k in (0, 1, 2)):
+        a = [r8[f"aware{k}@2"]["cpu"] / 2 for k in (0, 1, 2)]
+        out.append("")
+        out.append(f"8B width, 2 layers, per layer: training-free {a[0]:.1f} CPU s; the first refinement step adds "
+                   f"{a[1] - a[0]:.1f} s (the loss before / after on all calibration sequences, plus the step), "
+                   f"each further step {a[2] - a[1]:.1f} s ({shapes['8b']['seq']}-token sequences).")
+    cpu_rate = 2 / costs.coefficients()["eval"]["s_per_param_token"]  # FLOP/s of one core, measured
+    out += ["", f"Projection (kvtool.model.costs; CPU: one core at the measured rate, {cpu_rate / 1e9:.1f} GFLOP/s "
+                f"in eval; GPU: **estimate**, see below):", "",
+            "| model | command | peak RSS | CPU, 1 core | CPU, 16 cores (ideal) | one H200 (estimate) |",
+            "| --- | --- | ---: | ---: | ---: | ---: |"]
+    for m, spec in FULL.items():
+        sh = _full_shape(spec)
+        rows = [("convert --method mean", costs.convert_mean(sh)),
+                ("convert --method aware (4096 tokens)", costs.convert_aware(sh, 4096, 256)),
+                ("aware, --refine-steps 64 (seq 1024)", costs.convert_aware(sh, 4096, 1024, 64)),
+                ("quantize-kv --no-eval (2048 tokens)", costs.quantize_kv(sh, 2048)),
+                ("eval, 1k tokens", costs.evaluate(sh, 1000))]
+        for what, e in rows:
+            if e.disk_bound:
+                cpu, ideal, gpu = _dur(e.cpu_seconds), "(disk-bound)", "(disk-bound)"
+            else:
+                cpu, ideal = _dur(e.cpu_seconds), _dur(e.cpu_seconds / 16)
+                flops = e.cpu_seconds * cpu_rate
+                gpu = _dur(GPU_STARTUP_S + sh.weight_bytes / DISK_BYTES_PER_S + flops / (H200_BF16_FLOPS * GPU_EFFICIENCY))
+            out.append(f"| {m} | {what} | {fmt_bytes(e.peak_bytes)} | {cpu} | {ideal} | {gpu} |")
+    return "\n".join(out)
 
 
 def print_table(results: dict) -> None:
