@@ -98,7 +98,7 @@ class _CopyRun:
     nbytes: int
 
     def extends(self, src: str, shard: _Shard, src_off: int, dst_off: int) -> bool:
-        return (src, shard) == (self.src, self.shard) and (src_off, dst_off) == (
+        return src == self.src and shard is self.shard and (src_off, dst_off) == (
             self.src_off + self.nbytes, self.dst_off + self.nbytes)
 
 

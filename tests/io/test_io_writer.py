@@ -163,10 +163,10 @@ def test_a_failed_background_copy_is_raised_by_finalize(tmp_path):
     from safetensors.torch import save_file
 
     save_file(ts, src_dir / "model.safetensors")
-    with CheckpointReader(src_dir) as r:
-        w = ShardWriter(out, plan=_plan(ts), background_copies=True)
-        for n in ts:
-            path, off, nb = r.byte_range(n)
-            w.copy_from(n, path, off + 10**9, nb)  # past the end of the source file
-        with pytest.raises(OSError, match="end of the source"):
+    with CheckpointReader(src_dir) as r, pytest.raises(OSError, match="end of the source"):
+        with ShardWriter(out, plan=_plan(ts), background_copies=True) as w:
+            for n in ts:  # raised by a later copy_from once the failed copy is done, else by finalize
+                path, off, nb = r.byte_range(n)
+                w.copy_from(n, path, off + 10**9, nb)  # past the end of the source file
             w.finalize()
+    assert w._copier is None  # the copy thread was stopped before the files were closed
