@@ -109,10 +109,10 @@ def make_checkpoint(folder: Path, layers: int, hidden: int, heads: int, inter: i
     return sum(p.stat().st_size for p in folder.iterdir())
 
 
-def timed(cmd: list[str], env: dict | None = None) -> tuple[float, int, float]:
+def timed(cmd: list[str], env: dict | None = None, cwd: str | None = None) -> tuple[float, int, float]:
     """(wall seconds, peak RSS bytes, CPU seconds user + system) of one fresh process (/usr/bin/time -v)."""
     proc = subprocess.run(["/usr/bin/time", "-v", *cmd], capture_output=True, text=True,
-                          env={**os.environ, **env} if env else None)
+                          env={**os.environ, **env} if env else None, cwd=cwd)
     if proc.returncode != 0:
         raise SystemExit(f"command failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stderr[-2000:]}")
     wall = re.search(r"Elapsed \(wall clock\) time.*: (?:(\d+):)?(\d+):([\d.]+)", proc.stderr)
@@ -163,6 +163,7 @@ def main() -> int:
         envs = {}
         if args.ref:
             tools["kvtool@ref"] = tools["kvtool"]
+            # `python -m` puts the working directory first on sys.path: run the reference from its checkout
             envs["kvtool@ref"] = {"PYTHONPATH": str(Path(args.ref).resolve())}
         if args.naive:
             tools["naive"] = lambda d: [sys.executable, str(naive_py), str(src), str(d), str(args.groups)]
@@ -175,7 +176,7 @@ def main() -> int:
         for i in range(args.repeat):
             for name, cmd in tools.items():
                 out = base / f"out-{name}"
-                results[name].append(timed(cmd(out), envs.get(name)))
+                results[name].append(timed(cmd(out), envs.get(name), args.ref if name == "kvtool@ref" else None))
                 print(f"run {i + 1}/{args.repeat} {name}: {results[name][-1][0]:.2f} s", file=sys.stderr)
                 shutil.rmtree(out)
                 os.sync()
