@@ -46,7 +46,7 @@ SHAPES = {
                ops=("mean", "aware0", "aware1", "aware2", "quantize", "eval"),
                deep_ops=("mean", "aware0", "quantize", "eval")),
     "70b": dict(hidden=8192, heads=64, kv=8, inter=28672, vocab=49152, depths=(1, 2), groups=4, tokens=64, seq=32,
-                ops=("mean", "aware0", "quantize", "eval")),
+                ops=("mean", "aware0", "quantize"), deep_ops=("mean", "quantize")),
     "tiny": dict(hidden=256, heads=4, kv=4, inter=512, vocab=49152, depths=(1, 2), groups=2, tokens=64, seq=32,
                  ops=("mean", "aware0", "aware1", "aware2", "quantize", "eval")),
 }
@@ -146,6 +146,12 @@ def main() -> int:
         der = results["derived"].setdefault(name, {})
         for op in ops:
             a, b = runs.get(f"{op}@{d1}"), runs.get(f"{op}@{d2}")
+            if a and not b and name != "8b" and op in results["derived"].get("8b", {}):
+                # one depth only (70B aware: ~2 CPU-minutes a layer): the rest is taken from the 8B fit
+                rest = results["derived"]["8b"][op]["base_cpu_s"]
+                der[op] = {"layer_cpu_s": (a["cpu"] - rest) / d1, "base_cpu_s": rest, "rss_d1": a["rss"],
+                           "rss_d2": a["rss"], "layer_wall_s": None, "d1": d1, "d2": d1, "one_depth": True}
+                continue
             if not (a and b):
                 continue
             per = (b["cpu"] - a["cpu"]) / (d2 - d1)
@@ -189,11 +195,38 @@ def fit(results: dict, copy_gbps: float | None, convert_startup: float) -> dict:
         return _median([der[n][op]["layer_cpu_s"] / (shapes[n]["layer_params"] * shapes[n]["tokens"])
                         for n in real if op in der[n]])
 
-    def calib(op):
+    def calib(op, tok_slope, cubed: bool):
+        """Per layer: s_per_param x params + slope x params x tokens (+ s_per_hidden_cubed x hidden^3).
+        The token slope comes from the 1B runs at two token counts (--tokens-json); the rest is solved
+        from the 1B and 8B per-layer costs (exactly, two shapes, two unknowns when `cubed`)."""
+        two = [n for n in ("1b", "8b") if op in der.get(n, {})]
+        resid = {n: der[n][op]["layer_cpu_s"] - tok_slope * shapes[n]["layer_params"] * shapes[n]["tokens"]
+                 for n in two}
+        p1, p2 = (shapes[n]["layer_params"] for n in two)
+        h1, h2 = (shapes[n]["hidden"] ** 3 for n in two)
+        r1, r2 = (resid[n] for n in two)
+        if cubed:
+            det = p1 * h2 - p2 * h1
+            per_param, per_h3 = (r1 * h2 - r2 * h1) / det, (p1 * r2 - p2 * r1) / det
+            if per_param < 0:
+                per_param, per_h3 = 0.0, _median([r1 / h1, r2 / h2])
+        else:
+            per_param, per_h3 = max(0.0, _median([r1 / p1, r2 / p2])), 0.0
         a, b = _line([(sum(params(n)), der[n][op]["rss_d1"]) for n in real if op in der[n]])
-        return {"startup_s": round(max(1.0, _median([der[n][op]["base_cpu_s"] for n in real if op in der[n]])), 2),
-                "s_per_param_token": float(f"{per_token(op):.3g}"), "rss_base_bytes": int(max(a, 1e8)),
-                "rss_per_param": round(max(b, 1.0), 3)}
+        out = {"startup_s": round(max(1.0, _median([der[n][op]["base_cpu_s"] for n in two])), 2),
+               "s_per_param": float(f"{per_param:.3g}"), "s_per_param_token": float(f"{tok_slope:.3g}"),
+               "rss_base_bytes": int(max(a, 1e8)), "rss_per_param": round(max(b, 1.0), 3)}
+        if cubed:
+            out["s_per_hidden_cubed"] = float(f"{per_h3:.3g}")
+        return out
+
+    tok = results.get("tokens", {})
+    slope = {}
+    for op in ("aware0", "quantize"):
+        lo, hi = results["runs"]["1b"][f"{op}@2"], tok.get(op)
+        s1 = shapes["1b"]
+        slope[op] = max(0.0, (hi["cpu"] - lo["cpu"]) / (2 * s1["layer_params"] * (tok["tokens"] - s1["tokens"]))
+                        if hi else per_token(op))
 
     out = {"about": "kvtool.model.costs coefficients: CPU-core seconds (one thread) and peak RSS bytes, fitted by "
                     "bench/scaling_bench.py --coefficients (per-layer costs at 1B / 8B / 70B widths) and "
@@ -204,7 +237,7 @@ def fit(results: dict, copy_gbps: float | None, convert_startup: float) -> dict:
     out["convert_mean"] = {"startup_s": convert_startup, "copy_bytes_per_s": (copy_gbps or 1.0) * 1e9,
                            "pool_bytes_per_s": 2.0e9, "rss_base_bytes": int(max(a, 3e7)),
                            "rss_per_layer_kv_byte": round(max(b, 1.0), 3)}
-    aw = calib("aware0")
+    aw = calib("aware0", slope["aware0"], cubed=True)
     step = fixed = None
     for n in real:  # refinement costs are per layer: from the shallow depth, (aware2 - aware1) / layers
         r, s = results["runs"][n], shapes[n]
@@ -216,7 +249,7 @@ def fit(results: dict, copy_gbps: float | None, convert_startup: float) -> dict:
     aw["refine_fixed_s_per_attn_param_token"] = float(f"{max(fixed or 0, 1e-12):.3g}")
     aw["refine_step_s_per_attn_param_token"] = float(f"{max(step or 0, 1e-12):.3g}")
     out["convert_aware"] = aw
-    out["quantize_kv"] = calib("quantize")
+    out["quantize_kv"] = calib("quantize", slope["quantize"], cubed=False)
     a, b = _line([(shapes[n]["layer_params"] * der[n]["eval"]["d1"] + params(n)[1], der[n]["eval"]["rss_d1"])
                   for n in real if "eval" in der[n]])
     out["eval"] = {"startup_s": round(max(1.0, _median([der[n]["eval"]["base_cpu_s"] for n in real

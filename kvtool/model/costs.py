@@ -96,9 +96,16 @@ def convert_mean(shape: Shape) -> Estimate:
     return Estimate(c["rss_base_bytes"] + c["rss_per_layer_kv_byte"] * shape.layer_kv_bytes, t, disk_bound=True)
 
 
+def _layer_seconds(c: dict, shape: Shape, tokens: int) -> float:
+    """One layer's calibration: handling its weights (read, widen), the forward over the tokens and,
+    for the aware method, the closed-form solves (hidden^3; the term that dominates at 70B width)."""
+    return (shape.layer_params * (c["s_per_param"] + tokens * c["s_per_param_token"])
+            + c.get("s_per_hidden_cubed", 0.0) * shape.hidden ** 3)
+
+
 def _calibration(c: dict, shape: Shape, tokens: int) -> Estimate:
     """Layer-by-layer replay: one decoder layer (fp32) and the embeddings resident, whatever the depth."""
-    t = c["startup_s"] + shape.layers * shape.layer_params * tokens * c["s_per_param_token"]
+    t = c["startup_s"] + shape.layers * _layer_seconds(c, shape, tokens)
     peak = c["rss_base_bytes"] + c["rss_per_param"] * (shape.layer_params + shape.other_params)
     return Estimate(peak, t)
 

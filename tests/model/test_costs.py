@@ -32,14 +32,16 @@ def test_convert_mean_by_hand():
 def test_calibration_by_hand():
     a, q = C["convert_aware"], C["quantize_kv"]
     e = costs.convert_aware(S8B, 4096, 1024, refine_steps=8)
-    want = (a["startup_s"] + 32 * S8B.layer_params * 4096 * a["s_per_param_token"]
+    want = (a["startup_s"] + 32 * (S8B.layer_params * (a["s_per_param"] + 4096 * a["s_per_param_token"])
+                                    + a["s_per_hidden_cubed"] * 4096 ** 3)
             + 32 * S8B.attn_params * (4096 * a["refine_fixed_s_per_attn_param_token"]
                                       + 8 * 1024 * a["refine_step_s_per_attn_param_token"]))
     assert e.cpu_seconds == pytest.approx(want)
     assert e.peak_bytes == pytest.approx(a["rss_base_bytes"] + a["rss_per_param"] * (S8B.layer_params
                                                                                      + S8B.other_params))
     e = costs.quantize_kv(S8B, 2048)
-    assert e.cpu_seconds == pytest.approx(q["startup_s"] + 32 * S8B.layer_params * 2048 * q["s_per_param_token"])
+    assert e.cpu_seconds == pytest.approx(q["startup_s"] + 32 * S8B.layer_params * (q["s_per_param"]
+                                                                                     + 2048 * q["s_per_param_token"]))
 
 
 def test_eval_by_hand():
