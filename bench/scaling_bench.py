@@ -245,17 +245,22 @@ def fit(results: dict, copy_gbps: float | None, convert_startup: float) -> dict:
         if all(f"aware{k}@{d1}" in r for k in (0, 1, 2)):
             a0, a1, a2 = (r[f"aware{k}@{d1}"]["cpu"] / d1 for k in (0, 1, 2))
             step = (a2 - a1) / (attn(n) * s["seq"])
-            fixed = (a1 - a0 - step * attn(n) * s["seq"]) / (attn(n) * s["tokens"])
-    aw["refine_fixed_s_per_attn_param_token"] = float(f"{max(fixed or 0, 1e-12):.3g}")
+            fixed = (a1 - a0 - step * attn(n) * s["seq"]) / attn(n)
+    aw["refine_fixed_s_per_attn_param"] = float(f"{max(fixed or 0, 1e-12):.3g}")
     aw["refine_step_s_per_attn_param_token"] = float(f"{max(step or 0, 1e-12):.3g}")
     out["convert_aware"] = aw
     out["quantize_kv"] = calib("quantize", slope["quantize"], cubed=False)
     a, b = _line([(shapes[n]["layer_params"] * der[n]["eval"]["d1"] + params(n)[1], der[n]["eval"]["rss_d1"])
                   for n in real if "eval" in der[n]])
+    s1, lo, hi = shapes["1b"], results["runs"]["1b"]["eval@2"], tok.get("eval")
+    ev_slope = ((hi["cpu"] - lo["cpu"]) / ((2 * s1["layer_params"] + s1["vocab"] * s1["hidden"])
+                                          * (tok["tokens"] - s1["tokens"])) if hi else per_token("eval"))
+    ev_param = _median([max(0.0, der[n]["eval"]["layer_cpu_s"] - ev_slope * shapes[n]["layer_params"]
+                            * shapes[n]["tokens"]) / shapes[n]["layer_params"] for n in real if "eval" in der[n]])
     out["eval"] = {"startup_s": round(max(1.0, _median([der[n]["eval"]["base_cpu_s"] for n in real
                                                           if "eval" in der[n]])), 2),
-                   "s_per_param_token": float(f"{per_token('eval'):.3g}"), "rss_base_bytes": int(max(a, 1e8)),
-                   "rss_per_param": round(max(b, 1.0), 3)}
+                   "s_per_param": float(f"{ev_param:.3g}"), "s_per_param_token": float(f"{ev_slope:.3g}"),
+                   "rss_base_bytes": int(max(a, 1e8)), "rss_per_param": round(max(b, 1.0), 3)}
     return out
 
 

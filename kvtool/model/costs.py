@@ -115,7 +115,8 @@ def convert_aware(shape: Shape, calib_tokens: int, seq_len: int, refine_steps: i
     e = _calibration(c, shape, calib_tokens)
     t = e.cpu_seconds
     if refine_steps:
-        t += shape.layers * shape.attn_params * (calib_tokens * c["refine_fixed_s_per_attn_param_token"]
+        # a fixed part per refined layer (the fp32 copies, the optimizer, the loss before and after) and the steps
+        t += shape.layers * shape.attn_params * (c["refine_fixed_s_per_attn_param"]
                                                  + refine_steps * seq_len * c["refine_step_s_per_attn_param_token"])
     return Estimate(e.peak_bytes, t)
 
@@ -146,6 +147,7 @@ def for_checkpoint(source) -> Shape:
 def evaluate(shape: Shape, tokens: int, models: int = 1) -> Estimate:
     """Perplexity of `models` models (candidate, and baseline when given), loaded whole in fp32 on CPU."""
     c = coefficients()["eval"]
-    per_model = tokens * (shape.layers * shape.layer_params + shape.vocab * shape.hidden) * c["s_per_param_token"]
+    per_model = (shape.params * c["s_per_param"]  # loading, in float32
+                 + tokens * (shape.layers * shape.layer_params + shape.vocab * shape.hidden) * c["s_per_param_token"])
     peak = c["rss_base_bytes"] + c["rss_per_param"] * shape.params * models
     return Estimate(peak, c["startup_s"] + models * per_model)

@@ -34,7 +34,7 @@ def test_calibration_by_hand():
     e = costs.convert_aware(S8B, 4096, 1024, refine_steps=8)
     want = (a["startup_s"] + 32 * (S8B.layer_params * (a["s_per_param"] + 4096 * a["s_per_param_token"])
                                     + a["s_per_hidden_cubed"] * 4096 ** 3)
-            + 32 * S8B.attn_params * (4096 * a["refine_fixed_s_per_attn_param_token"]
+            + 32 * S8B.attn_params * (a["refine_fixed_s_per_attn_param"]
                                       + 8 * 1024 * a["refine_step_s_per_attn_param_token"]))
     assert e.cpu_seconds == pytest.approx(want)
     assert e.peak_bytes == pytest.approx(a["rss_base_bytes"] + a["rss_per_param"] * (S8B.layer_params
@@ -47,7 +47,7 @@ def test_calibration_by_hand():
 def test_eval_by_hand():
     c = C["eval"]
     e = costs.evaluate(S8B, 1000, models=2)
-    per_model = 1000 * (32 * S8B.layer_params + 128256 * 4096) * c["s_per_param_token"]
+    per_model = S8B.params * c["s_per_param"] + 1000 * (32 * S8B.layer_params + 128256 * 4096) * c["s_per_param_token"]
     assert e.cpu_seconds == pytest.approx(c["startup_s"] + 2 * per_model)
     assert e.peak_bytes == pytest.approx(c["rss_base_bytes"] + c["rss_per_param"] * S8B.params * 2)
 
