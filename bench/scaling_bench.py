@@ -210,14 +210,35 @@ def fit(results: dict, copy_gbps: float | None, convert_startup: float) -> dict:
             per_param, per_h3 = (r1 * h2 - r2 * h1) / det, (p1 * r2 - p2 * r1) / det
             if per_param < 0:
                 per_param, per_h3 = 0.0, _median([r1 / h1, r2 / h2])
-        else:
-            per_param, per_h3 = max(0.0, _median([r1 / p1, r2 / p2])), 0.0
+        else:  # weights handling dominates at these token counts: averaged over the 8B and 70B widths
+            wide = [n for n in ("8b", "70b") if op in der.get(n, {})]
+            per_param = max(0.0, sum((der[n][op]["layer_cpu_s"] - tok_slope * shapes[n]["layer_params"]
+                                      * shapes[n]["tokens"]) / shapes[n]["layer_params"] for n in wide) / len(wide))
+            per_h3 = 0.0
         a, b = _line([(sum(params(n)), der[n][op]["rss_d1"]) for n in two])
+        sq = 0.0
+        three = [n for n in ("1b", "8b", "70b") if op in der.get(n, {})]
+        per_layer = None
+        if len(three) == 3:  # memory, solved on the three widths
+            import numpy as np
+
+            # aware: base + per parameter + per hidden^2 (its float64 Gram matrices);
+            # quantize: base + per embedding parameter + per parameter of the resident layer
+            third = (lambda n: shapes[n]["hidden"] ** 2) if cubed else (lambda n: shapes[n]["layer_params"])
+            m = np.array([[1.0, sum(params(n)), third(n)] for n in three])
+            a, b, z = np.linalg.solve(m, np.array([float(der[n][op]["rss_d1"]) for n in three]))
+            if cubed:
+                sq = z
+            else:
+                per_layer = b + z
         out = {"startup_s": round(max(1.0, _median([der[n][op]["base_cpu_s"] for n in two])), 2),
                "s_per_param": float(f"{per_param:.3g}"), "s_per_param_token": float(f"{tok_slope:.3g}"),
-               "rss_base_bytes": int(max(a, 1e8)), "rss_per_param": round(max(b, 1.0), 3)}
+               "rss_base_bytes": int(max(a, 1e8)), "rss_per_param": round(max(b, 0.1), 3)}
         if cubed:
             out["s_per_hidden_cubed"] = float(f"{per_h3:.3g}")
+            out["rss_per_hidden_squared"] = round(max(sq, 0.0), 1)
+        if per_layer is not None:
+            out["rss_per_layer_param"] = round(max(per_layer, 0.1), 3)
         return out
 
     tok = results.get("tokens", {})

@@ -106,7 +106,9 @@ def _layer_seconds(c: dict, shape: Shape, tokens: int) -> float:
 def _calibration(c: dict, shape: Shape, tokens: int) -> Estimate:
     """Layer-by-layer replay: one decoder layer (fp32) and the embeddings resident, whatever the depth."""
     t = c["startup_s"] + shape.layers * _layer_seconds(c, shape, tokens)
-    peak = c["rss_base_bytes"] + c["rss_per_param"] * (shape.layer_params + shape.other_params)
+    peak = (c["rss_base_bytes"] + c["rss_per_param"] * shape.other_params
+            + c.get("rss_per_layer_param", c["rss_per_param"]) * shape.layer_params  # the resident layer
+            + c.get("rss_per_hidden_squared", 0.0) * shape.hidden ** 2)  # aware: its float64 Gram matrices
     return Estimate(peak, t)
 
 

@@ -21,9 +21,9 @@ SPECIAL = [0x0000, 0x8000, 0x0001, 0x8001, 0x007F, 0x0080, 0x7F7F, 0xFF7F, 0x7F8
 def _reference_mean(groups: np.ndarray) -> np.ndarray:
     f = (groups.astype(np.uint32) << 16).view(np.float32)
     acc = f[:, 0].astype(np.float64)
-    for i in range(1, groups.shape[1]):
-        acc += f[:, i]
     with np.errstate(invalid="ignore", over="ignore"):
+        for i in range(1, groups.shape[1]):
+            acc += f[:, i]
         return from_float((acc / groups.shape[1]).astype(np.float32), "BF16")
 
 

@@ -38,8 +38,11 @@ def test_calibration_by_hand():
                                       + 8 * 1024 * a["refine_step_s_per_attn_param_token"]))
     assert e.cpu_seconds == pytest.approx(want)
     assert e.peak_bytes == pytest.approx(a["rss_base_bytes"] + a["rss_per_param"] * (S8B.layer_params
-                                                                                     + S8B.other_params))
+                                                                                     + S8B.other_params)
+                                         + a["rss_per_hidden_squared"] * 4096 ** 2)
     e = costs.quantize_kv(S8B, 2048)
+    assert e.peak_bytes == pytest.approx(q["rss_base_bytes"] + q["rss_per_param"] * S8B.other_params
+                                         + q["rss_per_layer_param"] * S8B.layer_params)
     assert e.cpu_seconds == pytest.approx(q["startup_s"] + 32 * S8B.layer_params * (q["s_per_param"]
                                                                                      + 2048 * q["s_per_param_token"]))
 
