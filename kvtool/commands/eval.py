@@ -47,6 +47,9 @@ def register(app: typer.Typer) -> None:
         from kvtool.model.preflight import check_loadable
 
         check_loadable(o.model, o.baseline)  # refuse a bad folder before torch and transformers are imported
+        if o.dry_run:
+            typer.echo(render_plan(o.model, o.baseline, texts, o.max_tokens), nl=False)
+            return EXIT_OK
         require_torch("kvtool eval")
         with kv_progress.session(o.progress):
             with kv_progress.task("starting (importing torch and transformers)"):
@@ -75,6 +78,26 @@ def _finite(obj):
     if isinstance(obj, list):
         return [_finite(v) for v in obj]
     return obj
+
+
+def render_plan(model: str, baseline: str | None, texts: list[str] | None, max_tokens: int | None) -> str:
+    """--dry-run: the estimated cost (kvtool.model.costs). Without --max-tokens the token count is
+    estimated as characters / 4 (no tokenizer is loaded)."""
+    from kvtool.model import costs
+
+    if texts is None:
+        from kvtool.datasets import evaluation_text
+
+        texts = [evaluation_text()]
+    in_text = max(2, sum(len(t) for t in texts) // 4)
+    tokens = min(max_tokens, in_text) if max_tokens else in_text
+    shape = costs.for_checkpoint(model)
+    est = costs.evaluate(shape, tokens, models=2 if baseline else 1)
+    about = "" if max_tokens and max_tokens <= in_text else "~"
+    return (f"kvtool eval plan: {model}" + (f" against {baseline}" if baseline else "") + "\n"
+            f"  tokens       {about}{tokens} through {shape.layers} layers"
+            + (", candidate and baseline" if baseline else "") + "\n"
+            f"  estimate     {est.line()}\n")
 
 
 def render_text(r) -> str:

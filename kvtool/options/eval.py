@@ -36,4 +36,5 @@ class EvalOptions:
     min_top1: float | None = option(None, recipe="thresholds.min_top1", minimum=0, maximum=1,
                                     help="Gate: top-1 agreement with the baseline.")
     format: str = option("text", choices=FORMATS, recipe=False, help="text | json")
+    dry_run: bool = option(False, recipe=False, help="Print the estimated peak memory and time; evaluate nothing.")
     progress: bool | None = option(None, negatable=True, recipe=False, help=FLAG_HELP)
