@@ -28,6 +28,7 @@ def register(app: typer.Typer) -> None:
         device: str = typer.Option("auto", "--device", help="auto | cuda | cuda:N | cpu"),
         dtype: str = typer.Option("auto", "--dtype", help="auto (bf16 on CUDA, fp32 on CPU) | bf16 | fp16 | fp32"),
         device_map: Optional[str] = typer.Option(None, "--device-map", help="auto: shard over all GPUs (+CPU) with accelerate."),
+        max_memory: Optional[str] = typer.Option(None, "--max-memory", help="With --device-map: per-device limits, e.g. 0=70GiB,cpu=100GiB (the rest is offloaded to disk)."),
         batch_size: Optional[int] = typer.Option(None, "--batch-size", help="Windows per forward (default 1 on CPU, 8192/L on CUDA)."),
         kv_cache_dtype: str = typer.Option("auto", "--kv-cache-dtype", help="auto (fp8 when the checkpoint has KV scales) | fp8 | off"),
         kv_scales: str = typer.Option("checkpoint", "--kv-scales", help="checkpoint | one (1.0, vLLM's default)"),
@@ -63,6 +64,10 @@ def register(app: typer.Typer) -> None:
                 raise UsageError("compares against a baseline; give --baseline", field=explicit[0])
             gates = {}  # the default PPL gate needs a baseline; without one, PPL alone
         texts, text_name = read_texts(text, dataset)
+        if max_memory is not None:
+            from kvtool.eval.api import parse_max_memory  # torch-free: parses only
+
+            max_memory = parse_max_memory(max_memory)
         from kvtool.io.preflight import check_loadable
 
         check_loadable(model, baseline)  # refuse a bad folder before torch and transformers are imported
@@ -73,7 +78,7 @@ def register(app: typer.Typer) -> None:
             report = evaluate(model, baseline, texts=texts, text_name=text_name, max_length=max_length,
                               stride=stride, max_tokens=max_tokens, device=device, dtype=dtype,
                               kv_cache_dtype=kv_cache_dtype, kv_scales=kv_scales, batch_size=batch_size,
-                              device_map=device_map, gates=gates)
+                              device_map=device_map, max_memory=max_memory, gates=gates)
         if output_format == "json":
             typer.echo(json.dumps(_finite(report.as_dict()), indent=2, sort_keys=True))
         else:
