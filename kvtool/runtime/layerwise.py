@@ -232,7 +232,8 @@ class LayerwiseModel:
                     full = f"{mname}.{pname}" if mname else pname
                     if p is None or p.device.type != "meta" or base is None or full.startswith(base):
                         continue
-                    stored = next((n for n in aliases.get(id(p), [full]) if n in self._reader), None)
+                    names = aliases.get(id(p), [full]) + self._tied_sources(full, p)
+                    stored = next((n for n in names if n in self._reader), None)
                     if stored is None:
                         raise InputError(f"the checkpoint lacks {full!r} (and it is not tied to a stored tensor)",
                                          file=str(self._reader.folder), field=full)
@@ -243,6 +244,17 @@ class LayerwiseModel:
             for sub, pname, p in restore:
                 sub._parameters[pname] = p  # the meta parameter back: ties with the embedding stay intact
             release_free_memory()
+
+    def _tied_sources(self, name: str, param) -> list[str]:
+        """The tensors a tied parameter is read from when the skeleton did not tie it (transformers ties
+        at load): its _tied_weights_keys source, or the input embedding for a tied output embedding."""
+        tied = getattr(self.model, "_tied_weights_keys", None)
+        out = [tied[name]] if isinstance(tied, dict) and isinstance(tied.get(name), str) else []
+        text = self.model.config.get_text_config() if hasattr(self.model.config, "get_text_config") else self.model.config
+        out_emb = self.model.get_output_embeddings()
+        if getattr(text, "tie_word_embeddings", False) and out_emb is not None and out_emb.weight is param:
+            out.append(self._param_name(self.model.get_input_embeddings().weight))
+        return out
 
     def logits_from_hidden(self, hidden: torch.Tensor) -> torch.Tensor:
         """The model's own output computation (final norm, LM head, any logit scaling or softcapping) on
