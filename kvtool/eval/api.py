@@ -267,7 +267,8 @@ class _Loaded:
         params = inspect.signature(model.forward).parameters
         self._keep_arg = "logits_to_keep" in params
         emb = model.get_input_embeddings()
-        self.input_device = emb.weight.device
+        # an embedding accelerate offloaded sits on "meta"; its hook moves the ids to the execution device
+        self.input_device = emb.weight.device if emb.weight.device.type != "meta" else "cpu"
 
     def encode(self, text: str) -> list[int]:
         if self.tokenizer is None:
@@ -304,8 +305,9 @@ class _ModelPool:
 
     def memory(self) -> dict:
         if self.device_map:
-            maps = [m.model.hf_device_map for m in self._by_key.values()
-                    if isinstance(getattr(m.model, "hf_device_map", None), dict)]
+            # a model that accelerate left on one device has no hf_device_map
+            maps = [m.model.hf_device_map if isinstance(getattr(m.model, "hf_device_map", None), dict)
+                    else {"": str(m.input_device)} for m in self._by_key.values()]
             placed: dict[str, int] = {}
             for dm in maps:
                 for dev in dm.values():

@@ -25,7 +25,7 @@ import torch
 from kvtool.errors import UsageError
 
 SEGMENT_BYTES = 512 * 2**20  # hidden states of all paths held at once; more windows -> more segments
-CHUNK_ELEMENTS = 8 * 2**20  # logits of one chunk (positions x vocabulary) per path
+CHUNK_ELEMENTS = 4 * 2**20  # logits of one chunk (positions x vocabulary) per path: 16 MiB in float32
 
 
 class LayerwiseLoaded:

@@ -96,6 +96,8 @@ def _cgroup_headroom(root: Path = Path("/sys/fs/cgroup")) -> int | None:
 
 
 def gib(n: int) -> str:
+    if n < GiB:
+        return f"{n / 2**20:.1f} MiB"
     return f"{n / GiB:.2f} GiB" if n < 10 * GiB else f"{n / GiB:.0f} GiB"
 
 
@@ -150,7 +152,9 @@ def activation_bytes(config: dict, *, batch: int, length: int, paths: int, segme
     h = int(text.get("hidden_size") or 0)
     inter = int(text.get("intermediate_size") or 4 * h)
     heads = int(text.get("num_attention_heads") or 1)
+    vocab = int(text.get("vocab_size") or 0)
     hidden = paths * segment_tokens * h * elem_bytes
     in_layer = batch * length * (3 * inter + heads * length + 4 * h) * elem_bytes
-    logits = (paths + 2) * chunk_elements * 4
+    # float32 logits of one chunk per path, and the log-softmax temporaries of a pair (kvtool.eval.metrics)
+    logits = (paths + 2) * min(chunk_elements, batch * length * vocab) * 4
     return hidden + in_layer + logits
