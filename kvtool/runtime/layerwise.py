@@ -247,12 +247,15 @@ class LayerwiseModel:
 
     def _tied_sources(self, name: str, param) -> list[str]:
         """The tensors a tied parameter is read from when the skeleton did not tie it (transformers ties
-        at load): its _tied_weights_keys source, or the input embedding for a tied output embedding."""
+        at load, and only when the config says tie_word_embeddings): its _tied_weights_keys source, or
+        the input embedding for the output embedding."""
+        text = self.model.config.get_text_config() if hasattr(self.model.config, "get_text_config") else self.model.config
+        if not getattr(text, "tie_word_embeddings", False):
+            return []  # _tied_weights_keys lists what *may* be tied; an untied head is its own tensor
         tied = getattr(self.model, "_tied_weights_keys", None)
         out = [tied[name]] if isinstance(tied, dict) and isinstance(tied.get(name), str) else []
-        text = self.model.config.get_text_config() if hasattr(self.model.config, "get_text_config") else self.model.config
         out_emb = self.model.get_output_embeddings()
-        if getattr(text, "tie_word_embeddings", False) and out_emb is not None and out_emb.weight is param:
+        if out_emb is not None and out_emb.weight is param:
             out.append(self._param_name(self.model.get_input_embeddings().weight))
         return out
 
