@@ -138,10 +138,13 @@ def _fix(need: Need, have: int, elem_bytes: int, layerwise_possible: bool) -> st
     if not layerwise_possible:
         return ("--device-map auto loads it with accelerate, which puts what does not fit (--max-memory) on the "
                 "GPUs or offloads it to disk")
-    if elem_bytes > 2 and need.weights // (elem_bytes // 2) + need.activations <= have:
-        return f"--dtype bf16 halves the weights (about {gib(need.weights // (elem_bytes // 2) + need.activations)})"
-    if need.activations > need.weights:
+    half = need.weights // (elem_bytes // 2) if elem_bytes > 2 else need.weights
+    if half < need.weights and half + need.activations <= have:
+        return f"--dtype bf16 halves the weights (about {gib(half + need.activations)})"
+    if need.weights < have:
         return "a smaller --max-length or --batch-size shrinks the activations"
+    if half < have:
+        return "--dtype bf16 with a smaller --max-length or --batch-size"
     return "no option makes one layer fit here: serve it over several GPUs with vLLM (docs/multi-node.md)"
 
 

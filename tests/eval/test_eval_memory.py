@@ -59,7 +59,8 @@ def test_available_memory_is_measured_or_forced(monkeypatch):
 @pytest.mark.parametrize("weights,acts,limit,layerwise,want", [
     (8 * GiB, 1 * GiB, 6 * GiB, True, "--dtype bf16 halves the weights (about 5.00 GiB)"),
     (8 * GiB, 1 * GiB, 4 * GiB, True, "no option makes one layer fit"),
-    (1 * GiB, 5 * GiB, 4 * GiB, True, "smaller --max-length or --batch-size"),
+    (1 * GiB, 5 * GiB, 4 * GiB, True, "a smaller --max-length or --batch-size shrinks"),
+    (8 * GiB, 3 * GiB, 6 * GiB, True, "--dtype bf16 with a smaller --max-length or --batch-size"),
     (8 * GiB, 1 * GiB, 6 * GiB, False, "--device-map auto"),
 ])
 def test_the_refusal_names_what_makes_it_fit(monkeypatch, weights, acts, limit, layerwise, want):
