@@ -149,8 +149,6 @@ def evaluate_many(candidates: Sequence[Candidate | Any], baseline=None, *, texts
     are stored. Layer by layer (model folders, the default), one decoder layer of one model is in
     memory at a time; otherwise all distinct models are held together.
     """
-    import torch
-
     from kvtool.runtime.torch_utils import pick_device, pick_dtype
 
     cands = [c if isinstance(c, Candidate) else Candidate(c) for c in candidates]
