@@ -361,7 +361,8 @@ class _ModelPool:
             self._sizes.append(sizes[0])
         with kv_progress.task(f"loading {spec}", enabled=self.progress):
             model = load_model(spec, device=self.device, dtype=self.dtype, device_map=self.device_map,
-                               max_memory=_max_memory(self.max_memory), offload_folder=offload)
+                               max_memory=_device_budget(self.max_memory) if self.device_map else None,
+                               offload_folder=offload)
             tok = load_tokenizer(spec)
         _unbounded(tok)
         return _Loaded(spec, model, tok, ckpt.root, ckpt.config)
@@ -508,6 +509,24 @@ def _max_memory(spec):
             out[key] = size if isinstance(size, int) else parse_size(str(size))
         except ValueError as exc:
             raise UsageError(str(exc), field="--max-memory") from None
+    return out
+
+
+def _device_budget(spec):
+    """max_memory for accelerate: the user's, else None (accelerate measures the GPUs and MemAvailable)
+    unless a cgroup limit or KVTOOL_MEMORY_LIMIT is lower than MemAvailable, which accelerate does not see:
+    then the CPU gets 90% of that and the GPUs their free memory."""
+    if spec:
+        return _max_memory(spec)
+    from kvtool.eval import memory
+
+    have, source = memory.available_bytes()
+    if source == "MemAvailable":
+        return None
+    import torch
+
+    out: dict = {i: torch.cuda.mem_get_info(i)[0] for i in range(torch.cuda.device_count())}
+    out["cpu"] = int(have * 0.9)
     return out
 
 

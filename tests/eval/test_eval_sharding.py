@@ -61,6 +61,19 @@ def test_max_memory_below_the_model_offloads_it_to_disk(pair):
     _same(resident, plain)
 
 
+def test_a_memory_limit_accelerate_cannot_see_bounds_the_cpu_share(pair, monkeypatch):
+    """accelerate reads MemAvailable; a cgroup limit (here forced with KVTOOL_MEMORY_LIMIT) is passed on."""
+    from kvtool.eval import memory
+
+    src, mqa = pair
+    kw = dict(max_length=L, stride=S, max_tokens=N, dtype="fp32")
+    plain = evaluate(mqa, src, device="cpu", **kw)
+    monkeypatch.setenv(memory.LIMIT_ENV, "7MB")
+    capped = evaluate(mqa, src, device_map="auto", **kw)
+    assert capped.memory["modules_per_device"] == {"disk": 2}
+    _same(capped, plain)
+
+
 def test_max_memory_needs_a_device_map_and_a_valid_spec(pair):
     src, _ = pair
     with pytest.raises(UsageError, match="goes with --device-map") as exc:
