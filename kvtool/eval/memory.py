@@ -6,8 +6,9 @@ limit is invisible to MemAvailable. KVTOOL_MEMORY_LIMIT (e.g. 8GiB) replaces the
 budget to stay under, and how the tests force a small machine).
 
 Needed memory, at the evaluation dtype (fp32 on CPU doubles a bf16 checkpoint):
-- layer by layer (kvtool.eval.layerwise): the largest decoder layer or the largest tensor outside
-  the layers (the LM head / embedding; the two are never resident together), plus the hidden states
+- layer by layer (kvtool.eval.layerwise): the largest decoder layer, or the largest tensor outside
+  the layers (the LM head / embedding) of every model together (layers and heads are never resident
+  together; the heads of a baseline and a candidate are, for their logits side by side), plus the hidden states
   of one segment of windows for every forward path and one batch's activations inside a layer;
 - whole model: every distinct model's weights plus one batch's activations.
 """
@@ -113,7 +114,9 @@ class Need:
 
 
 def layerwise_need(sizes: list[WeightSizes], activations: int) -> Need:
-    return Need(max(max(s.largest_layer, s.largest_other) for s in sizes), activations,
+    """One model's layer at a time, but the LM heads of all models together (the logits of a chunk are
+    computed side by side)."""
+    return Need(max(max(s.largest_layer for s in sizes), sum(s.largest_other for s in sizes)), activations,
                 "one decoder layer at a time")
 
 

@@ -26,6 +26,14 @@ def test_sizes_come_from_the_headers_at_the_evaluation_dtype(tiny_llama_path):
     assert fp32.total == 4 * sum(t.numel for t in tensors.values()) == 2 * bf16.total
 
 
+def test_layer_by_layer_needs_the_largest_layer_or_every_models_head():
+    a = memory.WeightSizes(total=100, largest_layer=30, largest_other=20, layers=3)
+    b = memory.WeightSizes(total=100, largest_layer=25, largest_other=20, layers=3)
+    assert memory.layerwise_need([a], 5).total == 35
+    assert memory.layerwise_need([a, b], 5).weights == 40  # both heads at once beat one layer
+    assert memory.whole_need([a, b], 5).total == 205
+
+
 def test_cgroup_headroom_v2_v1_and_unlimited(tmp_path):
     v2 = tmp_path / "v2"
     v2.mkdir()
