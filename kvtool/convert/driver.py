@@ -102,18 +102,18 @@ def valid_groups(num_heads: int, kv_heads: int, *, flag_field: bool = False) -> 
 
 def resolve_target(to: str, groups: int | None, num_heads: int, kv_heads: int, *, flag_field: bool) -> int:
     if to not in TARGETS:
-        raise UsageError(f"--to must be one of {', '.join(TARGETS)}, not {to!r}", field="--to")
+        raise UsageError(f"--to must be one of {', '.join(TARGETS)}, not {to!r}", option="to")
     if to == "mqa":
         if groups not in (None, 1):
-            raise UsageError("--to mqa means one KV head; drop --groups", field="--groups")
+            raise UsageError("--to mqa means one KV head; drop --groups", option="groups")
         g = 1
     elif to == "mha":
         if groups not in (None, num_heads):
-            raise UsageError(f"--to mha means {num_heads} KV heads (one per query head); drop --groups", field="--groups")
+            raise UsageError(f"--to mha means {num_heads} KV heads (one per query head); drop --groups", option="groups")
         g = num_heads
     else:
         if groups is None:
-            raise UsageError("--to gqa needs --groups G (the number of KV heads after conversion)", field="--groups")
+            raise UsageError("--to gqa needs --groups G (the number of KV heads after conversion)", option="groups")
         g = groups
     ok = valid_groups(num_heads, kv_heads, flag_field=flag_field)
     if g not in ok:
@@ -122,7 +122,7 @@ def resolve_target(to: str, groups: int | None, num_heads: int, kv_heads: int, *
         if flag_field:
             why = "this architecture's config can express only MQA or MHA"
         raise UsageError(f"cannot convert to {g} KV heads: {why}; valid choices: {', '.join(map(str, ok))}",
-                         field="--groups")
+                         option="groups")
     return g
 
 
@@ -199,7 +199,7 @@ def make_plan(src: str | Path, *, to: str, groups: int | None = None, method: st
               dtype: str = "keep", max_shard_size: int = 5 * 10**9) -> ConvertPlan:
     """Everything the conversion will do, from config and headers (no tensor data read)."""
     if dtype not in OUT_DTYPES:
-        raise UsageError(f"--dtype must be one of {', '.join(OUT_DTYPES)}, not {dtype!r}", field="--dtype")
+        raise UsageError(f"--dtype must be one of {', '.join(OUT_DTYPES)}, not {dtype!r}", option="dtype")
     src_path = Path(src)
     if not src_path.is_dir():
         raise InputError("SRC must be a model folder (config.json + safetensors)", file=str(src))

@@ -123,8 +123,8 @@ def evaluate(model, baseline=None, *, texts: str | Sequence[str] | None = None, 
 
     texts: the evaluation text(s), joined with blank lines into one token stream (default: the
     built-in pydoc evaluation text). max_length / stride: window length L and step S (S < L;
-    default L // 2). max_tokens: cut the stream to its first N tokens. gates: {"--max-ppl-increase":
-    0.02, "--max-kld": 0.01, "--min-top1": 0.95} (any subset). progress: None follows the command's
+    default L // 2). max_tokens: cut the stream to its first N tokens. gates: {"max_ppl_increase":
+    0.02, "max_kld": 0.01, "min_top1": 0.95} (any subset; the fields of kvtool/options/eval.py). progress: None follows the command's
     `--progress` session (kvtool.progress; silent outside one), True / False force it. device_map:
     "auto" (or a {module: device} dict, "disk" allowed) loads the whole model with accelerate within
     max_memory ({0: "70GiB", "cpu": "100GiB"}). layerwise: None (the default) evaluates model folders one
@@ -157,19 +157,19 @@ def evaluate_many(candidates: Sequence[Candidate | Any], baseline=None, *, texts
     for c in cands:
         if c.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise UsageError(f"unknown value {c.kv_cache_dtype!r}; use {', '.join(KV_CACHE_DTYPES)}",
-                             field="--kv-cache-dtype")
+                             option="kv_cache_dtype")
         if isinstance(c.kv_scales, str) and c.kv_scales not in KV_SCALE_SOURCES:
-            raise UsageError(f"unknown value {c.kv_scales!r}; use {' or '.join(KV_SCALE_SOURCES)}", field="--kv-scales")
+            raise UsageError(f"unknown value {c.kv_scales!r}; use {' or '.join(KV_SCALE_SOURCES)}", option="kv_scales")
     stride = stride if stride is not None else max(1, max_length // 2)
     check_window(max_length, stride)
     if max_tokens is not None and max_tokens < 2:
-        raise UsageError(f"must be at least 2, got {max_tokens}", field="--max-tokens")
+        raise UsageError(f"must be at least 2, got {max_tokens}", option="max_tokens")
     if batch_size is not None and batch_size < 1:
-        raise UsageError(f"must be at least 1, got {batch_size}", field="--batch-size")
+        raise UsageError(f"must be at least 1, got {batch_size}", option="batch_size")
 
     if max_memory and not device_map:
         raise UsageError("goes with --device-map (it bounds what accelerate places on each device)",
-                         field="--max-memory")
+                         option="max_memory")
     specs = ([baseline] if baseline is not None else []) + [c.model for c in cands]
     use_layerwise = _layerwise(layerwise, specs, device_map)
     dev = pick_device(device) if not device_map else None
@@ -201,7 +201,7 @@ def _evaluate(pool, cands, baseline, *, texts, max_length, stride, max_tokens, b
     if max_tokens is not None:
         ids = ids[:max_tokens]
     if len(ids) < 2:
-        raise InputError(f"the evaluation text has {len(ids)} token(s); at least 2 are needed", field="--text")
+        raise InputError(f"the evaluation text has {len(ids)} token(s); at least 2 are needed", option="text")
     ws = windows(len(ids), max_length, stride)
     device_name = pool.device_name(first)
     bs = batch_size or (max(1, min(16, 8192 // max_length)) if device_name.startswith("cuda") else 1)
@@ -479,10 +479,10 @@ def _layerwise(flag: bool | None, specs, device_map) -> bool:
     folders = all(isinstance(s, (str, Path)) and Path(str(s)).is_dir() for s in specs)
     if flag and device_map:
         raise UsageError("a device map loads the whole model with accelerate; it does not go with layer-by-layer "
-                         "evaluation", field="--device-map")
+                         "evaluation", option="device_map")
     if flag and not folders:
         raise UsageError("layer-by-layer evaluation reads model folders (not loaded modules or hub ids)",
-                         field="layerwise")
+                         option="layerwise")
     return folders and not device_map if flag is None else bool(flag)
 
 
@@ -508,7 +508,7 @@ def _max_memory(spec):
         try:
             out[key] = size if isinstance(size, int) else parse_size(str(size))
         except ValueError as exc:
-            raise UsageError(str(exc), field="--max-memory") from None
+            raise UsageError(str(exc), option="max_memory") from None
     return out
 
 
@@ -538,7 +538,7 @@ def parse_max_memory(text: str) -> dict:
         dev = dev.strip()
         if not sep or not dev or not (dev.isdigit() or dev in ("cpu", "mps")):
             raise UsageError(f"expected DEVICE=SIZE items (0=70GiB,cpu=100GiB), got {item.strip()!r}",
-                             field="--max-memory")
+                             option="max_memory")
         out[int(dev) if dev.isdigit() else dev] = size.strip()
     _max_memory(out)
     return out

@@ -72,35 +72,29 @@ def _texts(ctx: RunContext, section: dict, purpose: str) -> list[str]:
 # --- step runners ---------------------------------------------------------------------------------
 def run_convert_step(ctx: RunContext, step: Step) -> StepResult:
     from kvtool.convert.driver import make_plan, run_convert
+    from kvtool.convert.methods import method_options
+    from kvtool.options.convert import ConvertOptions
+    from kvtool.options.fields import from_recipe
     from kvtool.units import parse_size
 
-    o = step.options
-    method = o.get("method", "mean")
-    plan = make_plan(ctx.current, to=o["to"], groups=o.get("groups") if o["to"] == "gqa" else None, method=method,
-                     dtype=o.get("dtype", "keep"), max_shard_size=parse_size(o.get("max_shard_size", "5GB")))
-    options: dict = {}
-    if method == "aware":
-        calib = o.get("calibration") or {}
-        files = _texts(ctx, calib, "calibration")
+    out = ctx.new_folder(step)
+    o = from_recipe(ConvertOptions, step.options, src=str(ctx.current), dst=str(out))
+    plan = make_plan(o.src, to=o.to, groups=o.groups if o.to == "gqa" else None, method=o.method, dtype=o.dtype,
+                     max_shard_size=parse_size(o.max_shard_size))
+    if o.method == "aware":  # the recipe's text: its files (one file: joined), or a built-in dataset
+        files = _texts(ctx, step.options.get("calibration") or {}, "calibration")
         if len(files) > 1:  # the aware method reads one file: join them
             from kvtool.eval.texts import read_text_file
 
             joined = ctx.work / "text" / f"step{step.index}-calib.txt"
             joined.parent.mkdir(parents=True, exist_ok=True)
-            joined.write_text("\n\n".join(read_text_file(f, "calibration.text") for f in files), encoding="utf-8")
+            joined.write_text("\n\n".join(read_text_file(f, "calib_text") for f in files), encoding="utf-8")
             files = [str(joined)]
-        options["calib_text"] = files[0]
-        if "tokens" in calib:
-            options["calib_tokens"] = calib["tokens"]
-        if "seq_len" in calib:
-            options["seq_len"] = calib["seq_len"]
-        for key in ("refine_steps", "grouping"):
-            if key in o:
-                options[key] = o[key]
-    out = ctx.new_folder(step)
+        o.calib_text, o.calib_dataset = files[0], None
+    options = method_options(o) if o.method == "aware" else {}  # a recipe's mean step ignores the aware keys
     res = run_convert(plan, out, progress=ctx.progress, device=_device(ctx), method_options=options)
-    return StepResult(step.index, step.kind, dict(o), str(out),
-                      details={"kv_heads": f"{plan.from_kv}->{plan.to_kv}", "method": method, "files": res.files})
+    return StepResult(step.index, step.kind, dict(step.options), str(out),
+                      details={"kv_heads": f"{plan.from_kv}->{plan.to_kv}", "method": o.method, "files": res.files})
 
 
 def run_lint_step(ctx: RunContext, step: Step) -> StepResult:
@@ -118,31 +112,26 @@ def run_lint_step(ctx: RunContext, step: Step) -> StepResult:
                       details=details)
 
 
-def rope_args(options: dict, recipe: Recipe):
-    """RopeArgs for a recipe's rope step (file options resolved relative to the recipe)."""
-    from kvtool.rope.command import RopeArgs
+def rope_options(options: dict, recipe: Recipe, **given):
+    """RopeOptions for a recipe's rope step (file options resolved relative to the recipe)."""
+    from kvtool.options.fields import from_recipe
+    from kvtool.options.rope import RopeOptions
 
-    o = dict(options)
-    extra = {k: o[k] for k in ("beta_fast", "beta_slow", "attention_factor", "low_freq_factor", "high_freq_factor") if k in o}
-    return RopeArgs(
-        src="", rope_type=o["type"], factor=o.get("factor"), target_context=o.get("target_context"),
-        original=o.get("original_max_position_embeddings"), theta=o.get("theta"), options=extra,
-        short_factor_file=str(recipe.resolve(o["short_factor_file"])) if "short_factor_file" in o else None,
-        long_factor_file=str(recipe.resolve(o["long_factor_file"])) if "long_factor_file" in o else None,
-        layer_type=o.get("layer_type", "full_attention"), layout=o.get("layout", "both"))
+    o = from_recipe(RopeOptions, options, **{"src": "", **given})
+    for name in ("short_factor_file", "long_factor_file"):
+        if getattr(o, name) is not None:
+            setattr(o, name, str(recipe.resolve(getattr(o, name))))
+    return o
 
 
 def run_rope_step(ctx: RunContext, step: Step) -> StepResult:
-    import contextlib
     import sys
 
     from kvtool.rope.command import run
 
-    args = rope_args(step.options, ctx.recipe)
     out = ctx.new_folder(step)
-    args.src, args.dst = str(ctx.current), str(out)
-    with contextlib.redirect_stdout(sys.stderr):  # keep stdout for the report
-        run(args)
+    opts = rope_options(step.options, ctx.recipe, src=str(ctx.current), dst=str(out))
+    run(opts, echo=lambda line: print(line, file=sys.stderr))  # keep stdout for the report
     cfg = open_checkpoint(out, read_weights=False).config
     spec = build_spec(cfg)
     return StepResult(step.index, step.kind, dict(step.options), str(out),
@@ -151,49 +140,39 @@ def run_rope_step(ctx: RunContext, step: Step) -> StepResult:
 
 
 def run_quantize_kv_step(ctx: RunContext, step: Step) -> StepResult:
+    from kvtool.options.fields import from_recipe
     from kvtool.quantize.run import QuantizeOptions, quantize_kv
 
-    o = step.options
-    calib = o.get("calibration") or {}
-    opts = QuantizeOptions(calib_texts=_texts(ctx, calib, "calibration"), device=_device(ctx),
-                           evaluate=False)  # the recipe's own eval step judges quality
-    if "tokens" in calib:
-        opts.calib_tokens = calib["tokens"]
-    if "seq_len" in calib:
-        opts.seq_len = calib["seq_len"]
-    for key in ("strategy", "observer", "format"):
-        if key in o:
-            setattr(opts, key, o[key])
     out = ctx.new_folder(step)
-    res = quantize_kv(str(ctx.current), str(out), opts, log=lambda *a, **k: None)
+    opts = from_recipe(QuantizeOptions, step.options, src=str(ctx.current), dst=str(out), device=_device(ctx),
+                       no_eval=True)  # the recipe's own eval step judges quality
+    opts.calib_text = _texts(ctx, step.options.get("calibration") or {}, "calibration")
+    opts.calib_dataset = None  # a recipe's dataset became a text file above
+    res = quantize_kv(opts.src, opts.dst, opts, log=lambda *a, **k: None)
     cal = res.calibration
-    return StepResult(step.index, step.kind, dict(o), str(out),
+    return StepResult(step.index, step.kind, dict(step.options), str(out),
                       details={"observer": getattr(cal, "observer", None), "scale_tensors": len(res.scale_tensors),
                                "tokens": getattr(cal, "tokens", None)})
-
-
-EVAL_GATES = {"max_ppl_increase": "--max-ppl-increase", "max_kld": "--max-kld", "min_top1": "--min-top1"}
 
 
 def run_eval_step(ctx: RunContext, step: Step) -> StepResult:
     from kvtool.eval.api import evaluate
     from kvtool.eval.texts import read_texts
+    from kvtool.options.eval import EvalOptions
+    from kvtool.options.fields import from_recipe
     from kvtool.units import parse_percent
 
-    o = step.options
-    files = [str(path) for _, path in ctx.recipe.text_files(o)] or None
-    texts, text_name = read_texts(files, o.get("dataset"))
-    gates = {}
-    for key, flag in EVAL_GATES.items():
-        if key in (o.get("thresholds") or {}):
-            v = o["thresholds"][key]
-            gates[flag] = parse_percent(v) if key == "max_ppl_increase" else float(v)
-    report = evaluate(str(ctx.current), baseline=str(ctx.src), texts=texts, text_name=text_name,
-                      max_length=o.get("max_length", 1024), stride=o.get("stride"), max_tokens=o.get("max_tokens"),
-                      device=_device(ctx), kv_cache_dtype=o.get("kv_cache_dtype", "auto"), gates=gates,
-                      progress=ctx.progress)
+    o = from_recipe(EvalOptions, step.options, model=str(ctx.current), baseline=str(ctx.src))
+    files = [str(path) for _, path in ctx.recipe.text_files(step.options)] or None
+    texts, text_name = read_texts(files, o.dataset)
+    gates = {}  # a recipe gates only on the thresholds it names (the command's 2% default is no recipe default)
+    for key, v in (step.options.get("thresholds") or {}).items():  # the schema admits the gates' names only
+        gates[key] = parse_percent(v) if key == "max_ppl_increase" else float(v)
+    report = evaluate(o.model, baseline=o.baseline, texts=texts, text_name=text_name, max_length=o.max_length,
+                      stride=o.stride, max_tokens=o.max_tokens, device=_device(ctx), kv_cache_dtype=o.kv_cache_dtype,
+                      gates=gates, progress=ctx.progress)
     d = report.as_dict()
-    return StepResult(step.index, step.kind, dict(o), None, passed=report.passed,
+    return StepResult(step.index, step.kind, dict(step.options), None, passed=report.passed,
                       details={"metrics": d, "gates": [g.line() for g in report.gates],
                                "failed": [g.line() for g in report.failed_gates]})
 
@@ -273,6 +252,7 @@ def apply_recipe(recipe_path: str | Path, src: str | Path, dst: str | Path, *, d
             except KvtoolError as exc:  # name DST, not the hidden work folder the steps write into
                 for s in recipe.steps:
                     exc.relocate(str(ctx.new_folder(s)), str(dst))
+                _name_step_key(exc, step)
                 raise
             res.seconds = round(time.perf_counter() - t0, 3)
             report["steps"].append(res.__dict__)
@@ -306,6 +286,17 @@ def apply_recipe(recipe_path: str | Path, src: str | Path, dst: str | Path, *, d
     return report
 
 
+def _name_step_key(exc: KvtoolError, step: Step) -> None:
+    """An error naming an options field the step spells names it as the recipe does: steps[0].eval.max_tokens.
+    Any other field (apply's own --device) is left for the command line to spell."""
+    from kvtool.options.fields import OPERATIONS, field_named
+
+    cls = OPERATIONS.get(step.kind)
+    f = field_named(cls, exc.option) if cls is not None and exc.option and not exc.field else None
+    if f is not None and f.recipe_key:
+        exc.name_option(f"steps[{step.index - 1}].{step.kind}.{f.recipe_key}")
+
+
 def _check_intermediate(kept: Path, *, force: bool, src: Path) -> None:
     """DST.intermediate is the user's once it exists: replaced only with --force, never inside SRC."""
     from kvtool.io.staging import check_destination
@@ -314,7 +305,7 @@ def _check_intermediate(kept: Path, *, force: bool, src: Path) -> None:
         raise UsageError("exists and is not a folder; --keep-intermediate will not replace it", file=str(kept))
     if kept.exists() and not force:
         raise UsageError("exists (an earlier --keep-intermediate run?); remove it or use --force to replace it",
-                         file=str(kept), field="--keep-intermediate")
+                         file=str(kept), option="keep_intermediate")
     check_destination(kept, force=True, protect=[src])
 
 

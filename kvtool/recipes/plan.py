@@ -12,7 +12,7 @@ import copy
 from dataclasses import dataclass, field
 from typing import Callable
 
-from kvtool.errors import UsageError
+from kvtool.errors import KvtoolError, UsageError
 from kvtool.io.inputfile import not_regular
 from kvtool.recipes.load import Recipe, Step
 from kvtool.model.spec import build_spec
@@ -25,9 +25,18 @@ class PlanState:
     notes: list[str] = field(default_factory=list)
 
 
-def _fail(recipe: Recipe, step: Step, message: str) -> UsageError:
+def _fail(recipe: Recipe, step: Step, message: str, cause: KvtoolError | None = None) -> UsageError:
+    """The step's error, naming the recipe key when `cause` names an options field (steps[0].rope.factor)."""
+    where = f"steps[{step.index - 1}].{step.kind}"
+    if cause is not None and cause.option and not cause.field:
+        from kvtool.options.fields import OPERATIONS, field_named
+
+        cls = OPERATIONS.get(step.kind)
+        f = field_named(cls, cause.option) if cls is not None else None
+        if f is not None and f.recipe_key:
+            where += "." + f.recipe_key
     return UsageError(f"line {step.line}: step {step.index} ({step.kind}): {message}", file=str(recipe.path),
-                      field=f"steps[{step.index - 1}].{step.kind}")
+                      field=where)
 
 
 def _text_paths(recipe: Recipe, step: Step, section: dict | None, *, required: bool) -> None:
@@ -78,15 +87,13 @@ def plan_rope(recipe: Recipe, step: Step, state: PlanState) -> str:
     if spec.position != "rope":
         raise _fail(recipe, step, f"the model uses {spec.position} positions, not RoPE")
     from kvtool.errors import InputError
-    from kvtool.recipes.apply import rope_args
+    from kvtool.recipes.apply import rope_options
     from kvtool.rope.apply import plan_rope
-    from kvtool.rope.command import request_from_args
 
     try:
-        req = request_from_args(rope_args(step.options, recipe))
-        state.config = plan_rope(spec, req, source=str(recipe.path)).config
+        state.config = plan_rope(spec, rope_options(step.options, recipe), source=str(recipe.path)).config
     except (UsageError, InputError) as exc:
-        raise _fail(recipe, step, exc.message) from None
+        raise _fail(recipe, step, exc.message, exc) from None
     o = step.options
     size = f"factor {o['factor']}" if "factor" in o else (f"target context {o['target_context']}" if "target_context" in o else "")
     return f"{o['type']} {size}".strip()
@@ -99,11 +106,11 @@ def plan_quantize_kv(recipe: Recipe, step: Step, state: PlanState) -> str:
     if spec.is_mla:
         raise _fail(recipe, step, "MLA models cache a latent, not per-head K/V; FP8 KV scales for MLA are not supported")
     _text_paths(recipe, step, step.options.get("calibration"), required=True)
-    from kvtool.quantize.run import QuantizeOptions  # no torch at import
+    from kvtool.options.fields import from_recipe
+    from kvtool.options.quantize_kv import QuantizeOptions
 
-    default = QuantizeOptions(calib_texts=[])
-    return (f"FP8 KV scales ({step.options.get('strategy', default.strategy)}, "
-            f"observer {step.options.get('observer', default.observer)})")
+    o = from_recipe(QuantizeOptions, step.options, src="", dst="")
+    return f"FP8 KV scales ({o.strategy}, observer {o.observer})"
 
 
 def plan_lint(recipe: Recipe, step: Step, state: PlanState) -> str:

@@ -146,10 +146,10 @@ def test_loaded_modules_and_device_maps_run_whole(four_layers, smollm2_tokenizer
 
     with pytest.raises(UsageError, match="model folders") as exc:
         evaluate(module, tokenizer=smollm2_tokenizer, layerwise=True)
-    assert exc.value.field == "layerwise"
+    assert exc.value.option == "layerwise"
     with pytest.raises(UsageError, match="does not go with") as exc:
         evaluate(src, device_map="auto", layerwise=True)
-    assert exc.value.field == "--device-map"
+    assert exc.value.option == "device_map"
 
 
 def test_renamed_tensors_fall_back_to_the_whole_model_and_say_so(tmp_path, smollm2_path, smollm2_tokenizer):

@@ -78,12 +78,12 @@ def test_max_memory_needs_a_device_map_and_a_valid_spec(pair):
     src, _ = pair
     with pytest.raises(UsageError, match="goes with --device-map") as exc:
         evaluate(src, max_memory={"cpu": "1GB"})
-    assert exc.value.field == "--max-memory"
+    assert exc.value.option == "max_memory"
     assert parse_max_memory("0=70GiB, 1=70GiB,cpu=200GiB") == {0: "70GiB", 1: "70GiB", "cpu": "200GiB"}
     for bad in ("70GiB", "gpu0=1GB", "cpu=lots", "=1GB"):
         with pytest.raises(UsageError) as exc:
             parse_max_memory(bad)
-        assert exc.value.field == "--max-memory"
+        assert exc.value.option == "max_memory"
 
 
 def test_cli_device_map_with_max_memory(pair):
