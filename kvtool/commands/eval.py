@@ -44,6 +44,11 @@ def register(app: typer.Typer) -> None:
                 raise UsageError("compares against a baseline; give --baseline", option=explicit[0])
             gates = {}  # the default PPL gate needs a baseline; without one, PPL alone
         texts, text_name = read_texts(o.text, o.dataset)
+        max_memory = None
+        if o.max_memory is not None:
+            from kvtool.eval.api import parse_max_memory  # torch-free: parses only
+
+            max_memory = parse_max_memory(o.max_memory)
         from kvtool.model.preflight import check_loadable
 
         check_loadable(o.model, o.baseline)  # refuse a bad folder before torch and transformers are imported
@@ -57,7 +62,7 @@ def register(app: typer.Typer) -> None:
             report = evaluate(o.model, o.baseline, texts=texts, text_name=text_name, max_length=o.max_length,
                               stride=o.stride, max_tokens=o.max_tokens, device=o.device, dtype=o.dtype,
                               kv_cache_dtype=o.kv_cache_dtype, kv_scales=o.kv_scales, batch_size=o.batch_size,
-                              device_map=o.device_map, gates=gates)
+                              device_map=o.device_map, max_memory=max_memory, gates=gates)
         if o.format == "json":
             typer.echo(json.dumps(_finite(report.as_dict()), indent=2, sort_keys=True))
         else:
