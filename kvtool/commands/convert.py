@@ -15,7 +15,8 @@ def register(app: typer.Typer) -> None:
     @command(app, ConvertOptions, cls=_DstRequiredCommand,
              help="Convert attention heads: --to gqa --groups G | --to mqa | --to mha (exact expansion).")
     def convert(o: ConvertOptions) -> int:
-        from kvtool.convert.methods import get_method, method_options
+        from kvtool.convert.methods import get_method
+        from kvtool.options.convert import method_options
         from kvtool.convert.report import render_plan, render_result
         from kvtool.units import parse_size
 
@@ -38,7 +39,7 @@ def register(app: typer.Typer) -> None:
         for w in plan.warnings:
             typer.echo(f"kvtool: warning: {w}", err=True)
         if o.dry_run:
-            typer.echo(render_plan(plan, o.dst), nl=False)
+            typer.echo(render_plan(plan, o.dst, method_obj, o.eval_tokens if o.eval else None), nl=False)
             return EXIT_OK
         if method_obj.array_api == "torch" or o.eval:
             require_torch(f"kvtool convert {'--eval' if o.eval else '--method ' + o.method}")
@@ -51,7 +52,7 @@ def register(app: typer.Typer) -> None:
         if want_eval or method_obj.array_api == "torch":  # transformers will load SRC: no checkpoint code
             from pathlib import Path
 
-            from kvtool.io.preflight import refuse_auto_map
+            from kvtool.model.preflight import refuse_auto_map
 
             refuse_auto_map(Path(o.src))
         with kv_progress.session(o.progress):

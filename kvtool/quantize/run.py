@@ -26,7 +26,7 @@ class QuantizeResult:
 
 
 def read_texts(files: list[str], option: str) -> list[str]:
-    from kvtool.eval.texts import read_text_file
+    from kvtool.datasets import read_text_file
 
     out = [read_text_file(f, option) for f in files]
     if not any(t.strip() for t in out):
@@ -87,7 +87,7 @@ def text_hash(texts: list[str]) -> str:
 def prepare(src: str, dst: str, opts: QuantizeOptions):
     """All checks that need no model: (checkpoint, architecture, spec, new config). Raises exit-2 errors."""
     from kvtool.model.architectures import is_known
-    from kvtool.io.preflight import preflight
+    from kvtool.model.preflight import preflight
     from kvtool.io.staging import check_destination
     from kvtool.model.numbers import require_valid_numbers
     from kvtool.quantize.config import with_kv_cache_scheme
@@ -134,7 +134,7 @@ def quantize_kv(src: str, dst: str, opts: QuantizeOptions, *, log=print) -> Quan
     from kvtool.quantize.formats import get_format
     from kvtool.quantize.observers import canonical
     from kvtool.quantize.write import scale_tensors, write_output
-    from kvtool.runtime.torch_utils import load_model, load_tokenizer, pick_device, pick_dtype
+    from kvtool.runtime.torch_utils import load_tokenizer, pick_device, pick_dtype
 
     if opts.calib_text:
         calib, calib_label = read_texts(opts.calib_text, "calib_text"), [str(f) for f in opts.calib_text]
@@ -194,9 +194,8 @@ def quantize_kv(src: str, dst: str, opts: QuantizeOptions, *, log=print) -> Quan
         prov["calibration"]["peak_device_bytes"] = result.peak_device_bytes
     quality = []
     if not opts.no_eval:
-        if model is None:  # the report runs the whole model, as kvtool eval does
-            with kv_progress.task("loading the model for the quality report"):
-                model = load_model(src, device=device, dtype=dtype)
+        if model is None:  # the folder: the report reads one decoder layer at a time (kvtool.eval.layerwise)
+            model = src
         quality = quality_report(model, tok, result, eval_texts, opts, device)
         prov["quality"] = [{"label": r.label, **{k: r.metrics.get(k) for k in
                             ("ppl", "baseline_ppl", "ppl_ratio", "ppl_ratio_se", "kld_mean", "kld_se", "top1_agreement",
@@ -215,7 +214,8 @@ def quality_report(model, tok, result, eval_texts, opts: QuantizeOptions, device
     from kvtool.eval.api import Candidate, evaluate_many
     from kvtool.eval.fp8 import KVScales
 
-    model.to(device)
+    if not isinstance(model, (str, Path)):
+        model.to(device)
     calibrated = KVScales.from_mapping({i: (result.k[i], result.v[i]) for i in result.k}, source="calibrated")
     window = min(1024, opts.eval_tokens)
     t0 = time.perf_counter()
@@ -224,7 +224,7 @@ def quality_report(model, tok, result, eval_texts, opts: QuantizeOptions, device
          Candidate(model, "fp8", "one", label="fp8 scale 1.0"),
          Candidate(model, "fp8", calibrated, label=f"fp8 calibrated ({result.observer}, {result.strategy})")],
         baseline=model, texts=eval_texts, max_length=window, max_tokens=opts.eval_tokens,
-        device=str(device), tokenizer=tok,
+        device=str(device), dtype=opts.dtype, tokenizer=tok,
         text_name=("--eval-text" if eval_texts else "pydoc (built-in held-out evaluation text)"))
     for r in rows:
         r.seconds = time.perf_counter() - t0

@@ -43,3 +43,24 @@ def test_shipped_recipes_lint_clean(capsys):
     recipes = sorted(str(p) for p in (REPO / "recipes").glob("*.yaml"))
     assert len(recipes) == 5
     assert main(["lint", *recipes]) == 0
+
+
+def test_per_file_ignores_apply_to_recipe_files(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "r.yaml").write_text("version: 1\nsteps:\n  - convert:\n      to: gqa\n      metod: aware\n")
+    assert main(["lint", "r.yaml"]) == 1
+    (tmp_path / "pyproject.toml").write_text('[tool.kvtool.per-file-ignores]\n"r.yaml" = ["KV961"]\n')
+    assert main(["lint", "r.yaml"]) == 0
+
+
+def test_method_and_rope_type_choices_come_from_the_registries(tmp_path, capsys):
+    from kvtool.convert.methods import METHODS
+    from kvtool.model.rope.types import applicable_types
+
+    p = tmp_path / "r.yaml"
+    for step, choices in (("convert: {to: gqa, groups: 2, method: meen}", METHODS.names()),
+                          ("rope: {type: ntk, factor: 2}", applicable_types())):  # ntk: a type kvtool cannot write
+        p.write_text(f"version: 1\nsteps:\n  - {step}\n")
+        code, model = _lint_json(p, capsys)
+        (f,) = model["findings"]
+        assert code == 1 and f["code"] == "KV961" and str(choices) in f["message"]
