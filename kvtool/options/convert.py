@@ -15,9 +15,9 @@ AWARE_FIELDS = ("calib_text", "calib_dataset", "calib_tokens", "refine_steps", "
 
 def merge_methods() -> list[str]:
     """The registered merge methods (kvtool/convert/methods.py and its plug-in modules)."""
-    from kvtool.convert.methods import METHODS
+    from kvtool.convert.methods import available_methods
 
-    return METHODS.names()
+    return available_methods()  # sorted: the order modules happen to be imported in must not show
 
 
 @operation("convert")

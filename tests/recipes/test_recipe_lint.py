@@ -54,11 +54,11 @@ def test_per_file_ignores_apply_to_recipe_files(tmp_path, capsys, monkeypatch):
 
 
 def test_method_and_rope_type_choices_come_from_the_registries(tmp_path, capsys):
-    from kvtool.convert.methods import METHODS
+    from kvtool.convert.methods import available_methods
     from kvtool.model.rope.types import applicable_types
 
     p = tmp_path / "r.yaml"
-    for step, choices in (("convert: {to: gqa, groups: 2, method: meen}", METHODS.names()),
+    for step, choices in (("convert: {to: gqa, groups: 2, method: meen}", available_methods()),
                           ("rope: {type: ntk, factor: 2}", applicable_types())):  # ntk: a type kvtool cannot write
         p.write_text(f"version: 1\nsteps:\n  - {step}\n")
         code, model = _lint_json(p, capsys)
