@@ -102,38 +102,56 @@ def text_hash(texts: list[str]) -> str:
     return "sha256:" + h.hexdigest()
 
 
+def check_model(ckpt, *, config: dict | None = None, tensors: dict | None = None):
+    """The model-side refusals of quantize-kv (torch-free), on the checkpoint or, for a recipe step, on the
+    config and tensors its earlier steps leave. Returns the spec."""
+    from kvtool.model.architectures import is_known
+    from kvtool.model.numbers import require_valid_numbers
+    from kvtool.model.spec import build_spec
+    from kvtool.model.kv_scale_names import is_kv_scale
+
+    config = ckpt.config if config is None else config
+    where = str(ckpt.config_path)
+    if tensors is None:
+        if not ckpt.has_weights:  # what preflight refuses when weights are required
+            ckpt.require_pulled_weights()
+            raise InputError("no safetensors weights in the model folder", file=str(ckpt.root or ckpt.config_path))
+        tensors = ckpt.tensors
+    spec = build_spec(config)
+    require_valid_numbers(spec, where)
+    if not is_known(spec.model_type):
+        raise InputError(f"model_type {spec.model_type!r} has no architecture table; kvtool cannot name its "
+                         "attention modules", file=where, field="model_type")
+    if spec.is_mla:
+        raise InputError("MLA attention caches a latent, not K and V; per-K/V FP8 scales do not apply",
+                         file=where, field="model_type")
+    if not spec.num_kv_heads or not spec.num_layers:
+        raise InputError("cannot tell the number of layers / KV heads", file=where,
+                         field=spec.key("num_kv_heads") or "num_key_value_heads")
+    already = [n for n in tensors if is_kv_scale(n)]
+    if already:
+        raise InputError(f"already carries KV-cache scales (e.g. {already[0]!r}); start from the checkpoint without them",
+                         file=ckpt.source, field=already[0])
+    from kvtool.quantize.config import check_mergeable
+
+    check_mergeable(config, where)  # with_kv_cache_scheme checks it again; a recipe's plan stops here
+    return spec
+
+
 def prepare(src: str, dst: str, opts: QuantizeOptions):
     """All checks that need no model: (checkpoint, architecture, spec, new config). Raises exit-2 errors."""
-    from kvtool.model.architectures import is_known
     from kvtool.io.preflight import preflight
     from kvtool.io.staging import check_destination
-    from kvtool.model.numbers import require_valid_numbers
     from kvtool.quantize.config import with_kv_cache_scheme
     from kvtool.quantize.observers import parse_spec
-    from kvtool.quantize.write import existing_scales
-    from kvtool.model.spec import build_spec
 
     check_options(opts)
     src_path = Path(src)
     if not src_path.is_dir():
         raise InputError("is not a model folder (quantize-kv needs config.json and safetensors weights)", file=src)
     ckpt = preflight(src, model_code=True)  # before any load: corrupt weights, pickles, auto_map refused
-    spec = build_spec(ckpt.config)
-    require_valid_numbers(spec, str(ckpt.config_path))
+    spec = check_model(ckpt)
     arch = spec.arch
-    if not is_known(spec.model_type):
-        raise InputError(f"model_type {spec.model_type!r} has no architecture table; kvtool cannot name its "
-                         "attention modules", file=str(ckpt.config_path), field="model_type")
-    if spec.is_mla:
-        raise InputError("MLA attention caches a latent, not K and V; per-K/V FP8 scales do not apply",
-                         file=str(ckpt.config_path), field="model_type")
-    if not spec.num_kv_heads or not spec.num_layers:
-        raise InputError("cannot tell the number of layers / KV heads", file=str(ckpt.config_path),
-                         field=spec.key("num_kv_heads") or "num_key_value_heads")
-    already = existing_scales(ckpt.tensors)
-    if already:
-        raise InputError(f"already carries KV-cache scales (e.g. {already[0]!r}); start from the checkpoint without them",
-                         file=src, field=already[0])
     check_destination(Path(dst), force=opts.force, protect=[src_path])
     entry, _ = parse_spec(opts.observer)
     new_config = with_kv_cache_scheme(ckpt.config, strategy=opts.strategy, observer_name=entry.name,

@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Callable
 
 from kvtool import __version__
-from kvtool.model.checkpoint import open_checkpoint
 from kvtool.errors import GateFailed, InputError, KvtoolError, UsageError
 from kvtool.io.preflight import preflight
 from kvtool.model.numbers import require_valid_numbers
@@ -72,16 +71,13 @@ def _texts(ctx: RunContext, section: dict, purpose: str) -> list[str]:
 # --- step runners ---------------------------------------------------------------------------------
 def run_convert_step(ctx: RunContext, step: Step) -> StepResult:
     from kvtool.convert.driver import make_plan, run_convert
-    from kvtool.units import parse_size
+    from kvtool.recipes.plan import convert_method_options, convert_request
 
     o = step.options
-    method = o.get("method", "mean")
-    plan = make_plan(ctx.current, to=o["to"], groups=o.get("groups") if o["to"] == "gqa" else None, method=method,
-                     dtype=o.get("dtype", "keep"), max_shard_size=parse_size(o.get("max_shard_size", "5GB")))
-    options: dict = {}
-    if method == "aware":
-        calib = o.get("calibration") or {}
-        files = _texts(ctx, calib, "calibration")
+    plan = make_plan(ctx.current, **convert_request(o))
+    calib_text = None
+    if plan.method == "aware":
+        files = _texts(ctx, o.get("calibration") or {}, "calibration")
         if len(files) > 1:  # the aware method reads one file: join them
             from kvtool.eval.texts import read_text_file
 
@@ -89,18 +85,12 @@ def run_convert_step(ctx: RunContext, step: Step) -> StepResult:
             joined.parent.mkdir(parents=True, exist_ok=True)
             joined.write_text("\n\n".join(read_text_file(f, "calibration.text") for f in files), encoding="utf-8")
             files = [str(joined)]
-        options["calib_text"] = files[0]
-        if "tokens" in calib:
-            options["calib_tokens"] = calib["tokens"]
-        if "seq_len" in calib:
-            options["seq_len"] = calib["seq_len"]
-        for key in ("refine_steps", "grouping"):
-            if key in o:
-                options[key] = o[key]
+        calib_text = files[0]
+    options = {k: v for k, v in convert_method_options(o, calib_text).items() if k != "calib_dataset"}
     out = ctx.new_folder(step)
     res = run_convert(plan, out, progress=ctx.progress, device=_device(ctx), method_options=options)
     return StepResult(step.index, step.kind, dict(o), str(out),
-                      details={"kv_heads": f"{plan.from_kv}->{plan.to_kv}", "method": method, "files": res.files})
+                      details={"kv_heads": f"{plan.from_kv}->{plan.to_kv}", "method": plan.method, "files": res.files})
 
 
 def run_lint_step(ctx: RunContext, step: Step) -> StepResult:
@@ -118,33 +108,16 @@ def run_lint_step(ctx: RunContext, step: Step) -> StepResult:
                       details=details)
 
 
-def rope_args(options: dict, recipe: Recipe):
-    """RopeArgs for a recipe's rope step (file options resolved relative to the recipe)."""
-    from kvtool.rope.command import RopeArgs
-
-    o = dict(options)
-    extra = {k: o[k] for k in ("beta_fast", "beta_slow", "attention_factor", "low_freq_factor", "high_freq_factor") if k in o}
-    return RopeArgs(
-        src="", rope_type=o["type"], factor=o.get("factor"), target_context=o.get("target_context"),
-        original=o.get("original_max_position_embeddings"), theta=o.get("theta"), options=extra,
-        short_factor_file=str(recipe.resolve(o["short_factor_file"])) if "short_factor_file" in o else None,
-        long_factor_file=str(recipe.resolve(o["long_factor_file"])) if "long_factor_file" in o else None,
-        layer_type=o.get("layer_type", "full_attention"), layout=o.get("layout", "both"))
-
-
 def run_rope_step(ctx: RunContext, step: Step) -> StepResult:
-    import contextlib
-    import sys
+    from kvtool.recipes.plan import rope_args
+    from kvtool.rope.command import plan_change, write
 
-    from kvtool.rope.command import run
-
-    args = rope_args(step.options, ctx.recipe)
+    # the command's own plan and write: the same refusals (a result lint would fail included), no stdout
+    ckpt = preflight(ctx.current, read_side_files=False, require_weights=False)
+    plan = plan_change(ckpt.config, str(ckpt.config_path), rope_args(step.options, ctx.recipe))
     out = ctx.new_folder(step)
-    args.src, args.dst = str(ctx.current), str(out)
-    with contextlib.redirect_stdout(sys.stderr):  # keep stdout for the report
-        run(args)
-    cfg = open_checkpoint(out, read_weights=False).config
-    spec = build_spec(cfg)
+    write(ckpt, plan, dst=out)
+    spec = plan.spec
     return StepResult(step.index, step.kind, dict(step.options), str(out),
                       details={"max_position_embeddings": spec.max_position,
                                "rope": {k: {"rope_type": v.rope_type, **v.params} for k, v in spec.rope.items()}})
@@ -241,7 +214,7 @@ def apply_recipe(recipe_path: str | Path, src: str | Path, dst: str | Path, *, d
     loads_model = any(s.kind in ("quantize-kv", "eval") or s.options.get("method") == "aware" for s in recipe.steps)
     ckpt = preflight(src, model_code=loads_model, require_weights=False)
     require_valid_numbers(build_spec(ckpt.config), str(ckpt.config_path))
-    plan = plan_recipe(recipe, ckpt.config, ckpt.has_weights)
+    plan = plan_recipe(recipe, ckpt)
     echo(f"recipe {recipe.name} ({recipe.path}): {len(recipe.steps)} step(s)")
     for step, desc in zip(recipe.steps, plan):
         echo(f"  {step.index}. {step.kind}: {desc}")

@@ -1,9 +1,10 @@
 """Check a whole recipe against the source model before any work is done.
 
-Each step kind has a planner that checks its options against the model *as the previous steps
-leave it* (simulated on the config alone, no torch) and returns a one-line description of what
-it will do. An impossible step (groups not dividing the heads, RoPE on an ALiBi model, missing
-calibration text) is refused here, before the first tensor is read.
+Each step kind has a planner that calls the operation's own plan (the one its command calls, so a
+recipe never accepts what the command refuses) on the model *as the previous steps leave it*:
+the config they wrote and the tensors they planned, simulated without torch. It returns a
+one-line description of what the step will do. An impossible step (groups not dividing the heads,
+RoPE on an ALiBi model, missing calibration text) is refused here, before the first tensor is read.
 """
 
 from __future__ import annotations
@@ -12,28 +13,52 @@ import copy
 from dataclasses import dataclass, field
 from typing import Callable
 
-from kvtool.errors import UsageError
+from kvtool.errors import KvtoolError, UsageError
 from kvtool.io.inputfile import not_regular
+from kvtool.model.checkpoint import Checkpoint
 from kvtool.recipes.load import Recipe, Step
-from kvtool.model.spec import build_spec
+
+# Built-in datasets a recipe step may name: offline only, so a recipe never waits on the network midway.
+RECIPE_DATASETS = ("pydoc",)
 
 
 @dataclass
 class PlanState:
+    ckpt: Checkpoint  # the source
     config: dict  # the config as the steps so far leave it
-    has_weights: bool
+    tensors: dict | None = None  # name -> dtype / shape as the steps so far leave them; None: the source's
     notes: list[str] = field(default_factory=list)
 
+    @property
+    def has_weights(self) -> bool:
+        return self.tensors is not None or self.ckpt.has_weights
 
-def _fail(recipe: Recipe, step: Step, message: str) -> UsageError:
-    return UsageError(f"line {step.line}: step {step.index} ({step.kind}): {message}", file=str(recipe.path),
-                      field=f"steps[{step.index - 1}].{step.kind}")
+
+class StepRefused(UsageError):
+    """A recipe step the operation's plan refuses; `cause` is the operation's own error (its file and field)."""
+
+    def __init__(self, message: str, *, file: str, field: str, cause: KvtoolError | None = None):
+        super().__init__(message, file=file, field=field)
+        self.cause = cause
+
+
+def _fail(recipe: Recipe, step: Step, message: str, cause: KvtoolError | None = None) -> StepRefused:
+    return StepRefused(f"line {step.line}: step {step.index} ({step.kind}): {message}", file=str(recipe.path),
+                       field=f"steps[{step.index - 1}].{step.kind}", cause=cause)
+
+
+def _refused(recipe: Recipe, step: Step, exc: KvtoolError) -> StepRefused:
+    return _fail(recipe, step, exc.message, exc)
 
 
 def _text_paths(recipe: Recipe, step: Step, section: dict | None, *, required: bool) -> None:
     section = section or {}
+    dataset = section.get("dataset")
+    if required and dataset is not None and section.get("text") is None and dataset not in RECIPE_DATASETS:
+        raise _fail(recipe, step, f"dataset {dataset!r} is not available offline in recipes; use "
+                                  f"{' / '.join(RECIPE_DATASETS)} or `text:` files")
     if section.get("text") is None:
-        if required and not section.get("dataset"):
+        if required and not dataset:
             raise _fail(recipe, step, "needs calibration text: set calibration.text (a file relative to the recipe)")
         return
     for t, path in recipe.text_files(section):
@@ -42,65 +67,86 @@ def _text_paths(recipe: Recipe, step: Step, section: dict | None, *, required: b
             raise _fail(recipe, step, f"text file {t!r} {why} (resolved to {path})")
 
 
-def plan_convert(recipe: Recipe, step: Step, state: PlanState) -> str:
-    spec = build_spec(state.config)
-    arch = spec.arch
-    if not arch.convert.get("supported"):
-        alt = arch.convert.get("alternative")
-        raise _fail(recipe, step, f"{spec.model_type or 'this model'} cannot be converted: {arch.convert.get('reason', 'unsupported')}"
-                    + (f" (alternative: {alt})" if alt else ""))
-    if not state.has_weights:
-        raise _fail(recipe, step, "the source has no safetensors weights to convert")
-    from kvtool.convert.config_edit import kv_field_is_boolean, rewrite_config
-    from kvtool.convert.driver import resolve_target
+def convert_request(o: dict) -> dict:
+    """kvtool.convert.driver.plan's keywords for a recipe's convert step (the command's flags, by key)."""
+    from kvtool.units import parse_size
 
-    h, kv = spec.num_heads, spec.num_kv_heads
-    if not h or not kv:
-        raise _fail(recipe, step, "cannot read the query / KV head counts from the config")
+    return {"to": o["to"], "groups": o.get("groups"), "method": o.get("method", "mean"),
+            "dtype": o.get("dtype", "keep"), "max_shard_size": parse_size(o.get("max_shard_size", "5GB"))}
+
+
+def convert_method_options(o: dict, calib_text: str | None = None) -> dict:
+    """Merge-method options for a convert step (what --calib-text, --refine-steps, ... give the command)."""
+    if o.get("method", "mean") != "aware":
+        return {}
+    calib = o.get("calibration") or {}
+    out: dict = {"calib_text": calib_text}
+    if calib_text is None and calib.get("dataset"):
+        out["calib_dataset"] = calib["dataset"]
+    for key, name in (("tokens", "calib_tokens"), ("seq_len", "seq_len")):
+        if key in calib:
+            out[name] = calib[key]
+    for key in ("refine_steps", "grouping"):
+        if key in o:
+            out[key] = o[key]
+    return out
+
+
+def plan_convert(recipe: Recipe, step: Step, state: PlanState) -> str:
+    from kvtool.convert.driver import plan
+    from kvtool.convert.methods import get_method
+
     o = step.options
+    if o.get("method") == "aware":
+        _text_paths(recipe, step, o.get("calibration"), required=True)
     try:
-        g = resolve_target(o["to"], o.get("groups") if o["to"] == "gqa" else None, h, kv,
-                           flag_field=kv_field_is_boolean(arch, spec.config))
-        if o.get("method") == "aware":
-            _text_paths(recipe, step, o.get("calibration"), required=True)
-        new_inner = rewrite_config(spec.config, arch, num_heads=h, new_kv_heads=g)
-    except UsageError as exc:
-        raise _fail(recipe, step, exc.message) from None
-    if spec.wrapper_key:
-        state.config[spec.wrapper_key] = new_inner
-    else:
-        state.config = new_inner
-    return f"{step.options['to']}: {kv} -> {g} KV heads ({step.options.get('method', 'mean')})"
+        # the command's order: the method and its options, then the model
+        get_method(o.get("method", "mean"), **convert_method_options(o))
+        p = plan(state.ckpt, **convert_request(o), config=state.config, tensors=state.tensors)
+    except KvtoolError as exc:
+        raise _refused(recipe, step, exc) from None
+    state.config = p.new_config
+    state.tensors = {t.name: t for t in p.outputs}
+    return f"{o['to']}: {p.from_kv} -> {p.to_kv} KV heads ({o.get('method', 'mean')})"
+
+
+def rope_args(options: dict, recipe: Recipe):
+    """RopeArgs for a recipe's rope step (file options resolved relative to the recipe)."""
+    from kvtool.rope.command import RopeArgs
+
+    o = dict(options)
+    # floats, as the command's typer options give them: a YAML `1` must not write `1` where the command writes `1.0`
+    extra = {k: float(o[k]) for k in ("beta_fast", "beta_slow", "attention_factor", "low_freq_factor", "high_freq_factor")
+             if k in o}
+    return RopeArgs(
+        src="", rope_type=o["type"], factor=float(o["factor"]) if "factor" in o else None, target_context=o.get("target_context"),
+        original=o.get("original_max_position_embeddings"), theta=float(o["theta"]) if "theta" in o else None, options=extra,
+        short_factor_file=str(recipe.resolve(o["short_factor_file"])) if "short_factor_file" in o else None,
+        long_factor_file=str(recipe.resolve(o["long_factor_file"])) if "long_factor_file" in o else None,
+        layer_type=o.get("layer_type", "full_attention"), layout=o.get("layout", "both"))
 
 
 def plan_rope(recipe: Recipe, step: Step, state: PlanState) -> str:
-    spec = build_spec(state.config)
-    if spec.position != "rope":
-        raise _fail(recipe, step, f"the model uses {spec.position} positions, not RoPE")
-    from kvtool.errors import InputError
-    from kvtool.recipes.apply import rope_args
-    from kvtool.rope.apply import plan_rope
-    from kvtool.rope.command import request_from_args
+    from kvtool.rope.command import plan_change
 
     try:
-        req = request_from_args(rope_args(step.options, recipe))
-        state.config = plan_rope(spec, req, source=str(recipe.path)).config
-    except (UsageError, InputError) as exc:
-        raise _fail(recipe, step, exc.message) from None
+        p = plan_change(state.config, str(state.ckpt.config_path), rope_args(step.options, recipe))
+    except KvtoolError as exc:
+        raise _refused(recipe, step, exc) from None
+    state.config = p.config
     o = step.options
     size = f"factor {o['factor']}" if "factor" in o else (f"target context {o['target_context']}" if "target_context" in o else "")
     return f"{o['type']} {size}".strip()
 
 
 def plan_quantize_kv(recipe: Recipe, step: Step, state: PlanState) -> str:
-    spec = build_spec(state.config)
-    if not state.has_weights:
-        raise _fail(recipe, step, "the source has no safetensors weights to calibrate")
-    if spec.is_mla:
-        raise _fail(recipe, step, "MLA models cache a latent, not per-head K/V; FP8 KV scales for MLA are not supported")
-    _text_paths(recipe, step, step.options.get("calibration"), required=True)
-    from kvtool.quantize.run import QuantizeOptions  # no torch at import
+    from kvtool.quantize.run import QuantizeOptions, check_model  # no torch at import
 
+    _text_paths(recipe, step, step.options.get("calibration"), required=True)
+    try:
+        check_model(state.ckpt, config=state.config, tensors=state.tensors)
+    except KvtoolError as exc:
+        raise _refused(recipe, step, exc) from None
     default = QuantizeOptions(calib_texts=[])
     return (f"FP8 KV scales ({step.options.get('strategy', default.strategy)}, "
             f"observer {step.options.get('observer', default.observer)})")
@@ -128,7 +174,7 @@ PLANNERS: dict[str, Callable[[Recipe, Step, PlanState], str]] = {
 }
 
 
-def plan_recipe(recipe: Recipe, config: dict, has_weights: bool) -> list[str]:
-    """Descriptions of each step; raises UsageError naming the line of the first impossible step."""
-    state = PlanState(config=copy.deepcopy(config), has_weights=has_weights)
+def plan_recipe(recipe: Recipe, ckpt: Checkpoint) -> list[str]:
+    """Descriptions of each step; raises StepRefused (a UsageError) naming the line of the first impossible step."""
+    state = PlanState(ckpt=ckpt, config=copy.deepcopy(ckpt.config))
     return [PLANNERS[step.kind](recipe, step, state) for step in recipe.steps]
