@@ -176,5 +176,10 @@ PLANNERS: dict[str, Callable[[Recipe, Step, PlanState], str]] = {
 
 def plan_recipe(recipe: Recipe, ckpt: Checkpoint) -> list[str]:
     """Descriptions of each step; raises StepRefused (a UsageError) naming the line of the first impossible step."""
+    return plan_steps(recipe, ckpt)[0]
+
+
+def plan_steps(recipe: Recipe, ckpt: Checkpoint) -> tuple[list[str], PlanState]:
+    """(descriptions, the model as the last step leaves it: config and tensors)."""
     state = PlanState(ckpt=ckpt, config=copy.deepcopy(ckpt.config))
-    return [PLANNERS[step.kind](recipe, step, state) for step in recipe.steps]
+    return [PLANNERS[step.kind](recipe, step, state) for step in recipe.steps], state
