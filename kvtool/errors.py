@@ -27,11 +27,19 @@ class KvtoolError(Exception):
 
     exit_code = EXIT_INPUT
 
-    def __init__(self, message: str, *, file: str | None = None, field: str | None = None):
+    def __init__(self, message: str, *, file: str | None = None, field: str | None = None,
+                 option: str | None = None):
         self.message = message
         self.file = file
-        self.field = field
+        self.field = field  # what the line names: a config key, a recipe path, or an option as its caller spells it
+        self.option = option  # the options field (kvtool/options) the error is about, e.g. "groups"
         super().__init__(self.line())
+
+    def name_option(self, spelling: str) -> KvtoolError:
+        """Name the option field as the caller spells it (the CLI: --groups; a recipe: steps[0].convert.groups)."""
+        self.field = spelling
+        self.args = (self.line(),)
+        return self
 
     def relocate(self, temporary: str, user: str) -> KvtoolError:
         """Name the user's path where the error names kvtool's temporary one (a staging or work folder)."""
@@ -45,8 +53,8 @@ class KvtoolError(Exception):
         where = ""
         if self.file:
             where = f"{self.file}: "
-        if self.field:
-            where += f"{self.field}: "
+        if self.field or self.option:
+            where += f"{self.field or self.option}: "
         return one_line(f"{where}{self.message}")
 
 

@@ -109,12 +109,12 @@ def run_lint_step(ctx: RunContext, step: Step) -> StepResult:
 
 
 def run_rope_step(ctx: RunContext, step: Step) -> StepResult:
-    from kvtool.recipes.plan import rope_args
+    from kvtool.recipes.plan import rope_options
     from kvtool.rope.command import plan_change, write
 
     # the command's own plan and write: the same refusals (a result lint would fail included), no stdout
     ckpt = preflight(ctx.current, read_side_files=False, require_weights=False)
-    plan = plan_change(ckpt.config, str(ckpt.config_path), rope_args(step.options, ctx.recipe))
+    plan = plan_change(ckpt.config, str(ckpt.config_path), rope_options(step.options, ctx.recipe))
     out = ctx.new_folder(step)
     write(ckpt, plan, dst=out)
     spec = plan.spec

@@ -33,9 +33,9 @@ class PlanState:
     def has_weights(self) -> bool:
         return self.tensors is not None or self.ckpt.has_weights
 
-
 class StepRefused(UsageError):
-    """A recipe step the operation's plan refuses; `cause` is the operation's own error (its file and field)."""
+    """A recipe step the operation's plan refuses; `cause` is the operation's own error (its file, field and
+    options field), so a caller compares refusals without reading the message."""
 
     def __init__(self, message: str, *, file: str, field: str, cause: KvtoolError | None = None):
         super().__init__(message, file=file, field=field)
@@ -43,8 +43,16 @@ class StepRefused(UsageError):
 
 
 def _fail(recipe: Recipe, step: Step, message: str, cause: KvtoolError | None = None) -> StepRefused:
+    """The step's error, naming the recipe key when `cause` names an options field (steps[0].rope.factor)."""
+    where = f"steps[{step.index - 1}].{step.kind}"
+    if cause is not None and cause.option and not cause.field:
+        from kvtool.options.fields import OPERATIONS, recipe_key_of
+
+        cls = OPERATIONS.get(step.kind)
+        if cls is not None:
+            where += "." + recipe_key_of(cls, cause.option)
     return StepRefused(f"line {step.line}: step {step.index} ({step.kind}): {message}", file=str(recipe.path),
-                       field=f"steps[{step.index - 1}].{step.kind}", cause=cause)
+                       field=where, cause=cause)
 
 
 def _refused(recipe: Recipe, step: Step, exc: KvtoolError) -> StepRefused:
@@ -110,27 +118,27 @@ def plan_convert(recipe: Recipe, step: Step, state: PlanState) -> str:
     return f"{o['to']}: {p.from_kv} -> {p.to_kv} KV heads ({o.get('method', 'mean')})"
 
 
-def rope_args(options: dict, recipe: Recipe):
-    """RopeArgs for a recipe's rope step (file options resolved relative to the recipe)."""
-    from kvtool.rope.command import RopeArgs
+def rope_options(options: dict, recipe: Recipe, **given):
+    """RopeOptions for a recipe's rope step (file options resolved relative to the recipe)."""
+    from kvtool.options.fields import fields_of, from_recipe
+    from kvtool.options.rope import RopeOptions
 
-    o = dict(options)
-    # floats, as the command's typer options give them: a YAML `1` must not write `1` where the command writes `1.0`
-    extra = {k: float(o[k]) for k in ("beta_fast", "beta_slow", "attention_factor", "low_freq_factor", "high_freq_factor")
-             if k in o}
-    return RopeArgs(
-        src="", rope_type=o["type"], factor=float(o["factor"]) if "factor" in o else None, target_context=o.get("target_context"),
-        original=o.get("original_max_position_embeddings"), theta=float(o["theta"]) if "theta" in o else None, options=extra,
-        short_factor_file=str(recipe.resolve(o["short_factor_file"])) if "short_factor_file" in o else None,
-        long_factor_file=str(recipe.resolve(o["long_factor_file"])) if "long_factor_file" in o else None,
-        layer_type=o.get("layer_type", "full_attention"), layout=o.get("layout", "both"))
+    o = from_recipe(RopeOptions, options, **{"src": "", **given})
+    for f in fields_of(RopeOptions):
+        v = getattr(o, f.name)
+        if f.base_type is float and isinstance(v, int) and not isinstance(v, bool):
+            setattr(o, f.name, float(v))  # as the command's typer option gives it: YAML `1` must write 1.0, not 1
+    for name in ("short_factor_file", "long_factor_file"):
+        if getattr(o, name) is not None:
+            setattr(o, name, str(recipe.resolve(getattr(o, name))))
+    return o
 
 
 def plan_rope(recipe: Recipe, step: Step, state: PlanState) -> str:
     from kvtool.rope.command import plan_change
 
     try:
-        p = plan_change(state.config, str(state.ckpt.config_path), rope_args(step.options, recipe))
+        p = plan_change(state.config, str(state.ckpt.config_path), rope_options(step.options, recipe))
     except KvtoolError as exc:
         raise _refused(recipe, step, exc) from None
     state.config = p.config

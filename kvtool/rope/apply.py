@@ -16,14 +16,15 @@ import copy
 from dataclasses import dataclass, field
 
 from kvtool.errors import InputError, UsageError
-from kvtool.model.numbers import ROPE_PARAM_BOUNDS, problem
+from kvtool.model.numbers import FACTOR_LIST_BOUND, ROPE_PARAM_BOUNDS, problem
 from kvtool.model.rope import types as rt
 from kvtool.model.rope.params import (
     ORIGINAL_FROM_TOP, geometry_for, is_nested, raw_dict, rope_dict, theta_of, unprefixed,
 )
 from kvtool.model.spec import ModelSpec, build_spec, unwrap
+from kvtool.options.fields import flag_of
+from kvtool.options.rope import LAYOUTS, RopeOptions
 
-LAYOUTS = ("both", "legacy", "v5")
 # MLA attention: vLLM and SGLang rewrite any rope_scaling on DeepSeek-style MLA layers to
 # deepseek_yarn (and fold mscale into the softmax scale), so only yarn means what it says there.
 MLA_TYPES = ("yarn",)
@@ -50,15 +51,14 @@ MAX_POSITION_RULE = {
 
 
 @dataclass
-class RopeRequest:
-    rope_type: str
-    factor: float | None = None
-    target_context: int | None = None
-    original: int | None = None
-    theta: float | None = None
-    options: dict = field(default_factory=dict)  # beta_fast, ..., short_factor / long_factor lists
-    layer_type: str = "full_attention"
-    layout: str = "both"
+class _Request:
+    """The options with the type-specific values gathered (factor lists read)."""
+
+    o: RopeOptions
+    options: dict
+
+    def __getattr__(self, name):
+        return getattr(self.o, name)
 
 
 @dataclass
@@ -89,25 +89,51 @@ def is_mla(spec: ModelSpec) -> bool:
     return spec.is_mla or spec.get("kv_lora_rank") is not None
 
 
-def plan_rope(spec: ModelSpec, req: RopeRequest, *, source: str = "config.json") -> Plan:
+def type_values(opts: RopeOptions) -> dict:
+    """The type-specific values asked for (beta_fast, ..., short_factor / long_factor lists read from their files)."""
+    values = {k: getattr(opts, k) for k in ("beta_fast", "beta_slow", "attention_factor", "low_freq_factor",
+                                            "high_freq_factor")}
+    values["short_factor"] = _factor_list(opts.short_factor_file, "short_factor_file")
+    values["long_factor"] = _factor_list(opts.long_factor_file, "long_factor_file")
+    return values
+
+
+def _factor_list(path: str | None, name: str) -> list[float] | None:
+    """A JSON list of positive numbers, or a JSON object holding one under short_factor / long_factor."""
+    from pathlib import Path
+
+    from kvtool.io.jsonfile import parse_json, read_text
+
+    if path is None:
+        return None
+    data = parse_json(read_text(Path(path), what="factor list"), path, what="factor list")
+    if isinstance(data, dict):
+        data = data.get(name.removesuffix("_file"))
+    if not (isinstance(data, list) and data and not problem(data, FACTOR_LIST_BOUND)):
+        raise InputError(f"{flag_of(RopeOptions, name)} expects a JSON list of finite numbers > 0 and <= 1e6", file=path)
+    return [float(x) for x in data]
+
+
+def plan_rope(spec: ModelSpec, opts: RopeOptions, *, source: str = "config.json") -> Plan:
     """Build the new config. Raises UsageError (exit 2) for every refusal."""
+    req = _Request(opts, type_values(opts))
     name = spec.model_type or "this model"
     if spec.position != "rope":
         kind_words = "ALiBi attention biases" if spec.position == "alibi" else f"{spec.position} position embeddings"
         raise UsageError(f"{name} uses {kind_words}, not RoPE; RoPE scaling does not apply to it", file=source)
-    kind = rt.kind_of(req.rope_type)
+    kind = rt.kind_of(req.type)
     if kind is None or not kind.applicable:
-        raise UsageError(f"cannot apply RoPE type {req.rope_type!r}; choose one of {', '.join(rt.applicable_types())}",
-                         field="--type")
+        raise UsageError(f"cannot apply RoPE type {req.type!r}; choose one of {', '.join(rt.applicable_types())}",
+                         option="type")
     if is_mla(spec) and kind.name not in MLA_TYPES:
         raise UsageError(f"{name} uses multi-head latent attention (MLA); vLLM and SGLang run every rope_scaling on MLA "
                          f"layers as deepseek_yarn, so only --type {' / '.join(MLA_TYPES)} is supported "
                          f"(asked: {kind.name})", file=source)
     if req.layout not in LAYOUTS:
-        raise UsageError(f"unknown layout {req.layout!r}; choose one of {', '.join(LAYOUTS)}", field="--layout")
+        raise UsageError(f"unknown layout {req.layout!r}; choose one of {', '.join(LAYOUTS)}", option="layout")
     for opt, types in TYPE_OPTIONS.items():
         if req.options.get(opt) is not None and kind.name not in types:
-            raise UsageError(f"--{opt.replace('_', '-')} applies to --type {' / '.join(types)} only", field="--type")
+            raise UsageError(f"--{opt.replace('_', '-')} applies to --type {' / '.join(types)} only", option="type")
 
     rope_key, rp = target_params(spec, req.layer_type)
     nested = len(spec.rope) > 1 or is_nested(spec.get("rope_parameters") or {}) or \
@@ -115,15 +141,15 @@ def plan_rope(spec: ModelSpec, req: RopeRequest, *, source: str = "config.json")
     have = sorted(set(spec.layer_types) | {"full_attention"})
     if req.layer_type not in have:
         raise UsageError(f"{name} has no {req.layer_type!r} layers (layer types: {', '.join(have)})",
-                         field="--layer-type")
+                         option="layer_type")
     if not nested and req.layer_type != "full_attention":
         raise UsageError(f"{name} uses one RoPE for all layers; --layer-type applies to per-layer-type configs "
-                         "(gemma3 style) only", field="--layer-type")
+                         "(gemma3 style) only", option="layer_type")
     if rp is None:
-        raise UsageError(f"{name} has no RoPE settings for {req.layer_type!r} layers", field="--layer-type")
+        raise UsageError(f"{name} has no RoPE settings for {req.layer_type!r} layers", option="layer_type")
     if nested and req.layer_type != "full_attention" and req.layout != "v5":
         raise UsageError(f"the legacy layout can scale only full-attention layers; use --layout v5 to scale "
-                         f"{req.layer_type} layers", field="--layout")
+                         f"{req.layer_type} layers", option="layout")
 
     old_raw = raw_dict(spec, rp, rope_key)
     old = {**old_raw, **rope_dict(rp, spec)}
@@ -132,9 +158,9 @@ def plan_rope(spec: ModelSpec, req: RopeRequest, *, source: str = "config.json")
     factor = _factor(req, original)
     theta = float(req.theta) if req.theta is not None else theta_of(spec, rp)
     if req.theta is not None:
-        _check_bound(theta, "rope_theta", "--theta")
+        _check_bound(theta, "rope_theta", "theta")
     if not theta > 0:
-        raise UsageError(f"RoPE base must be positive, got {theta}", field="--theta")
+        raise UsageError(f"RoPE base must be positive, got {theta}", option="theta")
 
     new = _new_params(kind.name, old, req, factor, original)
     g = geometry_for(spec, rp)
@@ -142,7 +168,7 @@ def plan_rope(spec: ModelSpec, req: RopeRequest, *, source: str = "config.json")
         for key in ("short_factor", "long_factor"):
             if len(new[key]) != g.dim // 2:
                 raise UsageError(f"{key} has {len(new[key])} entries; this model's rotary_dim {g.dim} needs {g.dim // 2}",
-                                 field=f"--{key.replace('_', '-')}-file")
+                                 option=f"{key}_file")
     new_max = int(original * factor) if kind.context in ("original", "as_is") else original
 
     full = copy.deepcopy(spec.full_config)
@@ -159,9 +185,9 @@ def plan_rope(spec: ModelSpec, req: RopeRequest, *, source: str = "config.json")
                 new_max=new_max, original=original, factor=factor, notes=notes, spec=build_spec(full))
 
 
-def _original(spec: ModelSpec, req: RopeRequest, old: dict, source: str) -> int:
-    if req.original is not None:
-        o, where = req.original, "--original-max-position-embeddings"
+def _original(spec: ModelSpec, req: _Request, old: dict, source: str) -> int:
+    if req.original_max_position_embeddings is not None:
+        o, where = req.original_max_position_embeddings, None
     elif old.get("original_max_position_embeddings") is not None and old["rope_type"] in ORIGINAL_FROM_TOP:
         o, where = old["original_max_position_embeddings"], "original_max_position_embeddings"
     else:
@@ -169,41 +195,42 @@ def _original(spec: ModelSpec, req: RopeRequest, old: dict, source: str) -> int:
         o, where = spec.max_position, spec.key("max_position") or "max_position_embeddings"
     if isinstance(o, bool) or not isinstance(o, int) or o <= 0:
         raise InputError(f"the original context length must be a positive integer, got {o!r} "
-                         "(pass --original-max-position-embeddings)", file=source, field=where)
+                         "(pass --original-max-position-embeddings)", file=source, field=where,
+                         option=None if where else "original_max_position_embeddings")
     return o
 
 
-def _factor(req: RopeRequest, original: int) -> float:
+def _factor(req: _Request, original: int) -> float:
     if req.factor is not None and req.target_context is not None:
-        raise UsageError("give --factor or --target-context, not both", field="--factor")
+        raise UsageError("give --factor or --target-context, not both", option="factor")
     if req.factor is None and req.target_context is None:
-        raise UsageError("give --factor F or --target-context N", field="--factor")
+        raise UsageError("give --factor F or --target-context N", option="factor")
     _check_option_numbers(req)
     f = float(req.factor) if req.factor is not None else req.target_context / original
     if not f >= 1:
         what = f"--factor {req.factor}" if req.factor is not None else \
             f"--target-context {req.target_context} / original {original} = {f:g}"
-        raise UsageError(f"{what} is below 1: it would shrink the context, not extend it", field="--factor")
+        raise UsageError(f"{what} is below 1: it would shrink the context, not extend it", option="factor")
     return f  # a float: transformers 4.x validators warn on an int factor
 
 
-def _check_option_numbers(req: RopeRequest) -> None:
-    """Each numeric option against the bound its config key has (kvtool.model.numbers), named by its flag."""
-    given = {"factor": req.factor, "original_max_position_embeddings": req.original, **req.options}
+def _check_option_numbers(req: _Request) -> None:
+    """Each numeric option against the bound its config key has (kvtool.model.numbers)."""
+    given = {"factor": req.factor, "original_max_position_embeddings": req.original_max_position_embeddings, **req.options}
     for key, value in given.items():
         if value is not None and key in ROPE_PARAM_BOUNDS:
-            _check_bound(value, key, f"--{key.replace('_', '-')}")
+            _check_bound(value, key, key)
     if req.target_context is not None:
-        _check_bound(req.target_context, "original_max_position_embeddings", "--target-context")
+        _check_bound(req.target_context, "original_max_position_embeddings", "target_context")
 
 
-def _check_bound(value, key: str, flag: str) -> None:
+def _check_bound(value, key: str, name: str) -> None:
     bad = problem(value, ROPE_PARAM_BOUNDS[key])
     if bad:
-        raise UsageError(f"got {bad[0]}; it must be {bad[1]}", field=flag)
+        raise UsageError(f"got {bad[0]}; it must be {bad[1]}", option=name)
 
 
-def _new_params(name: str, old: dict, req: RopeRequest, factor: float, original: int) -> dict:
+def _new_params(name: str, old: dict, req: _Request, factor: float, original: int) -> dict:
     new: dict = {"rope_type": name}
     for k in STRUCTURAL_KEYS:
         if k in old and k != "partial_rotary_factor":
@@ -225,7 +252,7 @@ def _new_params(name: str, old: dict, req: RopeRequest, factor: float, original:
             lst = opts.get(k, new.get(k))
             if lst is None:
                 raise UsageError(f"longrope needs per-dimension factors: pass --{k.replace('_', '-')}-file",
-                                 field=f"--{k.replace('_', '-')}-file")
+                                 option=f"{k}_file")
             new[k] = list(lst)
     for k in ("beta_fast", "beta_slow", "attention_factor"):
         if k in opts:
@@ -234,7 +261,7 @@ def _new_params(name: str, old: dict, req: RopeRequest, factor: float, original:
     return {k: v for k, v in new.items() if k in allowed}
 
 
-def _write(spec, inner: dict, req: RopeRequest, name: str, new: dict, theta: float, rope_key: str,
+def _write(spec, inner: dict, req: _Request, name: str, new: dict, theta: float, rope_key: str,
            old_raw: dict, nested: bool) -> list[str]:
     notes: list[str] = []
     theta_key = unprefixed(spec, "rope_theta", "rope_theta")
@@ -269,7 +296,7 @@ def _write(spec, inner: dict, req: RopeRequest, name: str, new: dict, theta: flo
     return notes
 
 
-def _v5_params(spec, req: RopeRequest, new: dict, theta: float, rope_key: str, nested: bool) -> dict:
+def _v5_params(spec, req: _Request, new: dict, theta: float, rope_key: str, nested: bool) -> dict:
     def flat(d: dict, t) -> dict:
         out = {"rope_type": d.get("rope_type", "default"), "rope_theta": t}
         out.update({k: v for k, v in d.items() if k not in ("rope_type", "type", "rope_theta")})

@@ -4,56 +4,26 @@ from __future__ import annotations
 
 import os
 import shutil
-from dataclasses import dataclass, field
 from pathlib import Path
-
-import typer
+from typing import Callable
 
 from kvtool.model.checkpoint import open_checkpoint
 from kvtool.io.preflight import preflight
 from kvtool.errors import EXIT_OK, InputError, UsageError
-from kvtool.io.jsonfile import atomic_write_text, dump_json_like, parse_json, read_text
-from kvtool.model.numbers import FACTOR_LIST_BOUND, problem, require_valid_numbers
-from kvtool.rope import show as sh
-from kvtool.rope.apply import Plan, RopeRequest, lint_findings, plan_rope, target_params
+from kvtool.io.jsonfile import atomic_write_text, dump_json_like
+from kvtool.model.numbers import require_valid_numbers
 from kvtool.model.spec import build_spec
+from kvtool.options.rope import RopeOptions
+from kvtool.rope import show as sh
+from kvtool.rope.apply import Plan, lint_findings, plan_rope, target_params
 
 
-@dataclass
-class RopeArgs:
-    src: str
-    dst: str | None = None
-    rope_type: str | None = None
-    factor: float | None = None
-    target_context: int | None = None
-    original: int | None = None
-    theta: float | None = None
-    options: dict = field(default_factory=dict)
-    short_factor_file: str | None = None
-    long_factor_file: str | None = None
-    layer_type: str = "full_attention"
-    layout: str = "both"
-    in_place: bool = False
-    link: bool = False  # hard-link unchanged files into DST instead of copying them
-    show: bool = False
-    plot: str | None = None
-
-
-def request_from_args(a: RopeArgs) -> RopeRequest:
-    """The planner's request for parsed options (factor files read and checked here)."""
-    opts = dict(a.options)
-    opts["short_factor"] = _factor_list(a.short_factor_file, "--short-factor-file")
-    opts["long_factor"] = _factor_list(a.long_factor_file, "--long-factor-file")
-    return RopeRequest(rope_type=a.rope_type, factor=a.factor, target_context=a.target_context, original=a.original,
-                       theta=a.theta, options=opts, layer_type=a.layer_type, layout=a.layout)
-
-
-def plan_change(config: dict, source: str, a: RopeArgs) -> Plan:
-    """The RoPE change `kvtool rope` and a recipe's rope step make: every refusal, including a result that
-    would fail `kvtool lint` where the input did not."""
+def plan_change(config: dict, source: str, a: RopeOptions) -> Plan:
+    """The RoPE change `kvtool rope` and a recipe's rope step make, with every refusal: the planner's and a
+    result that would fail `kvtool lint` where the input did not."""
     spec = build_spec(config)
     require_valid_numbers(spec, source)
-    plan = plan_rope(spec, request_from_args(a), source=source)
+    plan = plan_rope(spec, a, source=source)
     # the command lints its own output: refuse anything the edit made wrong
     before = {(f.code, f.path) for f in lint_findings(config, source) if f.severity == "error"}
     plan.findings = lint_findings(plan.config, source)
@@ -72,17 +42,18 @@ def write(ckpt, plan: Plan, *, dst: str | Path | None = None, in_place: bool = F
     return _write_dst(ckpt, Path(dst), text, link=link)
 
 
-def run(a: RopeArgs) -> int:
+def run(a: RopeOptions, echo: Callable[[str], None] = print) -> int:
+    """Show, preview or write the RoPE change `a` asks for; each line of the account goes to `echo`."""
     writes = a.dst is not None or a.in_place
-    if a.rope_type is None:
+    if a.type is None:
         if writes or a.factor is not None or a.target_context is not None:
-            raise UsageError("give --type to change the RoPE scaling (or --show alone to explain it)", field="--type")
+            raise UsageError("give --type to change the RoPE scaling (or --show alone to explain it)", option="type")
         if not a.show and not a.plot:
-            raise UsageError("nothing to do: give --type with DST or --in-place, or --show / --plot", field="--type")
+            raise UsageError("nothing to do: give --type with DST or --in-place, or --show / --plot", option="type")
     elif not writes and not a.show and not a.plot:
-        raise UsageError("give DST, --in-place, or --show (to preview the change)", field="DST")
+        raise UsageError("give DST, --in-place, or --show (to preview the change)", option="dst")
     if a.dst is not None and a.in_place:
-        raise UsageError("give DST or --in-place, not both", field="--in-place")
+        raise UsageError("give DST or --in-place, not both", option="in_place")
 
     if writes and Path(a.src).is_dir():  # DST gets SRC's weight files: refuse any a reader would refuse
         ckpt = preflight(a.src, read_side_files=False, require_weights=False)
@@ -92,17 +63,17 @@ def run(a: RopeArgs) -> int:
     source = str(ckpt.config_path)
     require_valid_numbers(spec, source)
 
-    if a.rope_type is None:
+    if a.type is None:
         states = sh.current_states(spec)
         if not states or spec.position != "rope":
             raise UsageError(f"{spec.model_type or 'this model'} does not use RoPE (position: {spec.position})", file=source)
         if a.show:
-            typer.echo(f"{source}: {spec.model_type}, {len(spec.layer_types)} layers")
+            echo(f"{source}: {spec.model_type}, {len(spec.layer_types)} layers")
             for st in states:
-                typer.echo(sh.describe(st))
+                echo(sh.describe(st))
         if a.plot:
             _plot(a.plot, states[0], None, f"{spec.model_type}: current RoPE")
-            typer.echo(f"plot written to {a.plot}")
+            echo(f"plot written to {a.plot}")
         return EXIT_OK
 
     plan = plan_change(ckpt.config, source, a)
@@ -112,7 +83,7 @@ def run(a: RopeArgs) -> int:
     st_before = sh.state_of(spec, key, rp)
     st_after = sh.state_of(plan.spec, new_key, new_rp, params=plan.new)
     if a.show:
-        typer.echo(sh.describe(st_before, st_after, original=plan.original))
+        echo(sh.describe(st_before, st_after, original=plan.original))
     if a.plot:
         _plot(a.plot, st_before, st_after, f"{spec.model_type}: {plan.new['rope_type']} x{plan.factor:g}")
 
@@ -121,29 +92,17 @@ def run(a: RopeArgs) -> int:
     if st_after.attention is not None:
         summary += f", attention scaling {st_after.attention:.4f}"
     if not writes:
-        typer.echo(f"preview only (give DST or --in-place to write): {summary}")
+        echo(f"preview only (give DST or --in-place to write): {summary}")
         return EXIT_OK
     written = write(ckpt, plan, dst=a.dst, in_place=a.in_place, link=a.link)
-    typer.echo(f"rope: {summary}")
+    echo(f"rope: {summary}")
     for note in plan.notes:
-        typer.echo(f"  {note}")
+        echo(f"  {note}")
     for f in plan.findings:
         if f.code.startswith("KV2") and f.severity != "info":
-            typer.echo(f"  note: {f.code} [{f.severity}] {f.message}")
-    typer.echo(f"  {written}")
+            echo(f"  note: {f.code} [{f.severity}] {f.message}")
+    echo(f"  {written}")
     return EXIT_OK
-
-
-def _factor_list(path: str | None, option: str) -> list[float] | None:
-    """A JSON list of positive numbers, or a JSON object holding one under short_factor / long_factor."""
-    if path is None:
-        return None
-    data = parse_json(read_text(Path(path), what="factor list"), path, what="factor list")
-    if isinstance(data, dict):
-        data = data.get(option.strip("-").replace("-file", "").replace("-", "_"))
-    if not (isinstance(data, list) and data and not problem(data, FACTOR_LIST_BOUND)):
-        raise InputError(f"{option} expects a JSON list of finite numbers > 0 and <= 1e6", file=path)
-    return [float(x) for x in data]
 
 
 def _plot(path: str, before, after, title: str) -> None:

@@ -13,8 +13,6 @@ transformers must load, with the frequencies kvtool reports.
 
 from __future__ import annotations
 
-import contextlib
-import io
 from functools import lru_cache
 from pathlib import Path
 
@@ -98,13 +96,13 @@ def _rope_run(name: str, rope_type: str, tmp_path: Path):
     """`kvtool rope NAME --type T --factor 2`: None when refused, else (case, transformers, kvtool) for the output."""
     import json
 
-    from kvtool.rope.command import RopeArgs, run
+    from kvtool.options.rope import RopeOptions
+    from kvtool.rope.command import run
 
     src, dst = tmp_path / "config.json", tmp_path / "out.json"
     src.write_text(json.dumps(dict(ROPE_CASES)[name]))
     try:
-        with contextlib.redirect_stdout(io.StringIO()):
-            run(RopeArgs(src=str(src), dst=str(dst), rope_type=rope_type, factor=2.0))
+        run(RopeOptions(src=str(src), dst=str(dst), type=rope_type, factor=2.0), echo=lambda line: None)
     except (UsageError, InputError):
         return None  # refused: nothing written, nothing to load
     new = json.loads(dst.read_text())

@@ -11,6 +11,7 @@ byte, that the command writes. No torch: planning never imports it.
 
 from __future__ import annotations
 
+import copy
 import glob
 import hashlib
 import importlib.util
@@ -101,13 +102,23 @@ def _command(argv: list[str], capsys) -> str | None:
     return lines[0] if lines else None
 
 
+def _as_command_says(exc: KvtoolError, kind: str) -> str:
+    """The error line the command prints for the operation's error (an options field named by its flag)."""
+    if exc.option and not exc.field:
+        from kvtool.options.fields import OPERATIONS, flag_of
+
+        exc = copy.copy(exc)
+        exc.field = flag_of(OPERATIONS[kind], exc.option)
+    return f"kvtool: error: {exc.line()}"
+
+
 def _recipe(path: Path, src: Path, dst: Path) -> str | None:
     """None when `kvtool apply --dry-run` accepts the recipe, else the operation's error line it stopped on."""
     try:
         apply_recipe(path, src, dst, dry_run=True, echo=lambda _line: None)
     except StepRefused as exc:
         assert exc.cause is not None, exc.line()  # a recipe-only refusal: the command would have no twin
-        return f"kvtool: error: {exc.cause.line()}"
+        return _as_command_says(exc.cause, load_recipe(path).steps[0].kind)
     except KvtoolError as exc:  # refused before planning (the source itself): the command refuses it the same
         return f"kvtool: error: {exc.line()}"
     return None

@@ -1,0 +1,86 @@
+"""Typer commands generated from an operation's declared options (kvtool/options): the one place that turns a
+field into a flag, and an error that names a field into one that names the flag."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+
+from typing import Any, Callable, List, Optional
+
+import typer
+
+from kvtool.errors import KvtoolError
+from kvtool.options.fields import Field, fields_of, flag_of
+
+
+def typer_annotation(f: Field) -> Any:
+    """The annotation typer reads for a field: Optional[...] / List[...] spelled the typing way."""
+    base = f.base_type
+    if f.is_list:
+        t = List[base]
+        return Optional[t] if f.default is None else t
+    return Optional[base] if f.default is None else base
+
+
+def typer_default(f: Field) -> Any:
+    """typer.Argument / typer.Option for a field (its default, flags and help)."""
+    s = f.spec
+    default = ... if f.required else f.default
+    extra: dict = {}
+    if s.metavar:
+        extra["metavar"] = s.metavar
+    if not s.show_default:
+        extra["show_default"] = False
+    if s.positional:
+        return typer.Argument(default, help=s.help, **extra)
+    names = list(f.flags)
+    if s.negatable:  # --eval/--no-eval
+        names = [f"{n}/--no-{n[2:]}" for n in names]
+    if s.short:
+        names.append(s.short)
+    return typer.Option(default, *names, help=s.help, **extra)
+
+
+def signature_of(cls) -> tuple[inspect.Signature, dict]:
+    """(__signature__, __annotations__) of a command function taking every CLI field of `cls`."""
+    params, annotations = [], {}
+    for f in fields_of(cls):
+        if not f.spec.cli:
+            continue
+        ann = typer_annotation(f)
+        params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=typer_default(f),
+                                        annotation=ann))
+        annotations[f.name] = ann
+    annotations["return"] = int
+    return inspect.Signature(params, return_annotation=int), annotations
+
+
+def command(app: typer.Typer, cls, help: str, **command_kw) -> Callable:
+    """Decorator: register `body(opts) -> int` as the command `cls.COMMAND`, its flags generated from `cls`.
+    A KvtoolError naming an options field leaves it naming the flag (`groups` -> `--groups`)."""
+
+    def decorate(body: Callable[[Any], int]) -> Callable:
+        @functools.wraps(body)
+        def callback(**kwargs: Any) -> int:
+            opts = cls(**kwargs)
+            try:
+                return body(opts)
+            except KvtoolError as exc:
+                if exc.option and not exc.field:
+                    exc.name_option(flag_of(cls, exc.option))
+                raise
+
+        del callback.__wrapped__  # typer reads the generated signature, not body's
+        callback.__signature__, callback.__annotations__ = signature_of(cls)
+        app.command(cls.COMMAND, help=help, **command_kw)(callback)
+        return body
+
+    return decorate
+
+
+def cli_fields(cls) -> list[Field]:
+    return [f for f in fields_of(cls) if f.spec.cli]
+
+
+

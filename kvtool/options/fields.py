@@ -1,0 +1,174 @@
+"""Declaring an operation's options once: a dataclass whose fields carry their CLI, recipe and docs facts.
+
+Each operation (kvtool/options/<operation>.py) is one `@operation("cmd")` dataclass. A field is declared
+with `option(...)` or `argument(...)`: its name, type (the annotation), default, choices and help, plus what
+the generators need (flag spelling, short flag, recipe key, numeric bounds, repeatable, negatable). From
+these declarations come the typer flags (kvtool/commands/options_cli.py), the recipe-step JSON schema
+(kvtool/options/schema.py) and the option tables in the docs (kvtool/options/docs.py).
+
+Library code raises errors that name fields (`UsageError(..., option="groups")`); the CLI shows the flag
+(`--groups`) and a recipe the step key (`steps[2].convert.groups`). No typer, no torch here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import MISSING
+from typing import Any
+
+_KEY = "kvtool"
+
+
+@dataclasses.dataclass(frozen=True)
+class Spec:
+    """What a field declares beyond its name, type and default."""
+
+    help: str = ""
+    positional: bool = False  # SRC / DST: a CLI argument, never in a recipe
+    flags: tuple[str, ...] = ()  # CLI spellings; default: --name-with-dashes
+    short: str | None = None  # e.g. "-g"
+    negatable: bool = False  # --eval/--no-eval
+    repeatable: bool = False  # --text A --text B
+    choices: tuple[str, ...] | None = None  # documented and in the recipe schema (the library checks them)
+    minimum: float | None = None  # recipe schema bound (the library checks the CLI value)
+    exclusive_minimum: float | None = None
+    maximum: float | None = None
+    recipe: str | bool = True  # the recipe key ("calibration.tokens" nests), True: the name, False: not in recipes
+    recipe_required: bool = False
+    schema: dict | None = None  # the recipe value's JSON schema, when the type alone does not say it
+    cli: bool = True  # False: a recipe-only key (e.g. a calibration dataset section)
+    metavar: str | None = None
+    show_default: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class Field:
+    """One declared option, as the generators read it."""
+
+    name: str
+    type: Any  # the resolved annotation, e.g. int | None, list[str]
+    default: Any  # MISSING when required
+    spec: Spec
+
+    @property
+    def required(self) -> bool:
+        return self.default is MISSING
+
+    @property
+    def flags(self) -> tuple[str, ...]:
+        if self.spec.positional:
+            return ()
+        return self.spec.flags or ("--" + self.name.replace("_", "-"),)
+
+    @property
+    def flag(self) -> str:
+        """How the CLI names this field in an error line: --groups, or SRC for an argument."""
+        return self.name.upper() if self.spec.positional else self.flags[0]
+
+    @property
+    def recipe_key(self) -> str | None:
+        if self.spec.positional or self.spec.recipe is False:
+            return None
+        return self.name if self.spec.recipe is True else self.spec.recipe
+
+    @property
+    def base_type(self) -> Any:
+        """int for `int | None`, str for `list[str]`."""
+        t = self.type
+        args = [a for a in typing.get_args(t) if a is not type(None)]
+        if typing.get_origin(t) in (typing.Union, getattr(__import__("types"), "UnionType", None)) and len(args) == 1:
+            t = args[0]
+        if typing.get_origin(t) in (list, tuple):
+            t = typing.get_args(t)[0]
+        return t
+
+    @property
+    def is_list(self) -> bool:
+        t = self.type
+        args = [a for a in typing.get_args(t) if a is not type(None)]
+        if args and typing.get_origin(t) not in (list, tuple):
+            t = args[0]
+        return typing.get_origin(t) in (list, tuple)
+
+
+def option(default: Any = MISSING, *, default_factory: Any = MISSING, **spec: Any):
+    """A `--flag` field (and, unless recipe=False, a recipe key of the same name)."""
+    return dataclasses.field(default=default, default_factory=default_factory, metadata={_KEY: Spec(**spec)})
+
+
+def argument(default: Any = MISSING, **spec: Any):
+    """A positional CLI argument (SRC, DST, MODEL): never a recipe key."""
+    return dataclasses.field(default=default, metadata={_KEY: Spec(positional=True, recipe=False, **spec)})
+
+
+OPERATIONS: dict[str, type] = {}  # command name -> its options class
+
+
+def operation(command: str):
+    """Make the class a keyword-only dataclass of declared fields, registered as `command`'s options."""
+
+    def wrap(cls):
+        cls = dataclasses.dataclass(kw_only=True)(cls)
+        cls.COMMAND = command
+        OPERATIONS[command] = cls
+        return cls
+
+    return wrap
+
+
+def fields_of(cls_or_obj) -> list[Field]:
+    """The declared fields, in declaration order (the CLI's and the docs' order)."""
+    cls = cls_or_obj if isinstance(cls_or_obj, type) else type(cls_or_obj)
+    cached = cls.__dict__.get("_kvtool_fields")
+    if cached is not None:
+        return cached
+    hints = typing.get_type_hints(cls)
+    out = []
+    for f in dataclasses.fields(cls):
+        spec = f.metadata.get(_KEY)
+        if spec is None:
+            continue
+        default = f.default if f.default is not MISSING else (
+            f.default_factory() if f.default_factory is not MISSING else MISSING)
+        out.append(Field(f.name, hints[f.name], default, spec))
+    cls._kvtool_fields = out
+    return out
+
+
+def field_named(cls_or_obj, name: str) -> Field | None:
+    return next((f for f in fields_of(cls_or_obj) if f.name == name), None)
+
+
+def flag_of(cls_or_obj, name: str) -> str:
+    """The CLI spelling of field `name` (itself when it is no declared field)."""
+    f = field_named(cls_or_obj, name)
+    return f.flag if f is not None else name
+
+
+def recipe_key_of(cls_or_obj, name: str) -> str:
+    """The recipe spelling of field `name` (itself when it is no recipe key)."""
+    f = field_named(cls_or_obj, name)
+    return (f.recipe_key or name) if f is not None else name
+
+
+def from_recipe(cls, step: dict, **given: Any):
+    """An options object from a recipe step's mapping (validated by the schema), plus `given` fields
+    (SRC, DST and the like, which recipes do not spell)."""
+    values: dict[str, Any] = {}
+    for f in fields_of(cls):
+        key = f.recipe_key
+        if key is None:
+            continue
+        node: Any = step
+        for part in key.split("."):
+            node = node.get(part, MISSING) if isinstance(node, dict) else MISSING
+        if node is not MISSING:
+            values[f.name] = node
+    values.update(given)
+    return cls(**values)
+
+
+def recipe_keys(cls) -> set[str]:
+    """Top-level recipe keys of the operation's step."""
+    return {f.recipe_key.split(".")[0] for f in fields_of(cls) if f.recipe_key}

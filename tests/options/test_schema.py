@@ -1,0 +1,53 @@
+"""The committed recipe schema's step definitions are generated from the declared options."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kvtool.errors import UsageError
+from kvtool.model.rope import types as rt
+from kvtool.options import load_all
+from kvtool.options import rope as rope_options
+from kvtool.options.fields import fields_of
+from kvtool.options.schema import STEP_DEFS, recipe_schema, schema_path, step_schema
+
+
+def test_the_committed_schema_is_the_generated_one():
+    committed = json.loads(schema_path().read_text(encoding="utf-8"))
+    assert committed == recipe_schema(committed), "run: python -m kvtool.options --write"
+
+
+@pytest.mark.parametrize("cmd", sorted(set(load_all()) & set(STEP_DEFS)))
+def test_a_step_accepts_exactly_its_declared_recipe_keys(cmd):
+    cls = load_all()[cmd]
+    s = step_schema(cls)
+    assert s["additionalProperties"] is False
+    top = {f.recipe_key.split(".")[0] for f in fields_of(cls) if f.recipe_key}
+    assert set(s["properties"]) == top
+    for f in fields_of(cls):
+        if f.recipe_key and "." not in f.recipe_key and f.spec.choices:
+            assert s["properties"][f.recipe_key]["enum"] == list(f.spec.choices)
+
+
+def test_rope_choices_are_what_the_rope_planner_accepts():
+    from kvtool.rope.apply import LAYOUTS
+
+    assert list(rope_options.TYPES) == rt.applicable_types()
+    assert rope_options.LAYOUTS == LAYOUTS
+
+
+def test_a_recipe_error_names_the_steps_key(tmp_path, tiny_llama_config):
+    from kvtest import write_config
+    from kvtool.io.preflight import preflight
+    from kvtool.recipes.load import load_recipe
+    from kvtool.recipes.plan import plan_recipe
+
+    write_config(tmp_path / "src", tiny_llama_config)
+    p = tmp_path / "r.yaml"
+    p.write_text("version: 1\nsteps:\n  - lint: {}\n  - rope: {type: yarn, factor: 2, layer_type: sliding_attention}\n")
+    with pytest.raises(UsageError) as exc:
+        plan_recipe(load_recipe(p), preflight(tmp_path / "src", require_weights=False))
+    assert exc.value.field == "steps[1].rope.layer_type"
+    assert "line 4: step 2 (rope):" in exc.value.message and "no 'sliding_attention' layers" in exc.value.message
