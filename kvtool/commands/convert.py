@@ -84,7 +84,7 @@ def register(app: typer.Typer) -> None:
             raise UsageError("quality gates need --eval", field="--max-ppl-increase" if max_ppl_increase else "--max-kld")
         if want_eval:
             _eval_api()  # fail before converting when the eval API is missing
-        if want_eval or method_obj.array_api == "torch":  # transformers will load SRC: no checkpoint code
+        if want_eval:  # transformers will load SRC: no checkpoint code (the plan refused it for a torch method)
             from pathlib import Path
 
             from kvtool.io.preflight import refuse_auto_map

@@ -268,6 +268,12 @@ def plan(ckpt: Checkpoint, *, to: str, groups: int | None = None, method: str = 
             "k_norm" in n for n in layers.values()):
         p.warnings.append("k_norm spans all KV heads (one weight per channel): it is pooled like the K rows; "
                           "the RMS it divides by now covers fewer heads, so the result is approximate")
+    from kvtool.convert.methods import get_method
+
+    if getattr(get_method(method), "array_api", "torch") == "torch" and ckpt.root is not None:
+        from kvtool.io.preflight import refuse_auto_map
+
+        refuse_auto_map(ckpt.root)  # the method runs the model with transformers: checkpoint code is refused
     p.source_hash = source_fingerprint(ckpt)
     return p
 

@@ -138,8 +138,21 @@ def check_model(ckpt, *, config: dict | None = None, tensors: dict | None = None
     return spec
 
 
-def prepare(src: str, dst: str, opts: QuantizeOptions):
-    """All checks that need no model: (checkpoint, architecture, spec, new config). Raises exit-2 errors."""
+@dataclass
+class QuantizePlan:
+    """What quantize-kv will do, decided before any model is loaded: every refusal has been made."""
+
+    src: str
+    dst: str
+    opts: QuantizeOptions
+    ckpt: object  # kvtool.model.checkpoint.Checkpoint
+    arch: object
+    spec: object
+    new_config: dict  # config.json with the kv_cache_scheme
+
+
+def plan(src: str, dst: str, opts: QuantizeOptions) -> QuantizePlan:
+    """All checks that need no model (the options, the checkpoint, DST). Raises exit-2 errors."""
     from kvtool.io.preflight import preflight
     from kvtool.io.staging import check_destination
     from kvtool.quantize.config import with_kv_cache_scheme
@@ -156,11 +169,17 @@ def prepare(src: str, dst: str, opts: QuantizeOptions):
     entry, _ = parse_spec(opts.observer)
     new_config = with_kv_cache_scheme(ckpt.config, strategy=opts.strategy, observer_name=entry.name,
                                       config_file=str(ckpt.config_path))
-    return ckpt, arch, spec, new_config
+    return QuantizePlan(src=src, dst=dst, opts=opts, ckpt=ckpt, arch=arch, spec=spec, new_config=new_config)
 
 
 def quantize_kv(src: str, dst: str, opts: QuantizeOptions, *, log=print) -> QuantizeResult:
-    ckpt, arch, spec, new_config = prepare(src, dst, opts)  # refuses bad input before torch is imported
+    """plan, then apply: bad input is refused before torch is imported."""
+    return apply(plan(src, dst, opts), log=log)
+
+
+def apply(p: QuantizePlan, *, log=print) -> QuantizeResult:
+    """Calibrate, report quality and write DST (staged) for a plan."""
+    src, dst, opts, arch, spec, new_config = p.src, p.dst, p.opts, p.arch, p.spec, p.new_config
     from kvtool import __version__
     from kvtool.model import kv_scale_names
     from kvtool.datasets import calibration_texts

@@ -211,7 +211,9 @@ def apply_recipe(recipe_path: str | Path, src: str | Path, dst: str | Path, *, d
     src = Path(src)
     if not src.is_dir():
         raise InputError("SRC must be a model folder", file=str(src))
-    loads_model = any(s.kind in ("quantize-kv", "eval") or s.options.get("method") == "aware" for s in recipe.steps)
+    # steps that load the source with transformers refuse checkpoint code up front, as their commands do first
+    # (a convert step's plan refuses it for a method that runs the model, where `kvtool convert` does)
+    loads_model = any(s.kind in ("quantize-kv", "eval") for s in recipe.steps)
     ckpt = preflight(src, model_code=loads_model, require_weights=False)
     require_valid_numbers(build_spec(ckpt.config), str(ckpt.config_path))
     plan = plan_recipe(recipe, ckpt)

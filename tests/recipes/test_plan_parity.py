@@ -65,6 +65,11 @@ CONVERT = [
     *[(f"{{to: gqa, groups: {g}}}", ["--to", "gqa", "--groups", str(g)]) for g in (1, 2, 3, 4, 8)],
     ("{to: gqa}", ["--to", "gqa"]),
     ("{to: mqa, dtype: bf16}", ["--to", "mqa", "--dtype", "bf16"]),
+    ("{to: mqa, method: aware, calibration: {dataset: pydoc}}",
+     ["--to", "mqa", "--method", "aware", "--calib-dataset", "pydoc"]),
+    ("{to: gqa, groups: 2, method: aware, refine_steps: 2, grouping: similarity, calibration: {dataset: pydoc, "
+     "tokens: 64, seq_len: 32}}", ["--to", "gqa", "--groups", "2", "--method", "aware", "--refine-steps", "2",
+                                   "--grouping", "similarity", "--calib-tokens", "64", "--seq-len", "32"]),
 ]
 ROPE = [
     ("{type: yarn, factor: 4}", ["--type", "yarn", "--factor", "4"]),
@@ -144,6 +149,31 @@ def test_recipe_steps_accept_and_refuse_as_the_commands_do(name, tmp_path, recip
             assert dump_json_like(state.config) == (dst / "config.json").read_text(encoding="utf-8"), (name, step)
         verdicts[f"rope {step}"] = command is None
     assert len(verdicts) == len(CONVERT) + len(ROPE)
+
+
+def test_quantize_kv_steps_refuse_as_the_command_does(tmp_path):
+    """quantize-kv's plan (what the command runs before loading a model; its option checks import torch)
+    against the recipe step's, over the whole corpus: the same verdict and error line."""
+    pytest.importorskip("torch")
+    from kvtool.quantize.run import QuantizeOptions, plan
+
+    cases = [("{calibration: {dataset: pydoc}}", {}),
+             ("{strategy: attn_head, observer: 'absmax:1', calibration: {dataset: pydoc}}",
+              {"strategy": "attn_head", "observer": "absmax:1"})]
+    verdicts = set()
+    for name, config in sorted(CORPUS.items()):
+        src = write_checkpoint(tmp_path / name, config, shaped=False)
+        for i, (step, kw) in enumerate(cases):
+            try:
+                plan(str(src), str(tmp_path / f"{name}.q{i}"), QuantizeOptions(**kw))
+                command = None
+            except KvtoolError as exc:
+                command = f"kvtool: error: {exc.line()}"
+            r = tmp_path / f"q{i}.yaml"
+            r.write_text(f"version: 1\nsteps:\n  - quantize-kv: {step}\n")
+            assert _recipe(r, src, tmp_path / "out") == command, (name, step)
+            verdicts.add(command is None)
+    assert verdicts == {True, False}
 
 
 def test_the_corpus_exercises_both_verdicts_of_every_kind(tmp_path, capsys):
