@@ -59,19 +59,19 @@ def write_text_files(folder: str | Path) -> tuple[Path, Path]:
 def check_calibration_source(files, dataset: str | None) -> None:
     """--calib-text and --calib-dataset exclude each other; the dataset must be one kvtool knows."""
     if files and dataset:
-        raise UsageError("give --calib-text or --calib-dataset, not both", field="--calib-dataset")
+        raise UsageError("give --calib-text or --calib-dataset, not both", option="calib_dataset")
     if dataset is not None and dataset not in CALIBRATION_DATASETS:
         raise UsageError(f"unknown dataset {dataset!r}; known: {', '.join(CALIBRATION_DATASETS)}",
-                         field="--calib-dataset")
+                         option="calib_dataset")
 
 
-def calibration_texts(dataset: str | None, option: str = "--calib-dataset") -> tuple[list[str], str]:
+def calibration_texts(dataset: str | None, option: str = "calib_dataset") -> tuple[list[str], str]:
     """([text], label) of a --calib-dataset (None: the built-in pydoc calibration part)."""
     name = dataset or BUILTIN
     if name == BUILTIN:
         return [calibration_text()], CALIBRATION_LABEL
     if name not in CALIBRATION_DATASETS:
-        raise UsageError(f"unknown dataset {name!r}; known: {', '.join(CALIBRATION_DATASETS)}", field=option)
+        raise UsageError(f"unknown dataset {name!r}; known: {', '.join(CALIBRATION_DATASETS)}", option=option)
     from dataclasses import replace
 
     from kvtool.eval.texts import DATASETS, load_hub

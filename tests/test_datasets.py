@@ -54,7 +54,7 @@ def test_default_calibration_dataset_is_builtin():
 def test_calibration_source_refusals(files, dataset, needle):
     with pytest.raises(UsageError, match=needle) as info:
         check_calibration_source(files, dataset)
-    assert info.value.field == "--calib-dataset"
+    assert info.value.option == "calib_dataset"
 
 
 def test_testing_text_is_the_same_module():

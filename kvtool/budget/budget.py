@@ -253,7 +253,7 @@ def compute(ckpt, spec, opts: BudgetOptions) -> Budget:
         budget = int(opts.gpu.memory_bytes * opts.gpu_memory_utilization) - opts.reserve_bytes
         if weight_bytes is None:
             raise UsageError("cannot size the weights: no safetensors and the config lacks hidden_size, "
-                             "num_hidden_layers or vocab_size", field="--gpu-memory")
+                             "num_hidden_layers or vocab_size", option="gpu_memory")
         pool = budget - kvcache.cdiv(weight_bytes, opts.tensor_parallel_size)  # = Budget.weight_bytes_per_gpu
 
     current = figures(spec, "current", None, kv_dtype, eb, opts, seq_len, step)

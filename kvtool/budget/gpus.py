@@ -55,7 +55,7 @@ def resolve(text: str) -> Gpu:
         size = parse_size(text)
     except ValueError:
         raise UsageError(f"{text!r} is neither a size (80GiB, 24GB) nor a known GPU ({', '.join(names())})",
-                         field="--gpu-memory") from None
+                         option="gpu_memory") from None
     if size <= 0:
-        raise UsageError(f"{text!r}: GPU memory must be positive", field="--gpu-memory")
+        raise UsageError(f"{text!r}: GPU memory must be positive", option="gpu_memory")
     return Gpu(text.strip(), size, "user")

@@ -25,10 +25,10 @@ def write_plot(spec, b: Budget, path: str) -> None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise UsageError("needs matplotlib (pip install 'kvtool[plot]')", field="--plot") from None
+        raise UsageError("needs matplotlib (pip install 'kvtool[plot]')", option="plot") from None
     target = Path(path)
     if target.suffix.lower() not in (".png", ".svg", ".pdf"):
-        raise UsageError(f"{path}: use a .png, .svg or .pdf file name", field="--plot")
+        raise UsageError(f"{path}: use a .png, .svg or .pdf file name", option="plot")
     if not target.parent.is_dir():
         raise InputError("folder does not exist", file=str(target.parent))
     o: BudgetOptions = b.options

@@ -38,10 +38,10 @@ def parse(text: str | None, *, num_heads: int | None, is_mla: bool) -> list[Vari
             if heads is None:
                 raise UsageError(f"unknown variant {change!r} in {item!r}; use mha, mqa, gqa:N or a KV dtype "
                                  f"({', '.join(d for d in KV_CACHE_DTYPES if d != 'auto')}), joined with +",
-                                 field="--what-if")
+                                 option="what_if")
             if is_mla:
                 raise UsageError(f"{item!r}: this model uses MLA (one latent per token, no KV heads to regroup)",
-                                 field="--what-if")
+                                 option="what_if")
             kv_heads = heads
         out.append(Variant(item, kv_heads, kv_dtype))
     return out
@@ -52,14 +52,14 @@ def _heads(change: str, num_heads: int | None, item: str) -> int | None:
         return 1
     if change == "mha":
         if not num_heads:
-            raise UsageError(f"{item!r}: the config has no query-head count", field="--what-if")
+            raise UsageError(f"{item!r}: the config has no query-head count", option="what_if")
         return num_heads
     if change.startswith("gqa:"):
         try:
             n = int(change[4:])
         except ValueError:
-            raise UsageError(f"{item!r}: gqa needs a KV-head count, e.g. gqa:8", field="--what-if") from None
+            raise UsageError(f"{item!r}: gqa needs a KV-head count, e.g. gqa:8", option="what_if") from None
         if n < 1 or (num_heads and (n > num_heads or num_heads % n)):
-            raise UsageError(f"{item!r}: {n} KV heads must divide the {num_heads} query heads", field="--what-if")
+            raise UsageError(f"{item!r}: {n} KV heads must divide the {num_heads} query heads", option="what_if")
         return n
     return None

@@ -4,82 +4,63 @@ from __future__ import annotations
 
 import json
 import math
-from typing import List, Optional
 
 import typer
 
 from kvtool import progress as kv_progress
+from kvtool.commands.options_cli import command
 from kvtool.deps import require_torch
 from kvtool.errors import EXIT_FINDINGS, EXIT_OK, UsageError
+from kvtool.options.eval import FORMATS, EvalOptions
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("eval", help="Perplexity of MODEL and, against --baseline, PPL ratio, KL divergence and top-1 "
-                              "agreement on the same tokens; exit 1 when a gate fails.")
-    def eval_cmd(
-        model: str = typer.Argument(..., help="Model folder or hub id (the candidate)."),
-        baseline: Optional[str] = typer.Option(None, "--baseline", help="Reference model (same tokenizer)."),
-        text: Optional[List[str]] = typer.Option(None, "--text", help="UTF-8 text file(s), joined into one stream."),
-        dataset: Optional[str] = typer.Option(None, "--dataset", help="pydoc (built-in, offline; the default), "
-                                                                       "wikitext2, wikitext103 (need `datasets`)."),
-        max_length: int = typer.Option(1024, "--max-length", help="Window length L in tokens."),
-        stride: Optional[int] = typer.Option(None, "--stride", help="Window step S < L (default L/2)."),
-        max_tokens: Optional[int] = typer.Option(None, "--max-tokens", help="Use only the first N tokens of the stream."),
-        device: str = typer.Option("auto", "--device", help="auto | cuda | cuda:N | cpu"),
-        dtype: str = typer.Option("auto", "--dtype", help="auto (bf16 on CUDA, fp32 on CPU) | bf16 | fp16 | fp32"),
-        device_map: Optional[str] = typer.Option(None, "--device-map", help="auto: shard over all GPUs (+CPU) with accelerate."),
-        batch_size: Optional[int] = typer.Option(None, "--batch-size", help="Windows per forward (default 1 on CPU, 8192/L on CUDA)."),
-        kv_cache_dtype: str = typer.Option("auto", "--kv-cache-dtype", help="auto (fp8 when the checkpoint has KV scales) | fp8 | off"),
-        kv_scales: str = typer.Option("checkpoint", "--kv-scales", help="checkpoint | one (1.0, vLLM's default)"),
-        max_ppl_increase: str = typer.Option("2%", "--max-ppl-increase", help="Gate: PPL ratio - 1 (with --baseline; 'off' disables)."),
-        max_kld: Optional[float] = typer.Option(None, "--max-kld", help="Gate: mean KL(baseline||model), nats/token."),
-        min_top1: Optional[float] = typer.Option(None, "--min-top1", help="Gate: top-1 agreement with the baseline."),
-        output_format: str = typer.Option("text", "--format", help="text | json"),
-        progress: Optional[bool] = typer.Option(None, "--progress/--no-progress", help=kv_progress.FLAG_HELP),
-    ) -> int:
+    @command(app, EvalOptions, help="Perplexity of MODEL and, against --baseline, PPL ratio, KL divergence and "
+                                    "top-1 agreement on the same tokens; exit 1 when a gate fails.")
+    def eval_cmd(o: EvalOptions) -> int:
         from kvtool.eval.texts import read_texts
         from kvtool.units import gate_threshold, parse_percent
 
-        if output_format not in ("text", "json"):
-            raise UsageError(f"unknown format {output_format!r}; use text or json", field="--format")
+        if o.format not in FORMATS:
+            raise UsageError(f"unknown format {o.format!r}; use text or json", option="format")
         gates = {}
-        if max_ppl_increase.strip().lower() not in ("off", "none", ""):
+        if o.max_ppl_increase.strip().lower() not in ("off", "none", ""):
             try:
-                gates["--max-ppl-increase"] = parse_percent(max_ppl_increase)
+                gates["max_ppl_increase"] = parse_percent(o.max_ppl_increase)
             except ValueError as exc:
-                raise UsageError(str(exc), field="--max-ppl-increase") from None
-        if max_kld is not None:
+                raise UsageError(str(exc), option="max_ppl_increase") from None
+        if o.max_kld is not None:
             try:
-                gates["--max-kld"] = gate_threshold(max_kld)
+                gates["max_kld"] = gate_threshold(o.max_kld)
             except ValueError as exc:
-                raise UsageError(str(exc), field="--max-kld") from None
-        if min_top1 is not None:
-            if not 0.0 <= min_top1 <= 1.0:
-                raise UsageError(f"must be between 0 and 1, got {min_top1}", field="--min-top1")
-            gates["--min-top1"] = min_top1
-        if baseline is None:
-            explicit = [g for g in gates if g != "--max-ppl-increase"]
+                raise UsageError(str(exc), option="max_kld") from None
+        if o.min_top1 is not None:
+            if not 0.0 <= o.min_top1 <= 1.0:
+                raise UsageError(f"must be between 0 and 1, got {o.min_top1}", option="min_top1")
+            gates["min_top1"] = o.min_top1
+        if o.baseline is None:
+            explicit = [g for g in gates if g != "max_ppl_increase"]
             if explicit:
-                raise UsageError("compares against a baseline; give --baseline", field=explicit[0])
+                raise UsageError("compares against a baseline; give --baseline", option=explicit[0])
             gates = {}  # the default PPL gate needs a baseline; without one, PPL alone
-        texts, text_name = read_texts(text, dataset)
+        texts, text_name = read_texts(o.text, o.dataset)
         from kvtool.io.preflight import check_loadable
 
-        check_loadable(model, baseline)  # refuse a bad folder before torch and transformers are imported
+        check_loadable(o.model, o.baseline)  # refuse a bad folder before torch and transformers are imported
         require_torch("kvtool eval")
-        with kv_progress.session(progress):
+        with kv_progress.session(o.progress):
             with kv_progress.task("starting (importing torch and transformers)"):
                 from kvtool.eval.api import evaluate
-            report = evaluate(model, baseline, texts=texts, text_name=text_name, max_length=max_length,
-                              stride=stride, max_tokens=max_tokens, device=device, dtype=dtype,
-                              kv_cache_dtype=kv_cache_dtype, kv_scales=kv_scales, batch_size=batch_size,
-                              device_map=device_map, gates=gates)
-        if output_format == "json":
+            report = evaluate(o.model, o.baseline, texts=texts, text_name=text_name, max_length=o.max_length,
+                              stride=o.stride, max_tokens=o.max_tokens, device=o.device, dtype=o.dtype,
+                              kv_cache_dtype=o.kv_cache_dtype, kv_scales=o.kv_scales, batch_size=o.batch_size,
+                              device_map=o.device_map, gates=gates)
+        if o.format == "json":
             typer.echo(json.dumps(_finite(report.as_dict()), indent=2, sort_keys=True))
         else:
             typer.echo(render_text(report))
         if not report.passed:
-            names = ", ".join(f"{g.metric} ({g.option})" for g in report.failed_gates)
+            names = ", ".join(f"{g.metric} ({g.flag})" for g in report.failed_gates)
             typer.echo(f"kvtool: gate failed: {names}", err=True)
             return EXIT_FINDINGS
         return EXIT_OK

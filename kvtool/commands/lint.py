@@ -2,58 +2,43 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import List, Optional
-
 import typer
 
+from kvtool.commands.options_cli import command
 from kvtool.errors import EXIT_FINDINGS, EXIT_INPUT, EXIT_OK, UsageError
+from kvtool.options.lint import LintOptions
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("lint", help="Validate config.json and safetensors headers of one or more checkpoints (no weights "
-                              "loaded). Exit 0: clean; 1: findings at failing severity; 2: bad input or usage. "
-                              "Defaults come from [tool.kvtool] in the nearest pyproject.toml.")
-    def lint(
-        paths: List[str] = typer.Argument(..., help="Model folders, config.json files or hub ids."),
-        output_format: Optional[str] = typer.Option(None, "--format", "--output-format",
-                                                    help="text | json | sarif | github (default: text)."),
-        select: Optional[str] = typer.Option(None, help="Comma-separated codes or prefixes to enable (default: all)."),
-        ignore: Optional[str] = typer.Option(None, help="Comma-separated codes or prefixes to disable."),
-        strict: Optional[bool] = typer.Option(None, "--strict/--no-strict", help="Warnings fail too (exit 1)."),
-        tensor_parallel_size: Optional[int] = typer.Option(None, "--tensor-parallel-size", "-tp",
-                                                           help="Check vLLM's divisibility rules for this TP size."),
-        config: Optional[Path] = typer.Option(None, "--config", help="Read [tool.kvtool] from this pyproject.toml."),
-        isolated: bool = typer.Option(False, "--isolated", help="Ignore every pyproject.toml."),
-        require_weights: bool = typer.Option(False, "--require-weights",
-                                             help="Git LFS pointers instead of weights (KV613) are an error, "
-                                                  "not an info."),
-    ) -> int:
+    @command(app, LintOptions, help="Validate config.json and safetensors headers of one or more checkpoints (no "
+                                    "weights loaded). Exit 0: clean; 1: findings at failing severity; 2: bad input "
+                                    "or usage. Defaults come from [tool.kvtool] in the nearest pyproject.toml.")
+    def lint(o: LintOptions) -> int:
         from kvtool.rules.config_file import find_pyproject, load_settings
         from kvtool.io.inputfile import not_regular
         from kvtool.rules.engine import lint_one
         from kvtool.output import FORMATS, render
-        from kvtool.rules.registry import LintOptions, Selection
+        from kvtool.rules.registry import LintOptions as EngineOptions, Selection
 
-        if config is not None and isolated:
+        if o.config is not None and o.isolated:
             raise UsageError("--config and --isolated exclude each other")
-        why = not_regular(config) if config is not None else None
+        why = not_regular(o.config) if o.config is not None else None
         if why:  # "not found", or what it is instead of a file (a folder, a FIFO)
-            raise UsageError(why, file=str(config), field="--config")
-        settings = load_settings(None if isolated else (config or find_pyproject()))
-        fmt = output_format or settings.format or "text"
+            raise UsageError(why, file=str(o.config), option="config")
+        settings = load_settings(None if o.isolated else (o.config or find_pyproject()))
+        fmt = o.format or settings.format or "text"
         if fmt not in FORMATS:
-            raise UsageError(f"unknown format {fmt!r}; choose from {', '.join(FORMATS)}", field="--format")
-        tp = tensor_parallel_size if tensor_parallel_size is not None else settings.tensor_parallel_size
+            raise UsageError(f"unknown format {fmt!r}; choose from {', '.join(FORMATS)}", option="format")
+        tp = o.tensor_parallel_size if o.tensor_parallel_size is not None else settings.tensor_parallel_size
         if tp is not None and tp < 1:
-            raise UsageError(f"must be a positive integer, got {tp}", field="--tensor-parallel-size")
-        chosen = tuple(c.upper() for c in _split(select)) or settings.select or ("KV",)
-        dropped = tuple(c.upper() for c in _split(ignore)) if ignore is not None else (settings.ignore or ())
+            raise UsageError(f"must be a positive integer, got {tp}", option="tensor_parallel_size")
+        chosen = tuple(c.upper() for c in _split(o.select)) or settings.select or ("KV",)
+        dropped = tuple(c.upper() for c in _split(o.ignore)) if o.ignore is not None else (settings.ignore or ())
         _check_selectors([*chosen, *dropped, *(c for cs in settings.per_file_ignores.values() for c in cs)])
-        is_strict = strict if strict is not None else bool(settings.strict)
-        opts = LintOptions(tensor_parallel_size=tp, selection=Selection(select=chosen, ignore=dropped),
-                           strict=is_strict, require_weights=require_weights)
-        reports = [lint_one(p, opts) for p in paths]
+        is_strict = o.strict if o.strict is not None else bool(settings.strict)
+        opts = EngineOptions(tensor_parallel_size=tp, selection=Selection(select=chosen, ignore=dropped),
+                             strict=is_strict, require_weights=o.require_weights)
+        reports = [lint_one(p, opts) for p in o.paths]
         if settings.per_file_ignores:
             for rep in reports:
                 _apply_per_file_ignores(rep, settings)

@@ -11,7 +11,7 @@ from typing import Any, Callable, List, Optional
 import typer
 
 from kvtool.errors import KvtoolError
-from kvtool.options.fields import Field, fields_of, flag_of
+from kvtool.options.fields import Field, field_named, fields_of
 
 
 def typer_annotation(f: Field) -> Any:
@@ -56,27 +56,35 @@ def signature_of(cls) -> tuple[inspect.Signature, dict]:
     return inspect.Signature(params, return_annotation=int), annotations
 
 
-def command(app: typer.Typer, cls, help: str, **command_kw) -> Callable:
-    """Decorator: register `body(opts) -> int` as the command `cls.COMMAND`, its flags generated from `cls`.
+def command(app: typer.Typer, options, help: str, **command_kw) -> Callable:
+    """Decorator: register `body(opts) -> int` as the command `options.COMMAND`, its flags generated from the
+    options class (command_kw go to typer, e.g. cls=a click command class).
     A KvtoolError naming an options field leaves it naming the flag (`groups` -> `--groups`)."""
 
     def decorate(body: Callable[[Any], int]) -> Callable:
         @functools.wraps(body)
         def callback(**kwargs: Any) -> int:
-            opts = cls(**kwargs)
+            opts = options(**kwargs)
             try:
                 return body(opts)
             except KvtoolError as exc:
                 if exc.option and not exc.field:
-                    exc.name_option(flag_of(cls, exc.option))
+                    exc.name_option(cli_spelling(options, exc.option))
                 raise
 
         del callback.__wrapped__  # typer reads the generated signature, not body's
-        callback.__signature__, callback.__annotations__ = signature_of(cls)
-        app.command(cls.COMMAND, help=help, **command_kw)(callback)
+        callback.__signature__, callback.__annotations__ = signature_of(options)
+        app.command(options.COMMAND, help=help, **command_kw)(callback)
         return body
 
     return decorate
+
+
+def cli_spelling(cls, name: str) -> str:
+    """The flag of field `name`; a field another operation declares (a shared library raised it) is
+    spelled the same way: --name-with-dashes."""
+    f = field_named(cls, name)
+    return f.flag if f is not None else "--" + name.replace("_", "-")
 
 
 def cli_fields(cls) -> list[Field]:

@@ -102,18 +102,18 @@ def valid_groups(num_heads: int, kv_heads: int, *, flag_field: bool = False) -> 
 
 def resolve_target(to: str, groups: int | None, num_heads: int, kv_heads: int, *, flag_field: bool) -> int:
     if to not in TARGETS:
-        raise UsageError(f"--to must be one of {', '.join(TARGETS)}, not {to!r}", field="--to")
+        raise UsageError(f"--to must be one of {', '.join(TARGETS)}, not {to!r}", option="to")
     if to == "mqa":
         if groups not in (None, 1):
-            raise UsageError("--to mqa means one KV head; drop --groups", field="--groups")
+            raise UsageError("--to mqa means one KV head; drop --groups", option="groups")
         g = 1
     elif to == "mha":
         if groups not in (None, num_heads):
-            raise UsageError(f"--to mha means {num_heads} KV heads (one per query head); drop --groups", field="--groups")
+            raise UsageError(f"--to mha means {num_heads} KV heads (one per query head); drop --groups", option="groups")
         g = num_heads
     else:
         if groups is None:
-            raise UsageError("--to gqa needs --groups G (the number of KV heads after conversion)", field="--groups")
+            raise UsageError("--to gqa needs --groups G (the number of KV heads after conversion)", option="groups")
         g = groups
     ok = valid_groups(num_heads, kv_heads, flag_field=flag_field)
     if g not in ok:
@@ -122,7 +122,7 @@ def resolve_target(to: str, groups: int | None, num_heads: int, kv_heads: int, *
         if flag_field:
             why = "this architecture's config can express only MQA or MHA"
         raise UsageError(f"cannot convert to {g} KV heads: {why}; valid choices: {', '.join(map(str, ok))}",
-                         field="--groups")
+                         option="groups")
     return g
 
 
@@ -197,8 +197,24 @@ def source_fingerprint(ckpt: Checkpoint) -> str:
 def check_dtype(dtype: str) -> str | None:
     """The safetensors dtype for a --dtype choice (None: keep)."""
     if dtype not in OUT_DTYPES:
-        raise UsageError(f"--dtype must be one of {', '.join(OUT_DTYPES)}, not {dtype!r}", field="--dtype")
+        raise UsageError(f"--dtype must be one of {', '.join(OUT_DTYPES)}, not {dtype!r}", option="dtype")
     return OUT_DTYPES[dtype]
+
+
+def check_options(o) -> tuple[int, object]:
+    """What `kvtool convert` and a recipe's convert step check of a ConvertOptions (kvtool/options/convert.py)
+    before opening the model: the shard size, and the merge method with its options (an option another
+    method owns is refused by name). Returns (shard bytes, the method object)."""
+    from kvtool.convert.methods import get_method, method_options
+    from kvtool.units import parse_size
+
+    try:
+        shard_bytes = parse_size(o.max_shard_size)
+    except ValueError as exc:
+        raise UsageError(str(exc), option="max_shard_size") from None
+    if shard_bytes <= 0:
+        raise UsageError("must be positive", option="max_shard_size")
+    return shard_bytes, get_method(o.method, **method_options(o))
 
 
 def make_plan(src: str | Path, *, to: str, groups: int | None = None, method: str = "mean",

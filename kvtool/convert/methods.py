@@ -68,7 +68,7 @@ class MergeMethod:
         if unknown:
             allowed = ", ".join(self.option_names) or "none"
             raise UsageError(f"method {self.name!r} does not take option(s) {', '.join(unknown)} (accepted: {allowed})",
-                             field="--method")
+                             option="method")
         self.options = dict(options)
 
     def prepare(self, job: MergeJob) -> None:
@@ -115,10 +115,30 @@ def available_methods() -> list[str]:
     return sorted(_REGISTRY)
 
 
+def method_options(o) -> dict:
+    """The merge method's options from a ConvertOptions (kvtool/options/convert.py): its --method-opt
+    KEY=VALUE pairs and the aware method's own fields that are set (any other method refuses them by name)."""
+    import json
+
+    from kvtool.options.convert import AWARE_FIELDS
+
+    out: dict = {}
+    for item in o.method_opt:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise UsageError(f"expected KEY=VALUE, got {item!r}", option="method_opt")
+        try:
+            out[key.strip()] = json.loads(value)
+        except ValueError:
+            out[key.strip()] = value
+    out.update({k: getattr(o, k) for k in AWARE_FIELDS if getattr(o, k) is not None})
+    return out
+
+
 def get_method(name: str, **options: Any) -> MergeMethod:
     """Instantiate a registered method; an unknown name is a usage error listing the choices."""
     _load_modules()
     cls = _REGISTRY.get(name)
     if cls is None:
-        raise UsageError(f"unknown merge method {name!r}; choose from {', '.join(sorted(_REGISTRY))}", field="--method")
+        raise UsageError(f"unknown merge method {name!r}; choose from {', '.join(sorted(_REGISTRY))}", option="method")
     return cls(**options)

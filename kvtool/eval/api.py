@@ -115,8 +115,8 @@ def evaluate(model, baseline=None, *, texts: str | Sequence[str] | None = None, 
 
     texts: the evaluation text(s), joined with blank lines into one token stream (default: the
     built-in pydoc evaluation text). max_length / stride: window length L and step S (S < L;
-    default L // 2). max_tokens: cut the stream to its first N tokens. gates: {"--max-ppl-increase":
-    0.02, "--max-kld": 0.01, "--min-top1": 0.95} (any subset). progress: None follows the command's
+    default L // 2). max_tokens: cut the stream to its first N tokens. gates: {"max_ppl_increase":
+    0.02, "max_kld": 0.01, "min_top1": 0.95} (any subset; the fields of kvtool/options/eval.py). progress: None follows the command's
     `--progress` session (kvtool.progress; silent outside one), True / False force it. Raises InputError /
     UsageError.
     """
@@ -146,15 +146,15 @@ def evaluate_many(candidates: Sequence[Candidate | Any], baseline=None, *, texts
     for c in cands:
         if c.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise UsageError(f"unknown value {c.kv_cache_dtype!r}; use {', '.join(KV_CACHE_DTYPES)}",
-                             field="--kv-cache-dtype")
+                             option="kv_cache_dtype")
         if isinstance(c.kv_scales, str) and c.kv_scales not in KV_SCALE_SOURCES:
-            raise UsageError(f"unknown value {c.kv_scales!r}; use {' or '.join(KV_SCALE_SOURCES)}", field="--kv-scales")
+            raise UsageError(f"unknown value {c.kv_scales!r}; use {' or '.join(KV_SCALE_SOURCES)}", option="kv_scales")
     stride = stride if stride is not None else max(1, max_length // 2)
     check_window(max_length, stride)
     if max_tokens is not None and max_tokens < 2:
-        raise UsageError(f"must be at least 2, got {max_tokens}", field="--max-tokens")
+        raise UsageError(f"must be at least 2, got {max_tokens}", option="max_tokens")
     if batch_size is not None and batch_size < 1:
-        raise UsageError(f"must be at least 1, got {batch_size}", field="--batch-size")
+        raise UsageError(f"must be at least 1, got {batch_size}", option="batch_size")
 
     dev = pick_device(device) if not device_map else None
     torch_dtype = pick_dtype(dtype, dev if dev is not None else pick_device("auto"))
@@ -172,7 +172,7 @@ def evaluate_many(candidates: Sequence[Candidate | Any], baseline=None, *, texts
     if max_tokens is not None:
         ids = ids[:max_tokens]
     if len(ids) < 2:
-        raise InputError(f"the evaluation text has {len(ids)} token(s); at least 2 are needed", field="--text")
+        raise InputError(f"the evaluation text has {len(ids)} token(s); at least 2 are needed", option="text")
     ws = windows(len(ids), max_length, stride)
     device_name = pool.device_name(first)
     bs = batch_size or (max(1, min(16, 8192 // max_length)) if device_name.startswith("cuda") else 1)

@@ -11,53 +11,62 @@ from kvtool.errors import UsageError
 
 @dataclass(frozen=True)
 class Gate:
-    option: str  # the CLI flag that sets it
+    option: str  # the options field that sets it (kvtool/options/eval.py), e.g. max_kld
     metric: str  # name in the report
     better: str  # "lower" | "higher"
     value: Callable[[dict], float]  # the measured value from a report summary
     fmt: Callable[[float], str]
     se_key: str  # its standard error in the summary (shown next to the value)
 
+    @property
+    def flag(self) -> str:
+        """How reports name the gate: its CLI flag, e.g. --max-kld."""
+        return "--" + self.option.replace("_", "-")
+
 
 GATES: dict[str, Gate] = {g.option: g for g in (
-    Gate("--max-ppl-increase", "ppl_increase", "lower", lambda s: s["ppl_ratio"] - 1.0, lambda x: f"{x * 100:+.2f}%",
+    Gate("max_ppl_increase", "ppl_increase", "lower", lambda s: s["ppl_ratio"] - 1.0, lambda x: f"{x * 100:+.2f}%",
          "ppl_ratio_se"),
-    Gate("--max-kld", "kld_mean", "lower", lambda s: s["kld_mean"], lambda x: f"{x:.5f}", "kld_se"),
-    Gate("--min-top1", "top1_agreement", "higher", lambda s: s["top1_agreement"], lambda x: f"{x:.4f}",
+    Gate("max_kld", "kld_mean", "lower", lambda s: s["kld_mean"], lambda x: f"{x:.5f}", "kld_se"),
+    Gate("min_top1", "top1_agreement", "higher", lambda s: s["top1_agreement"], lambda x: f"{x:.4f}",
          "top1_se"),
 )}
 
 
 @dataclass(frozen=True)
 class GateResult:
-    option: str
+    option: str  # the options field, e.g. max_kld
     metric: str
     limit: float
     value: float
     passed: bool
     se: float | None = None  # standard error of value (None: unknown)
 
+    @property
+    def flag(self) -> str:
+        return GATES[self.option].flag
+
     def line(self) -> str:
         g = GATES[self.option]
         op = "<=" if g.better == "lower" else ">="
         verdict = "ok" if self.passed else "FAILED"
         se = "" if self.se is None or math.isnan(self.se) else f" (SE {g.fmt(self.se).lstrip('+')})"
-        return f"{self.metric} {g.fmt(self.value)}{se} {op} {g.fmt(self.limit)} ({self.option}): {verdict}"
+        return f"{self.metric} {g.fmt(self.value)}{se} {op} {g.fmt(self.limit)} ({g.flag}): {verdict}"
 
     def as_dict(self) -> dict:
-        return {"option": self.option, "metric": self.metric, "limit": self.limit, "value": self.value,
+        return {"option": self.flag, "metric": self.metric, "limit": self.limit, "value": self.value,
                 "se": self.se, "passed": self.passed}
 
 
 def check(summary: dict, limits: dict[str, float]) -> list[GateResult]:
-    """Apply {option: limit}; a NaN value fails. Relative gates need a baseline."""
+    """Apply {field: limit} (e.g. {"max_kld": 0.01}); a NaN value fails. Relative gates need a baseline."""
     results = []
     for option, limit in limits.items():
         if option not in GATES:
-            raise UsageError(f"unknown gate; known: {', '.join(GATES)}", field=option)
+            raise UsageError(f"unknown gate; known: {', '.join(GATES)}", option=option)
         g = GATES[option]
         if "ppl_ratio" not in summary:
-            raise UsageError("compares against a baseline; give --baseline", field=option)
+            raise UsageError("compares against a baseline; give --baseline", option=option)
         value = g.value(summary)
         ok = not math.isnan(value) and (value <= limit if g.better == "lower" else value >= limit)
         se = summary.get(g.se_key)

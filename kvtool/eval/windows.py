@@ -33,10 +33,10 @@ class Window:
 
 def check_window(max_length: int, stride: int) -> None:
     if max_length < 2:
-        raise UsageError(f"must be at least 2 tokens, got {max_length}", field="--max-length")
+        raise UsageError(f"must be at least 2 tokens, got {max_length}", option="max_length")
     if stride < 1 or stride >= max_length:
         raise UsageError(f"must be between 1 and max-length - 1 = {max_length - 1} (each window's first "
-                         f"target needs one token of context), got {stride}", field="--stride")
+                         f"target needs one token of context), got {stride}", option="stride")
 
 
 def windows(n_tokens: int, max_length: int, stride: int) -> list[Window]:

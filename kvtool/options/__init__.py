@@ -12,7 +12,7 @@ import importlib
 from kvtool.options.fields import OPERATIONS
 
 # every operation's declaring module, in `kvtool --help` order
-MODULES = ("rope",)
+MODULES = ("lint", "kv_budget", "convert", "eval", "rope", "quantize_kv", "apply")
 
 
 def load_all() -> dict[str, type]:

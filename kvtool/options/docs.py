@@ -14,7 +14,7 @@ from kvtool.options.fields import Field, fields_of
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 FALLBACK = "options.md"
-_TYPES = {str: "text", int: "integer", float: "number", bool: "flag"}
+_TYPES = {str: "text", int: "integer", float: "number", bool: "flag", Path: "path"}
 
 
 def _cell(text: str) -> str:

@@ -105,12 +105,14 @@ def argument(default: Any = MISSING, **spec: Any):
 OPERATIONS: dict[str, type] = {}  # command name -> its options class
 
 
-def operation(command: str):
-    """Make the class a keyword-only dataclass of declared fields, registered as `command`'s options."""
+def operation(command: str, *, recipe: bool = True):
+    """Make the class a keyword-only dataclass of declared fields, registered as `command`'s options.
+    recipe=False: the operation is no recipe step (its fields have no recipe keys)."""
 
     def wrap(cls):
         cls = dataclasses.dataclass(kw_only=True)(cls)
         cls.COMMAND = command
+        cls.RECIPE_STEP = recipe
         OPERATIONS[command] = cls
         return cls
 
@@ -129,6 +131,8 @@ def fields_of(cls_or_obj) -> list[Field]:
         spec = f.metadata.get(_KEY)
         if spec is None:
             continue
+        if not getattr(cls, "RECIPE_STEP", True):
+            spec = dataclasses.replace(spec, recipe=False)
         default = f.default if f.default is not MISSING else (
             f.default_factory() if f.default_factory is not MISSING else MISSING)
         out.append(Field(f.name, hints[f.name], default, spec))

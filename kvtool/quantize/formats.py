@@ -30,7 +30,7 @@ def get_format(name: str) -> Fp8Format:
     try:
         return FORMATS[name.lower()]
     except KeyError:
-        raise UsageError(f"unknown FP8 format {name!r}; choose from {', '.join(FORMATS)}", field="--format") from None
+        raise UsageError(f"unknown FP8 format {name!r}; choose from {', '.join(FORMATS)}", option="format") from None
 
 
 def roundtrip(x: torch.Tensor, scale: torch.Tensor | float, fmt: Fp8Format) -> torch.Tensor:

@@ -137,19 +137,19 @@ def parse_spec(spec: str) -> tuple[ObserverEntry, float | None]:
     name, _, raw = (spec or "").strip().partition(":")
     entry = OBSERVERS.get(name)
     if entry is None:
-        raise UsageError(f"unknown observer {spec!r}; choose from {', '.join(usage())}", field="--observer")
+        raise UsageError(f"unknown observer {spec!r}; choose from {', '.join(usage())}", option="observer")
     if not raw:
         if entry.arg is not None and entry.default_arg is None:
-            raise UsageError(f"observer {name!r} needs a value: {name}:{entry.arg}", field="--observer")
+            raise UsageError(f"observer {name!r} needs a value: {name}:{entry.arg}", option="observer")
         return entry, entry.default_arg
     if entry.arg is None:
-        raise UsageError(f"observer {name!r} takes no value (got {spec!r})", field="--observer")
+        raise UsageError(f"observer {name!r} takes no value (got {spec!r})", option="observer")
     try:
         value = float(raw)
     except ValueError:
-        raise UsageError(f"observer {name!r}: {entry.arg} must be a number, got {raw!r}", field="--observer") from None
+        raise UsageError(f"observer {name!r}: {entry.arg} must be a number, got {raw!r}", option="observer") from None
     if entry.check is not None and not entry.check(value):
-        raise UsageError(f"observer {name!r}: {entry.arg} {value:g} is out of range ({entry.help})", field="--observer")
+        raise UsageError(f"observer {name!r}: {entry.arg} {value:g} is out of range ({entry.help})", option="observer")
     return entry, value
 
 

@@ -9,27 +9,9 @@ from pathlib import Path
 
 from kvtool import progress as kv_progress
 from kvtool.errors import InputError, UsageError
+from kvtool.options.quantize_kv import QuantizeOptions
 
 MIN_CALIB_TOKENS = 16
-
-
-@dataclass
-class QuantizeOptions:
-    calib_texts: list[str] = field(default_factory=list)  # files; none: the calib_dataset
-    calib_dataset: str | None = None  # None: the built-in pydoc calibration text (kvtool.datasets)
-    calib_tokens: int = 2048
-    seq_len: int = 512
-    strategy: str = "tensor"
-    observer: str = "absmax-pow2:2"
-    format: str = "e4m3"
-    device: str = "auto"
-    dtype: str = "auto"
-    evaluate: bool = True
-    eval_texts: list[str] | None = None  # None: the built-in held-out pydoc evaluation text
-    eval_tokens: int = 1024
-    force: bool = False
-    link: bool = False  # hard-link the source shards (--link) instead of copying them
-    layerwise: bool = True  # False: load the whole model for calibration (the reference the tests compare with)
 
 
 @dataclass
@@ -48,7 +30,7 @@ def read_texts(files: list[str], option: str) -> list[str]:
 
     out = [read_text_file(f, option) for f in files]
     if not any(t.strip() for t in out):
-        raise InputError("the text is empty", file=files[0] if files else None, field=option)
+        raise InputError("the text is empty", file=files[0] if files else None, option=option)
     return out
 
 
@@ -59,15 +41,15 @@ def check_options(opts: QuantizeOptions) -> None:
 
     from kvtool.datasets import check_calibration_source
 
-    check_calibration_source(opts.calib_texts, opts.calib_dataset)
+    check_calibration_source(opts.calib_text, opts.calib_dataset)
     if opts.strategy not in STRATEGIES:
-        raise UsageError(f"unknown strategy {opts.strategy!r}; choose from {', '.join(STRATEGIES)}", field="--strategy")
+        raise UsageError(f"unknown strategy {opts.strategy!r}; choose from {', '.join(STRATEGIES)}", option="strategy")
     if opts.calib_tokens < MIN_CALIB_TOKENS:
-        raise UsageError(f"must be at least {MIN_CALIB_TOKENS}, got {opts.calib_tokens}", field="--calib-tokens")
+        raise UsageError(f"must be at least {MIN_CALIB_TOKENS}, got {opts.calib_tokens}", option="calib_tokens")
     if opts.seq_len < 2:
-        raise UsageError(f"must be at least 2, got {opts.seq_len}", field="--seq-len")
+        raise UsageError(f"must be at least 2, got {opts.seq_len}", option="seq_len")
     if opts.eval_tokens < 2:
-        raise UsageError(f"must be at least 2, got {opts.eval_tokens}", field="--eval-tokens")
+        raise UsageError(f"must be at least 2, got {opts.eval_tokens}", option="eval_tokens")
     parse_spec(opts.observer)
     get_format(opts.format)
 
@@ -191,12 +173,12 @@ def apply(p: QuantizePlan, *, log=print) -> QuantizeResult:
     from kvtool.quantize.write import scale_tensors, write_output
     from kvtool.runtime.torch_utils import load_model, load_tokenizer, pick_device, pick_dtype
 
-    if opts.calib_texts:
-        calib, calib_label = read_texts(opts.calib_texts, "--calib-text"), [str(f) for f in opts.calib_texts]
+    if opts.calib_text:
+        calib, calib_label = read_texts(opts.calib_text, "calib_text"), [str(f) for f in opts.calib_text]
     else:
         calib, label = calibration_texts(opts.calib_dataset)
         calib_label = [label]
-    eval_texts = read_texts(opts.eval_texts, "--eval-text") if opts.eval_texts else None
+    eval_texts = read_texts(opts.eval_text, "eval_text") if opts.eval_text else None
     fmt = get_format(opts.format)
     device = pick_device(opts.device)
     dtype = pick_dtype(opts.dtype, device)
@@ -206,8 +188,8 @@ def apply(p: QuantizePlan, *, log=print) -> QuantizeResult:
         batches, n = tokenize_windows(tok, calib, opts.calib_tokens, opts.seq_len)
         if n < MIN_CALIB_TOKENS:
             raise InputError(f"the calibration text has {n} tokens; at least {MIN_CALIB_TOKENS} are needed",
-                             file=calib_label[0], field="--calib-text" if opts.calib_texts else "--calib-dataset")
-        if not opts.evaluate:
+                             file=calib_label[0], option="calib_text" if opts.calib_text else "calib_dataset")
+        if opts.no_eval:
             del tok
             release_free_memory()  # the tokenizer (~100 MB for a 49k vocabulary) is gone before the weights come
         layers_path = arch.weights["layer"].split(".{layer}")[0]
@@ -219,7 +201,7 @@ def apply(p: QuantizePlan, *, log=print) -> QuantizeResult:
             result = calibrate_layers(lm, batches, observer=canonical(opts.observer), strategy=opts.strategy,
                                       fmt=fmt, num_kv_heads=spec.num_kv_heads, bar=bar)
             held = describe(lm)
-            if lm.mode == "whole_model" and opts.evaluate:
+            if lm.mode == "whole_model" and not opts.no_eval:
                 model = lm.model  # already whole: the quality report reuses it
     del lm
     release_free_memory()
@@ -248,7 +230,7 @@ def apply(p: QuantizePlan, *, log=print) -> QuantizeResult:
     if result.peak_device_bytes is not None:
         prov["calibration"]["peak_device_bytes"] = result.peak_device_bytes
     quality = []
-    if opts.evaluate:
+    if not opts.no_eval:
         if model is None:  # the report runs the whole model, as kvtool eval does
             with kv_progress.task("loading the model for the quality report"):
                 model = load_model(src, device=device, dtype=dtype)

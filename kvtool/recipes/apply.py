@@ -70,27 +70,26 @@ def _texts(ctx: RunContext, section: dict, purpose: str) -> list[str]:
 
 # --- step runners ---------------------------------------------------------------------------------
 def run_convert_step(ctx: RunContext, step: Step) -> StepResult:
-    from kvtool.convert.driver import make_plan, run_convert
-    from kvtool.recipes.plan import convert_method_options, convert_request
+    from kvtool.convert.driver import check_options, make_plan, run_convert
+    from kvtool.recipes.plan import convert_options
 
-    o = step.options
-    plan = make_plan(ctx.current, **convert_request(o))
-    calib_text = None
-    if plan.method == "aware":
-        files = _texts(ctx, o.get("calibration") or {}, "calibration")
+    out = ctx.new_folder(step)
+    o = convert_options(step.options, src=str(ctx.current), dst=str(out))
+    if o.method == "aware":  # the recipe's text: its files (one file: joined), or a built-in dataset
+        files = _texts(ctx, step.options.get("calibration") or {}, "calibration")
         if len(files) > 1:  # the aware method reads one file: join them
             from kvtool.eval.texts import read_text_file
 
             joined = ctx.work / "text" / f"step{step.index}-calib.txt"
             joined.parent.mkdir(parents=True, exist_ok=True)
-            joined.write_text("\n\n".join(read_text_file(f, "calibration.text") for f in files), encoding="utf-8")
+            joined.write_text("\n\n".join(read_text_file(f, "calib_text") for f in files), encoding="utf-8")
             files = [str(joined)]
-        calib_text = files[0]
-    options = {k: v for k, v in convert_method_options(o, calib_text).items() if k != "calib_dataset"}
-    out = ctx.new_folder(step)
-    res = run_convert(plan, out, progress=ctx.progress, device=_device(ctx), method_options=options)
-    return StepResult(step.index, step.kind, dict(o), str(out),
-                      details={"kv_heads": f"{plan.from_kv}->{plan.to_kv}", "method": plan.method, "files": res.files})
+        o.calib_text, o.calib_dataset = files[0], None
+    shard_bytes, method_obj = check_options(o)  # what the command checks, then its plan
+    plan = make_plan(o.src, to=o.to, groups=o.groups, method=o.method, dtype=o.dtype, max_shard_size=shard_bytes)
+    res = run_convert(plan, out, method_obj=method_obj, progress=ctx.progress, device=_device(ctx))
+    return StepResult(step.index, step.kind, dict(step.options), str(out),
+                      details={"kv_heads": f"{plan.from_kv}->{plan.to_kv}", "method": o.method, "files": res.files})
 
 
 def run_lint_step(ctx: RunContext, step: Step) -> StepResult:
@@ -124,49 +123,39 @@ def run_rope_step(ctx: RunContext, step: Step) -> StepResult:
 
 
 def run_quantize_kv_step(ctx: RunContext, step: Step) -> StepResult:
+    from kvtool.options.fields import from_recipe
     from kvtool.quantize.run import QuantizeOptions, quantize_kv
 
-    o = step.options
-    calib = o.get("calibration") or {}
-    opts = QuantizeOptions(calib_texts=_texts(ctx, calib, "calibration"), device=_device(ctx),
-                           evaluate=False)  # the recipe's own eval step judges quality
-    if "tokens" in calib:
-        opts.calib_tokens = calib["tokens"]
-    if "seq_len" in calib:
-        opts.seq_len = calib["seq_len"]
-    for key in ("strategy", "observer", "format"):
-        if key in o:
-            setattr(opts, key, o[key])
     out = ctx.new_folder(step)
-    res = quantize_kv(str(ctx.current), str(out), opts, log=lambda *a, **k: None)
+    opts = from_recipe(QuantizeOptions, step.options, src=str(ctx.current), dst=str(out), device=_device(ctx),
+                       no_eval=True)  # the recipe's own eval step judges quality
+    opts.calib_text = _texts(ctx, step.options.get("calibration") or {}, "calibration")
+    opts.calib_dataset = None  # a recipe's dataset became a text file above
+    res = quantize_kv(opts.src, opts.dst, opts, log=lambda *a, **k: None)
     cal = res.calibration
-    return StepResult(step.index, step.kind, dict(o), str(out),
+    return StepResult(step.index, step.kind, dict(step.options), str(out),
                       details={"observer": getattr(cal, "observer", None), "scale_tensors": len(res.scale_tensors),
                                "tokens": getattr(cal, "tokens", None)})
-
-
-EVAL_GATES = {"max_ppl_increase": "--max-ppl-increase", "max_kld": "--max-kld", "min_top1": "--min-top1"}
 
 
 def run_eval_step(ctx: RunContext, step: Step) -> StepResult:
     from kvtool.eval.api import evaluate
     from kvtool.eval.texts import read_texts
+    from kvtool.options.eval import EvalOptions
+    from kvtool.options.fields import from_recipe
     from kvtool.units import parse_percent
 
-    o = step.options
-    files = [str(path) for _, path in ctx.recipe.text_files(o)] or None
-    texts, text_name = read_texts(files, o.get("dataset"))
-    gates = {}
-    for key, flag in EVAL_GATES.items():
-        if key in (o.get("thresholds") or {}):
-            v = o["thresholds"][key]
-            gates[flag] = parse_percent(v) if key == "max_ppl_increase" else float(v)
-    report = evaluate(str(ctx.current), baseline=str(ctx.src), texts=texts, text_name=text_name,
-                      max_length=o.get("max_length", 1024), stride=o.get("stride"), max_tokens=o.get("max_tokens"),
-                      device=_device(ctx), kv_cache_dtype=o.get("kv_cache_dtype", "auto"), gates=gates,
-                      progress=ctx.progress)
+    o = from_recipe(EvalOptions, step.options, model=str(ctx.current), baseline=str(ctx.src))
+    files = [str(path) for _, path in ctx.recipe.text_files(step.options)] or None
+    texts, text_name = read_texts(files, o.dataset)
+    gates = {}  # a recipe gates only on the thresholds it names (the command's 2% default is no recipe default)
+    for key, v in (step.options.get("thresholds") or {}).items():  # the schema admits the gates' names only
+        gates[key] = parse_percent(v) if key == "max_ppl_increase" else float(v)
+    report = evaluate(o.model, baseline=o.baseline, texts=texts, text_name=text_name, max_length=o.max_length,
+                      stride=o.stride, max_tokens=o.max_tokens, device=_device(ctx), kv_cache_dtype=o.kv_cache_dtype,
+                      gates=gates, progress=ctx.progress)
     d = report.as_dict()
-    return StepResult(step.index, step.kind, dict(o), None, passed=report.passed,
+    return StepResult(step.index, step.kind, dict(step.options), None, passed=report.passed,
                       details={"metrics": d, "gates": [g.line() for g in report.gates],
                                "failed": [g.line() for g in report.failed_gates]})
 
@@ -248,6 +237,7 @@ def apply_recipe(recipe_path: str | Path, src: str | Path, dst: str | Path, *, d
             except KvtoolError as exc:  # name DST, not the hidden work folder the steps write into
                 for s in recipe.steps:
                     exc.relocate(str(ctx.new_folder(s)), str(dst))
+                _name_step_key(exc, step)
                 raise
             res.seconds = round(time.perf_counter() - t0, 3)
             report["steps"].append(res.__dict__)
@@ -281,6 +271,17 @@ def apply_recipe(recipe_path: str | Path, src: str | Path, dst: str | Path, *, d
     return report
 
 
+def _name_step_key(exc: KvtoolError, step: Step) -> None:
+    """An error naming an options field the step spells names it as the recipe does: steps[0].eval.max_tokens.
+    Any other field (apply's own --device) is left for the command line to spell."""
+    from kvtool.options.fields import OPERATIONS, field_named
+
+    cls = OPERATIONS.get(step.kind)
+    f = field_named(cls, exc.option) if cls is not None and exc.option and not exc.field else None
+    if f is not None and f.recipe_key:
+        exc.name_option(f"steps[{step.index - 1}].{step.kind}.{f.recipe_key}")
+
+
 def _check_intermediate(kept: Path, *, force: bool, src: Path) -> None:
     """DST.intermediate is the user's once it exists: replaced only with --force, never inside SRC."""
     from kvtool.io.staging import check_destination
@@ -289,7 +290,7 @@ def _check_intermediate(kept: Path, *, force: bool, src: Path) -> None:
         raise UsageError("exists and is not a folder; --keep-intermediate will not replace it", file=str(kept))
     if kept.exists() and not force:
         raise UsageError("exists (an earlier --keep-intermediate run?); remove it or use --force to replace it",
-                         file=str(kept), field="--keep-intermediate")
+                         file=str(kept), option="keep_intermediate")
     check_destination(kept, force=True, protect=[src])
 
 

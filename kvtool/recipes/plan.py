@@ -46,11 +46,12 @@ def _fail(recipe: Recipe, step: Step, message: str, cause: KvtoolError | None = 
     """The step's error, naming the recipe key when `cause` names an options field (steps[0].rope.factor)."""
     where = f"steps[{step.index - 1}].{step.kind}"
     if cause is not None and cause.option and not cause.field:
-        from kvtool.options.fields import OPERATIONS, recipe_key_of
+        from kvtool.options.fields import OPERATIONS, field_named
 
         cls = OPERATIONS.get(step.kind)
-        if cls is not None:
-            where += "." + recipe_key_of(cls, cause.option)
+        f = field_named(cls, cause.option) if cls is not None else None
+        if f is not None and f.recipe_key:
+            where += "." + f.recipe_key
     return StepRefused(f"line {step.line}: step {step.index} ({step.kind}): {message}", file=str(recipe.path),
                        field=where, cause=cause)
 
@@ -75,47 +76,33 @@ def _text_paths(recipe: Recipe, step: Step, section: dict | None, *, required: b
             raise _fail(recipe, step, f"text file {t!r} {why} (resolved to {path})")
 
 
-def convert_request(o: dict) -> dict:
-    """kvtool.convert.driver.plan's keywords for a recipe's convert step (the command's flags, by key)."""
-    from kvtool.units import parse_size
+def convert_options(options: dict, **given):
+    """ConvertOptions for a recipe's convert step (SRC / DST given by the caller)."""
+    from kvtool.options.convert import ConvertOptions
+    from kvtool.options.fields import from_recipe
 
-    return {"to": o["to"], "groups": o.get("groups"), "method": o.get("method", "mean"),
-            "dtype": o.get("dtype", "keep"), "max_shard_size": parse_size(o.get("max_shard_size", "5GB"))}
-
-
-def convert_method_options(o: dict, calib_text: str | None = None) -> dict:
-    """Merge-method options for a convert step (what --calib-text, --refine-steps, ... give the command)."""
-    if o.get("method", "mean") != "aware":
-        return {}
-    calib = o.get("calibration") or {}
-    out: dict = {"calib_text": calib_text}
-    if calib_text is None and calib.get("dataset"):
-        out["calib_dataset"] = calib["dataset"]
-    for key, name in (("tokens", "calib_tokens"), ("seq_len", "seq_len")):
-        if key in calib:
-            out[name] = calib[key]
-    for key in ("refine_steps", "grouping"):
-        if key in o:
-            out[key] = o[key]
-    return out
+    return from_recipe(ConvertOptions, options, **{"src": "", **given})
 
 
 def plan_convert(recipe: Recipe, step: Step, state: PlanState) -> str:
-    from kvtool.convert.driver import plan
-    from kvtool.convert.methods import get_method
+    from kvtool.convert.driver import check_options, plan
 
-    o = step.options
-    if o.get("method") == "aware":
-        _text_paths(recipe, step, o.get("calibration"), required=True)
+    o = convert_options(step.options)
+    if o.method == "aware":
+        _text_paths(recipe, step, step.options.get("calibration"), required=True)
+        files = recipe.text_files(step.options.get("calibration"))
+        if files:
+            o.calib_text = str(files[0][1])  # the run joins several into one file
     try:
-        # the command's order: the method and its options, then the model
-        get_method(o.get("method", "mean"), **convert_method_options(o))
-        p = plan(state.ckpt, **convert_request(o), config=state.config, tensors=state.tensors)
+        # the command's order: the options and the merge method, then the model
+        shard_bytes, _ = check_options(o)
+        p = plan(state.ckpt, to=o.to, groups=o.groups, method=o.method, dtype=o.dtype, max_shard_size=shard_bytes,
+                 config=state.config, tensors=state.tensors)
     except KvtoolError as exc:
         raise _refused(recipe, step, exc) from None
     state.config = p.new_config
     state.tensors = {t.name: t for t in p.outputs}
-    return f"{o['to']}: {p.from_kv} -> {p.to_kv} KV heads ({o.get('method', 'mean')})"
+    return f"{o.to}: {p.from_kv} -> {p.to_kv} KV heads ({o.method})"
 
 
 def rope_options(options: dict, recipe: Recipe, **given):
@@ -148,16 +135,17 @@ def plan_rope(recipe: Recipe, step: Step, state: PlanState) -> str:
 
 
 def plan_quantize_kv(recipe: Recipe, step: Step, state: PlanState) -> str:
-    from kvtool.quantize.run import QuantizeOptions, check_model  # no torch at import
+    from kvtool.options.fields import from_recipe
+    from kvtool.options.quantize_kv import QuantizeOptions
+    from kvtool.quantize.run import check_model  # no torch at import
 
     _text_paths(recipe, step, step.options.get("calibration"), required=True)
     try:
         check_model(state.ckpt, config=state.config, tensors=state.tensors)
     except KvtoolError as exc:
         raise _refused(recipe, step, exc) from None
-    default = QuantizeOptions(calib_texts=[])
-    return (f"FP8 KV scales ({step.options.get('strategy', default.strategy)}, "
-            f"observer {step.options.get('observer', default.observer)})")
+    o = from_recipe(QuantizeOptions, step.options, src="", dst="")
+    return f"FP8 KV scales ({o.strategy}, observer {o.observer})"
 
 
 def plan_lint(recipe: Recipe, step: Step, state: PlanState) -> str:

@@ -129,9 +129,9 @@ def plot(path: str, before: RopeState, after: RopeState | None, title: str) -> N
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise UsageError("needs matplotlib: pip install 'kvtool[plot]'", field="--plot") from None
+        raise UsageError("needs matplotlib: pip install 'kvtool[plot]'", option="plot") from None
     if before.inv_freq is None:
-        raise UsageError(f"no frequencies to plot ({before.reason})", field="--plot")
+        raise UsageError(f"no frequencies to plot ({before.reason})", option="plot")
     fig, ax = plt.subplots(figsize=(7, 4))
     idx = np.arange(len(before.inv_freq))
     ax.semilogy(idx, wavelengths(before.inv_freq), label=f"before: {before.params.get('rope_type')}")

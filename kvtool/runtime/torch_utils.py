@@ -21,9 +21,9 @@ def pick_device(name: str = "auto") -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name.startswith("cuda") and not torch.cuda.is_available():
-        raise UsageError("--device cuda was asked for but no CUDA GPU is available", field="--device")
+        raise UsageError("--device cuda was asked for but no CUDA GPU is available", option="device")
     if name not in ("cpu",) and not name.startswith("cuda"):
-        raise UsageError(f"unknown device {name!r}; use auto, cuda, cuda:N or cpu", field="--device")
+        raise UsageError(f"unknown device {name!r}; use auto, cuda, cuda:N or cpu", option="device")
     return torch.device(name)
 
 
@@ -32,7 +32,7 @@ def pick_dtype(name: str, device: torch.device) -> torch.dtype:
     if name == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     if name not in DTYPES:
-        raise UsageError(f"unknown dtype {name!r}; use auto, bf16, fp16 or fp32", field="--dtype")
+        raise UsageError(f"unknown dtype {name!r}; use auto, bf16, fp16 or fp32", option="dtype")
     return DTYPES[name]
 
 

@@ -18,12 +18,12 @@ def test_sequence_length_follows_refinement_unless_given():
     assert SEQ_LEN_REFINE > SEQ_LEN_CLOSED_FORM
 
 
-@pytest.mark.parametrize("opts, field", [({"seq_len": 1}, "--seq-len"), ({"refine_steps": -1}, "--refine-steps"),
-                                         ({"calib_tokens": 1}, "--calib-tokens"), ({"grouping": "random"}, "--grouping")])
+@pytest.mark.parametrize("opts, field", [({"seq_len": 1}, "seq_len"), ({"refine_steps": -1}, "refine_steps"),
+                                         ({"calib_tokens": 1}, "calib_tokens"), ({"grouping": "random"}, "grouping")])
 def test_bad_values_are_refused_by_name(opts, field):
     with pytest.raises(UsageError) as exc:
         AwareMerge(**opts)
-    assert exc.value.field == field
+    assert exc.value.option == field
 
 
 @pytest.mark.parametrize("flag, value, name", [("--seq-len", "512", "seq_len"),
@@ -71,5 +71,5 @@ def test_calibration_defaults_to_the_builtin_dataset():
 def test_calibration_source_refusals(opts, needle):
     with pytest.raises(UsageError, match=needle) as exc:
         AwareMerge(**opts)
-    assert exc.value.field == "--calib-dataset"
+    assert exc.value.option == "calib_dataset"
 

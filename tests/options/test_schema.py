@@ -51,3 +51,27 @@ def test_a_recipe_error_names_the_steps_key(tmp_path, tiny_llama_config):
         plan_recipe(load_recipe(p), preflight(tmp_path / "src", require_weights=False))
     assert exc.value.field == "steps[1].rope.layer_type"
     assert "line 4: step 2 (rope):" in exc.value.message and "no 'sliding_attention' layers" in exc.value.message
+
+
+def test_declared_choices_and_gate_names_are_the_libraries_own():
+    from kvtool.eval.gate import GATES
+    from kvtool.options.eval import GATE_FIELDS
+    from kvtool.options.quantize_kv import STRATEGIES
+    from kvtool.quantize.calibrate import STRATEGIES as LIB_STRATEGIES
+
+    assert tuple(GATES) == GATE_FIELDS
+    assert STRATEGIES == LIB_STRATEGIES
+
+
+def test_a_step_error_at_run_time_names_the_steps_key(tmp_path, tiny_llama_config):
+    """An error a library raises while a step runs (a field the step spells) names steps[i].kind.key."""
+    from kvtool.errors import InputError
+    from kvtool.recipes.apply import _name_step_key
+    from kvtool.recipes.load import Step
+
+    e = InputError("must be at least 2, got 1", option="max_tokens")
+    _name_step_key(e, Step(kind="eval", options={}, index=3, line=9))
+    assert e.line() == "steps[2].eval.max_tokens: must be at least 2, got 1"
+    device = UsageError("no CUDA GPU", option="device")  # apply's own --device: left for the CLI to spell
+    _name_step_key(device, Step(kind="eval", options={}, index=1, line=3))
+    assert device.field is None

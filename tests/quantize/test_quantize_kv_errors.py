@@ -166,6 +166,6 @@ def test_calibration_text_is_optional(tmp_path):
     """No --calib-text: the built-in pydoc text (the README's `kvtool quantize-kv smollm2 smol-fp8`)."""
     from kvtool.quantize.run import QuantizeOptions, check_options
 
-    opts = QuantizeOptions()
+    opts = QuantizeOptions(src=str(tmp_path / "m"), dst=str(tmp_path / "out"))
     check_options(opts)
-    assert opts.calib_texts == [] and opts.calib_dataset is None
+    assert opts.calib_text == [] and opts.calib_dataset is None

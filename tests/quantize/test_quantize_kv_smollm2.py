@@ -147,8 +147,8 @@ def test_attn_head_writes_one_scale_per_kv_head(run, tmp_path):
 
     calib = run["dst"].parent / "text" / "calib.txt"
     res = quantize_kv(str(run["src"]), str(tmp_path / "head"),
-                      QuantizeOptions(calib_texts=[str(calib)], calib_tokens=128, seq_len=64, strategy="attn_head",
-                                      evaluate=False, device="cpu", link=False))
+                      QuantizeOptions(src=str(run["src"]), dst=str(tmp_path / "head"), calib_text=[str(calib)], calib_tokens=128, seq_len=64, strategy="attn_head",
+                                      no_eval=True, device="cpu", link=False))
     assert res.copied == ["model.safetensors"] and not res.linked
     with safe_open(str(tmp_path / "head" / "model-kv-scales.safetensors"), framework="pt") as f:
         t = f.get_tensor("model.layers.0.self_attn.k_scale")
@@ -167,8 +167,8 @@ def test_attn_out_writes_its_choice_and_every_candidate_error(run, tmp_path):
 
     calib = run["dst"].parent / "text" / "calib.txt"
     quantize_kv(str(run["src"]), str(tmp_path / "ao"),
-                QuantizeOptions(calib_texts=[str(calib)], calib_tokens=96, seq_len=48, observer="attn-out",
-                                evaluate=False, device="cpu"))
+                QuantizeOptions(src=str(run["src"]), dst=str(tmp_path / "ao"), calib_text=[str(calib)], calib_tokens=96, seq_len=48, observer="attn-out",
+                                no_eval=True, device="cpu"))
     prov = json.loads((tmp_path / "ao" / "kvtool.json").read_text())
     assert prov["observer"] == "attn-out:2" and len(prov["search"]) == 60
     with safe_open(str(tmp_path / "ao" / "model-kv-scales.safetensors"), framework="pt") as f:

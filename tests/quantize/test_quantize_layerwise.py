@@ -143,8 +143,8 @@ def test_cli_writes_the_same_checkpoint_layer_by_layer_and_records_how(tmp_path,
     assert main(["quantize-kv", str(src), str(tmp_path / "lw"), "--calib-text", str(calib_text_file),
                  "--calib-tokens", "160", "--seq-len", "64", "--no-eval", "--device", "cpu"]) == 0
     res = quantize_kv(str(src), str(tmp_path / "whole"),
-                      QuantizeOptions(calib_texts=[str(calib_text_file)], calib_tokens=160, seq_len=64,
-                                      evaluate=False, device="cpu", layerwise=False))
+                      QuantizeOptions(src=str(src), dst=str(tmp_path / "whole"), calib_text=[str(calib_text_file)], calib_tokens=160, seq_len=64,
+                                      no_eval=True, device="cpu", layerwise=False))
     assert {p.name: p.stat().st_mtime_ns for p in src.iterdir()} == before
     assert res.calibration.notes and "whole model" in res.calibration.notes[0]
     prov = {k: json.loads((tmp_path / k / "kvtool.json").read_text()) for k in ("lw", "whole")}
@@ -171,8 +171,9 @@ def test_whole_model_fallback_says_so_and_the_report_reuses_the_model(tmp_path, 
 
     monkeypatch.setattr("kvtool.runtime.torch_utils.load_model", no_second_load)
     res = run_mod.quantize_kv(str(src), str(tmp_path / "out"),
-                              run_mod.QuantizeOptions(calib_texts=[str(calib_text_file)], calib_tokens=96, seq_len=48,
-                                                      eval_texts=[str(eval_text_file)], eval_tokens=64, device="cpu"))
+                              run_mod.QuantizeOptions(src=str(src), dst=str(tmp_path / "out"),
+                                                      calib_text=[str(calib_text_file)], calib_tokens=96, seq_len=48,
+                                                      eval_text=[str(eval_text_file)], eval_tokens=64, device="cpu"))
     held = json.loads((tmp_path / "out" / "kvtool.json").read_text())["calibration"]["model"]
     assert held["mode"] == "whole_model" and "converts its tensor names" in held["note"]
     assert sorted(res.calibration.k) == list(range(LAYERS))

@@ -105,11 +105,11 @@ def test_a_head_that_only_wrote_zeros_gets_scale_one():
 def test_bad_observer_specs_are_usage_errors(spec):
     with pytest.raises(UsageError) as e:
         parse_spec(spec)
-    assert e.value.field == "--observer"
+    assert e.value.option == "observer" and e.value.field is None  # the CLI spells it --observer
 
 
 def test_canonical_spells_out_defaults_and_the_cli_default_matches():
-    from kvtool.commands.quantize_kv import DEFAULT_OBSERVER as CLI_DEFAULT
+    from kvtool.options.quantize_kv import DEFAULT_OBSERVER as CLI_DEFAULT
 
     assert canonical("absmax") == "absmax:1"
     assert canonical("percentile:99.9") == "percentile:99.9"

@@ -65,6 +65,7 @@ CONVERT = [
     *[(f"{{to: gqa, groups: {g}}}", ["--to", "gqa", "--groups", str(g)]) for g in (1, 2, 3, 4, 8)],
     ("{to: gqa}", ["--to", "gqa"]),
     ("{to: mqa, dtype: bf16}", ["--to", "mqa", "--dtype", "bf16"]),
+    ("{to: mqa, refine_steps: 2}", ["--to", "mqa", "--refine-steps", "2"]),
     ("{to: mqa, method: aware, calibration: {dataset: pydoc}}",
      ["--to", "mqa", "--method", "aware", "--calib-dataset", "pydoc"]),
     ("{to: gqa, groups: 2, method: aware, refine_steps: 2, grouping: similarity, calibration: {dataset: pydoc, "
@@ -155,7 +156,8 @@ def test_quantize_kv_steps_refuse_as_the_command_does(tmp_path):
     """quantize-kv's plan (what the command runs before loading a model; its option checks import torch)
     against the recipe step's, over the whole corpus: the same verdict and error line."""
     pytest.importorskip("torch")
-    from kvtool.quantize.run import QuantizeOptions, plan
+    from kvtool.options.quantize_kv import QuantizeOptions
+    from kvtool.quantize.run import plan
 
     cases = [("{calibration: {dataset: pydoc}}", {}),
              ("{strategy: attn_head, observer: 'absmax:1', calibration: {dataset: pydoc}}",
@@ -165,7 +167,8 @@ def test_quantize_kv_steps_refuse_as_the_command_does(tmp_path):
         src = write_checkpoint(tmp_path / name, config, shaped=False)
         for i, (step, kw) in enumerate(cases):
             try:
-                plan(str(src), str(tmp_path / f"{name}.q{i}"), QuantizeOptions(**kw))
+                dst = str(tmp_path / f"{name}.q{i}")
+                plan(str(src), dst, QuantizeOptions(src=str(src), dst=dst, **kw))
                 command = None
             except KvtoolError as exc:
                 command = f"kvtool: error: {exc.line()}"

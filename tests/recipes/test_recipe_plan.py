@@ -109,7 +109,7 @@ def test_groups_with_mqa_is_refused_as_convert_refuses_it(tmp_path, tiny_llama_c
     r = _recipe(tmp_path, "  - convert: {to: mqa, groups: 2}\n")
     with pytest.raises(UsageError, match="--to mqa means one KV head") as exc:
         plan_recipe(r, preflight(src))
-    assert exc.value.cause.field == "--groups"
+    assert exc.value.cause.option == "groups" and exc.value.field == "steps[0].convert.groups"
 
 
 def test_missing_attention_weights_are_refused_at_plan_time(tmp_path, tiny_llama_config):

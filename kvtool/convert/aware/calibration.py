@@ -38,7 +38,7 @@ def calibration_ids(tokenizer, text: str, tokens: int, seq_len: int, source: str
     seq_len = min(seq_len, tokens)
     if len(ids) < seq_len or seq_len < 2:
         raise UsageError(f"calibration text has {len(ids)} tokens; at least {max(seq_len, 2)} are needed",
-                         field="--calib-text", file=source)
+                         option="calib_text", file=source)
     n = min(tokens, len(ids)) // seq_len
     return torch.tensor(ids[: n * seq_len], dtype=torch.long).reshape(n, seq_len)
 
@@ -50,11 +50,11 @@ def _attention_input(module, args, kwargs) -> tuple[torch.Tensor, tuple[torch.Te
         pe = args[1]
     if pe is None:
         raise UsageError(f"method 'aware' needs RoPE position embeddings passed to {type(module).__name__}"
-                         " (use --method mean)", field="--method")
+                         " (use --method mean)", option="method")
     if not (isinstance(pe, (tuple, list)) and len(pe) == 2 and not any(t.is_complex() for t in pe)):
         # llama4 passes one complex tensor (freqs_cis): unpacking it would split the batch, not cos / sin
         raise UsageError(f"method 'aware' needs RoPE as (cos, sin); {type(module).__name__} receives "
-                         f"{type(pe).__name__} (use --method mean)", field="--method")
+                         f"{type(pe).__name__} (use --method mean)", option="method")
     return x, pe
 
 
@@ -96,7 +96,7 @@ def run_layerwise(lm: "LayerwiseModel", ids: torch.Tensor, layer_fn: LayerFn, nu
                         if on_merged is None:
                             raise UsageError(f"method 'aware': {lay.model_type} has {lay.rope_layout} RoPE; the "
                                              "calibration needs on_merged to return merged layers in its order",
-                                             field="--method")
+                                             option="method")
                         rot = order[: cos.shape[-1]].to(cos.device)
                         cos, sin, src = cos[..., rot], sin[..., rot], reorder_qk(src, order, lay.head_dim)
                     inp = LayerInputs(x.detach(), cos.detach(), sin.detach(), attention_scale(mod),
@@ -128,4 +128,4 @@ def read_text(path: str | Path | None, dataset: str | None = None) -> tuple[str,
         return "\n\n".join(texts), label
     from kvtool.eval.texts import read_text_file
 
-    return read_text_file(str(path), "--calib-text"), str(Path(path))
+    return read_text_file(str(path), "calib_text"), str(Path(path))

@@ -65,22 +65,22 @@ class AwareMerge(MergeMethod):
         check_calibration_source(s["calib_text"], s["calib_dataset"])
         if s["grouping"] not in GROUPINGS:
             raise UsageError(f"unknown grouping {s['grouping']!r}; choose from {', '.join(GROUPINGS)}",
-                             field="--grouping")
+                             option="grouping")
         if s["seq_len"] is None:
             s["seq_len"] = SEQ_LEN_REFINE if s["refine_steps"] else SEQ_LEN_CLOSED_FORM
         for name, low in (("calib_tokens", 2), ("refine_steps", 0), ("seq_len", 2)):
             if not isinstance(s[name], int) or s[name] < low:
                 raise UsageError(f"{name.replace('_', '-')} must be an integer >= {low}, got {s[name]!r}",
-                                 field="--" + name.replace("_", "-"))
+                                 option=name)
         if not isinstance(s["layerwise"], bool):
-            raise UsageError(f"layerwise must be true or false, got {s['layerwise']!r}", field="--method-opt")
+            raise UsageError(f"layerwise must be true or false, got {s['layerwise']!r}", option="method_opt")
         self._merged: MergedLayers | None = None
         self._info: dict = {}
 
     def prepare(self, job: "MergeJob") -> None:
         reason = unsupported_reason(job)
         if reason:
-            raise UsageError(f"--method aware: {reason}; use --method mean", field="--method")
+            raise UsageError(f"--method aware: {reason}; use --method mean", option="method")
         if job.target_groups >= job.spec.num_kv_heads:
             return  # expansion or identity: exact, nothing to calibrate (merge_layer falls back to mean)
         s = self.settings
@@ -153,7 +153,7 @@ class AwareMerge(MergeMethod):
         new = self._merged.take(layer) if self._merged is not None else None
         if new is None:
             raise InputError(f"layer {layer}: no calibration result (the model's attention modules were not all "
-                             "reached by the calibration pass)", field="--method")
+                             "reached by the calibration pass)", option="method")
 
         def cast(t, like):
             return None if t is None else t.to(dtype=like.dtype if like is not None else w.q.dtype)

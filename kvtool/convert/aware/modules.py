@@ -45,12 +45,12 @@ def module_layout(module: nn.Module) -> ModuleLayout:
     config = getattr(module, "config", None)
     if config is None or not hasattr(config, "to_dict"):
         raise UsageError(f"method 'aware': {type(module).__name__} carries no config, so its projections cannot be "
-                         "located (use --method mean)", field="--method")
+                         "located (use --method mean)", option="method")
     spec = build_spec(config.to_dict())
     w = spec.arch.weights
     head_dim = getattr(module, "head_dim", None) or spec.head_dim
     if not spec.num_heads or not head_dim:
-        raise UsageError(f"method 'aware': cannot read the head counts of {type(module).__name__}", field="--method")
+        raise UsageError(f"method 'aware': cannot read the head counts of {type(module).__name__}", option="method")
     roles = ("o",) if w.get("qkv") else ("q", "k", "v", "o")
     return ModuleLayout(spec.arch.model_type, {r: w[r] for r in roles if w.get(r)}, w.get("qkv") or None,
                         w.get("qkv_layout"), int(spec.num_heads), int(head_dim),
@@ -65,7 +65,7 @@ def _linear(module: nn.Module, path: str | None) -> nn.Linear:
     if not isinstance(m, nn.Linear):
         raise UsageError(f"method 'aware' needs the attention projections as linear layers; "
                          f"{type(module).__name__} has no linear {path or '<projection>'} (use --method mean)",
-                         field="--method")
+                         option="method")
     return m
 
 
@@ -92,7 +92,7 @@ def read_proj(module: nn.Module, layout: ModuleLayout | None = None) -> Proj:
         qb, kb, vb = (None, None, None) if fused.bias is None else split_qkv(lay.qkv_layout, fused.bias.detach(),
                                                                               H, kv, hd)
     except ValueError as exc:
-        raise UsageError(f"method 'aware': {lay.model_type} {lay.qkv}: {exc}", field="--method") from None
+        raise UsageError(f"method 'aware': {lay.model_type} {lay.qkv}: {exc}", option="method") from None
     return Proj(q, k, v, o.weight.detach(), qb, kb, vb, _param(o.bias))
 
 
@@ -142,7 +142,7 @@ def attention_scale(module: nn.Module) -> float:
         if isinstance(s, (int, float)):
             return float(s)
     raise UsageError(f"method 'aware': {type(module).__name__} has no attention scale attribute "
-                     f"({', '.join(SCALING_ATTRS)}) (use --method mean)", field="--method")
+                     f"({', '.join(SCALING_ATTRS)}) (use --method mean)", option="method")
 
 
 # --- RoPE pair order ------------------------------------------------------------------------------
@@ -166,7 +166,7 @@ def rope_order(layout: ModuleLayout, rotary_dim: int) -> torch.Tensor | None:
     fn = ROPE_ORDERS.get(layout.rope_layout)
     if fn is None:
         raise UsageError(f"method 'aware': {layout.model_type} has {layout.rope_layout} RoPE, which the merge cannot "
-                         "reorder (use --method mean)", field="--method")
+                         "reorder (use --method mean)", option="method")
     return fn(rotary_dim, layout.head_dim)
 
 

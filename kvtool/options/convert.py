@@ -1,0 +1,49 @@
+"""`kvtool convert` / the recipe's convert step: every option (the aware method's too), declared once."""
+
+from __future__ import annotations
+
+from kvtool.options.fields import argument, operation, option
+from kvtool.progress import FLAG_HELP
+
+TARGETS = ("gqa", "mqa", "mha")
+DTYPES = ("keep", "bf16", "fp16", "fp32")
+GROUPINGS = ("contiguous", "similarity")
+TEXT_FILES = {"$ref": "#/$defs/text_files"}  # one path or a list, relative to the recipe
+# the aware method's own options: any other method refuses them by name (kvtool.convert.methods)
+AWARE_FIELDS = ("calib_text", "calib_dataset", "calib_tokens", "refine_steps", "seq_len", "grouping")
+
+
+@operation("convert")
+class ConvertOptions:
+    src: str = argument(help="Source model folder (config.json + safetensors).")
+    dst: str | None = argument(None, help="Output folder; required, except with --dry-run.")
+    to: str = option(choices=TARGETS, recipe_required=True, help="gqa | mqa | mha")
+    groups: int | None = option(None, short="-g", minimum=1, help="KV heads after conversion (with --to gqa).")
+    dry_run: bool = option(False, recipe=False, help="Print the plan and write nothing.")
+    force: bool = option(False, recipe=False, help="Replace a non-empty DST.")
+    dtype: str = option("keep", choices=DTYPES, help="keep | bf16 | fp16 | fp32 (floating tensors only).")
+    max_shard_size: str = option("5GB", schema={"type": "string", "pattern": "^[0-9]*\\.?[0-9]+ ?[KMGTkmgt]?i?[Bb]?$"},
+                                 help="Largest output shard, e.g. 5GB, 500MB.")
+    method: str = option("mean", choices=("mean", "aware"), help="Merge method (registry: kvtool/convert/methods.py).")
+    method_opt: list[str] = option(default_factory=list, repeatable=True, recipe=False,
+                                   help="KEY=VALUE option for the merge method (repeatable).")
+    eval: bool | None = option(None, negatable=True, recipe=False,
+                               help="Run the perplexity check on the result (default: on with a CUDA GPU).")
+    eval_tokens: int = option(4096, recipe=False, help="Tokens of the built-in evaluation text for --eval.")
+    max_ppl_increase: str | None = option(None, recipe=False,
+                                          help="--eval gate: fail (exit 1) above this perplexity rise, e.g. 5%.")
+    max_kld: float | None = option(None, recipe=False, help="--eval gate: fail above this mean KL divergence.")
+    progress: bool | None = option(None, negatable=True, recipe=False, help=FLAG_HELP)
+    calib_dataset: str | None = option(None, recipe="calibration.dataset", schema={"type": "string", "minLength": 1},
+                                       help="--method aware: pydoc (built-in, offline; the default) | wikitext2 | "
+                                            "wikitext103 (train split; need `datasets`).")
+    calib_text: str | None = option(None, recipe="calibration.text", schema=TEXT_FILES,
+                                    help="--method aware: calibration text file (instead of --calib-dataset).")
+    calib_tokens: int | None = option(None, recipe="calibration.tokens", minimum=1,
+                                      help="--method aware: calibration tokens (4096).")
+    refine_steps: int | None = option(None, minimum=0,
+                                      help="--method aware: optimizer steps per layer after the merge (0).")
+    seq_len: int | None = option(None, recipe="calibration.seq_len", minimum=8,
+                                 help="--method aware: tokens per calibration sequence (256; 1024 with --refine-steps).")
+    grouping: str | None = option(None, choices=GROUPINGS,
+                                  help="--method aware: contiguous | similarity (which KV heads share a group).")

@@ -1,0 +1,39 @@
+"""`kvtool eval` / the recipe's eval step: every option, declared once (the quality gates' names too)."""
+
+from __future__ import annotations
+
+from kvtool.options.convert import TEXT_FILES
+from kvtool.options.fields import argument, operation, option
+from kvtool.progress import FLAG_HELP
+
+PERCENT = {"$ref": "#/$defs/percent"}  # 0.02 or "2%"
+FORMATS = ("text", "json")
+GATE_FIELDS = ("max_ppl_increase", "max_kld", "min_top1")  # kvtool.eval.gate.GATES (a test checks)
+
+
+@operation("eval")
+class EvalOptions:
+    model: str = argument(help="Model folder or hub id (the candidate).")
+    baseline: str | None = option(None, recipe=False, help="Reference model (same tokenizer).")
+    text: list[str] = option(default_factory=list, repeatable=True, schema=TEXT_FILES,
+                             help="UTF-8 text file(s), joined into one stream.")
+    dataset: str | None = option(None, schema={"type": "string", "minLength": 1},
+                                 help="pydoc (built-in, offline; the default), wikitext2, wikitext103 (need `datasets`).")
+    max_length: int = option(1024, minimum=8, help="Window length L in tokens.")
+    stride: int | None = option(None, minimum=1, help="Window step S < L (default L/2).")
+    max_tokens: int | None = option(None, minimum=1, help="Use only the first N tokens of the stream.")
+    device: str = option("auto", recipe=False, help="auto | cuda | cuda:N | cpu")
+    dtype: str = option("auto", recipe=False, help="auto (bf16 on CUDA, fp32 on CPU) | bf16 | fp16 | fp32")
+    device_map: str | None = option(None, recipe=False, help="auto: shard over all GPUs (+CPU) with accelerate.")
+    batch_size: int | None = option(None, recipe=False, help="Windows per forward (default 1 on CPU, 8192/L on CUDA).")
+    kv_cache_dtype: str = option("auto", schema={"enum": ["auto", "fp8"]},
+                                 help="auto (fp8 when the checkpoint has KV scales) | fp8 | off")
+    kv_scales: str = option("checkpoint", recipe=False, help="checkpoint | one (1.0, vLLM's default)")
+    max_ppl_increase: str = option("2%", recipe="thresholds.max_ppl_increase", schema=PERCENT,
+                                   help="Gate: PPL ratio - 1 (with --baseline; 'off' disables).")
+    max_kld: float | None = option(None, recipe="thresholds.max_kld", minimum=0,
+                                   help="Gate: mean KL(baseline||model), nats/token.")
+    min_top1: float | None = option(None, recipe="thresholds.min_top1", minimum=0, maximum=1,
+                                    help="Gate: top-1 agreement with the baseline.")
+    format: str = option("text", choices=FORMATS, recipe=False, help="text | json")
+    progress: bool | None = option(None, negatable=True, recipe=False, help=FLAG_HELP)

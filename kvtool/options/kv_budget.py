@@ -1,0 +1,37 @@
+"""`kvtool kv-budget`: every option, declared once (no recipe step)."""
+
+from __future__ import annotations
+
+from kvtool.model.kvcache import KV_CACHE_DTYPES
+from kvtool.options.fields import argument, operation, option
+
+FORMATS = ("text", "json")
+
+
+@operation("kv-budget", recipe=False)
+class KvBudgetOptions:
+    model: str = argument(help="Model folder, config.json or hub id.")
+    max_model_len: int | None = option(None, minimum=1, help="Tokens per sequence (default: the config's maximum).")
+    batch: int | None = option(None, flags=("--batch", "--concurrency"), minimum=1,
+                               help="Concurrent sequences (default 1; when given with a GPU, exit 1 if they do not fit).")
+    kv_cache_dtype: str = option("auto", choices=KV_CACHE_DTYPES,
+                                 help="auto | fp16 | bf16 | fp32 | fp8 | fp8_e4m3 | fp8_e5m2 | int8 (auto = the model dtype).")
+    block_size: int = option(16, minimum=1, help="Paged-attention block size in tokens (vLLM's default 16).")
+    tensor_parallel_size: int = option(1, short="-tp", minimum=1, help="GPUs the model is split over.")
+    gpu_memory: str | None = option(None, flags=("--gpu-memory", "--gpu"),
+                                    help="Memory per GPU (80GiB, 24GB) or a GPU name (H100-80GB, H200, A100-40GB, "
+                                         "L40S, RTX-4090, ...).")
+    gpu_memory_utilization: float = option(0.9, exclusive_minimum=0, maximum=1,
+                                           help="Fraction of GPU memory vLLM may use.")
+    reserve: str | None = option(None, help="Memory per GPU held back for activations / CUDA graphs (e.g. 2GiB; "
+                                            "default 0).")
+    max_num_batched_tokens: int | None = option(None, minimum=1,
+                                                help="Scheduler step for sliding-window sizing (default: vLLM's, 8192 "
+                                                     "on >=70 GiB non-A100 GPUs, else 2048).")
+    disable_hybrid_kv_cache_manager: bool = option(False, help="Size sliding-window and chunked layers like full "
+                                                               "ones, as vLLM does with this flag (or with KV "
+                                                               "connectors that lack hybrid support).")
+    what_if: str | None = option(None, help="Variants side by side: gqa:N, mqa, mha, a KV dtype, or +-joined, e.g. "
+                                            "gqa:8,mqa,fp8,gqa:4+fp8.")
+    format: str = option("text", choices=FORMATS, help="text | json")
+    plot: str | None = option(None, help="Write KV GiB vs context length to this .png (needs matplotlib).")

@@ -1,0 +1,43 @@
+"""`kvtool quantize-kv` / the recipe's quantize-kv step: every option, declared once."""
+
+from __future__ import annotations
+
+from kvtool.options.convert import TEXT_FILES
+from kvtool.options.fields import argument, operation, option
+from kvtool.progress import FLAG_HELP
+
+DEFAULT_OBSERVER = "absmax-pow2:2"  # kept equal to kvtool.quantize.observers.DEFAULT_OBSERVER (a test checks)
+STRATEGIES = ("tensor", "attn_head")  # kvtool.quantize.calibrate.STRATEGIES (a test checks)
+
+
+@operation("quantize-kv")
+class QuantizeOptions:
+    src: str = argument(help="Source model folder (config.json + safetensors); never modified.")
+    dst: str = argument(help="Output folder (written to a temporary folder, renamed when complete).")
+    calib_dataset: str | None = option(None, recipe="calibration.dataset", schema={"type": "string", "minLength": 1},
+                                       help="pydoc (built-in, offline; the default) | wikitext2 | wikitext103 (train "
+                                            "split; need `datasets`).")
+    calib_text: list[str] = option(default_factory=list, repeatable=True, recipe="calibration.text", schema=TEXT_FILES,
+                                   help="UTF-8 calibration text file (repeatable; instead of --calib-dataset).")
+    calib_tokens: int = option(2048, recipe="calibration.tokens", minimum=1,
+                               help="Calibration tokens taken from the text.")
+    seq_len: int = option(512, recipe="calibration.seq_len", minimum=8, help="Tokens per calibration sequence.")
+    strategy: str = option("tensor", choices=STRATEGIES,
+                           help="tensor (one scale per layer) | attn_head (one per KV head).")
+    observer: str = option(DEFAULT_OBSERVER, schema={"type": "string", "pattern": "^[a-z][a-z0-9_-]*(:[0-9.]+)?$"},
+                           help="absmax[:H] | absmax-pow2[:H] | attn-out[:H] | percentile:P | mse (default "
+                                "absmax-pow2:2: 2x the observed max, rounded up to a power of two).")
+    format: str = option("e4m3", choices=("e4m3",), help="FP8 format of the cache: e4m3.")
+    device: str = option("auto", recipe=False, help="auto | cuda | cuda:N | cpu.")
+    dtype: str = option("auto", recipe=False, help="Model dtype for calibration: auto (bf16 on CUDA, fp32 on CPU) | "
+                                                   "bf16 | fp16 | fp32.")
+    no_eval: bool = option(False, recipe=False, help="Skip the quality report.")
+    eval_text: list[str] = option(default_factory=list, repeatable=True, recipe=False,
+                                  help="Held-out text for the report (default: kvtool's built-in evaluation text).")
+    eval_tokens: int = option(1024, recipe=False, help="Tokens of held-out text for the report.")
+    link: bool = option(False, recipe=False, help="Hard-link the unchanged source shards into DST instead of copying "
+                                                  "them: saves disk, but editing either copy in place changes both.")
+    force: bool = option(False, recipe=False, help="Replace a non-empty DST.")
+    progress: bool | None = option(None, negatable=True, recipe=False, help=FLAG_HELP)
+    # False: load the whole model for calibration (the reference the tests compare with)
+    layerwise: bool = option(True, cli=False, recipe=False, help="Calibrate one decoder layer at a time.")
