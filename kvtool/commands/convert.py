@@ -93,20 +93,9 @@ def _eval_api():
 
 
 def _gates(max_ppl_increase: str | None, max_kld: float | None) -> dict:
-    from kvtool.units import gate_threshold, parse_percent
+    from kvtool.eval.gate import parse_limits  # torch-free: --dry-run refuses a bad gate without torch
 
-    gates: dict = {}
-    if max_ppl_increase is not None:
-        try:
-            gates["max_ppl_increase"] = parse_percent(max_ppl_increase)
-        except ValueError as exc:
-            raise UsageError(str(exc), option="max_ppl_increase") from None
-    if max_kld is not None:
-        try:
-            gates["max_kld"] = gate_threshold(float(max_kld))
-        except ValueError as exc:
-            raise UsageError(str(exc), option="max_kld") from None
-    return gates
+    return parse_limits(max_ppl_increase, max_kld)
 
 
 def _run_eval(src: str, dst: str, device: str, max_tokens: int, gates: dict) -> int:

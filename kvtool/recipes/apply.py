@@ -143,14 +143,12 @@ def run_eval_step(ctx: RunContext, step: Step) -> StepResult:
     from kvtool.eval.texts import read_texts
     from kvtool.options.eval import EvalOptions
     from kvtool.options.fields import from_recipe
-    from kvtool.units import parse_percent
+    from kvtool.recipes.plan import eval_limits
 
     o = from_recipe(EvalOptions, step.options, model=str(ctx.current), baseline=str(ctx.src))
     files = [str(path) for _, path in ctx.recipe.text_files(step.options)] or None
     texts, text_name = read_texts(files, o.dataset)
-    gates = {}  # a recipe gates only on the thresholds it names (the command's 2% default is no recipe default)
-    for key, v in (step.options.get("thresholds") or {}).items():  # the schema admits the gates' names only
-        gates[key] = parse_percent(v) if key == "max_ppl_increase" else float(v)
+    gates = eval_limits(step.options)
     report = evaluate(o.model, baseline=o.baseline, texts=texts, text_name=text_name, max_length=o.max_length,
                       stride=o.stride, max_tokens=o.max_tokens, device=_device(ctx), kv_cache_dtype=o.kv_cache_dtype,
                       gates=gates, progress=ctx.progress)

@@ -152,11 +152,23 @@ def plan_lint(recipe: Recipe, step: Step, state: PlanState) -> str:
     return "lint" + (" --strict" if step.options.get("strict") else "")
 
 
+def eval_limits(options: dict) -> dict[str, float]:
+    """The eval step's gate limits, checked as `kvtool eval` checks its flags. A recipe gates only on the
+    thresholds it names (the command's 2% default is no recipe default)."""
+    from kvtool.eval.gate import parse_limits
+
+    return parse_limits(**(options.get("thresholds") or {}))  # the schema admits the gates' names only
+
+
 def plan_eval(recipe: Recipe, step: Step, state: PlanState) -> str:
     o = step.options
     if not o.get("text") and not o.get("dataset"):
         raise _fail(recipe, step, "needs `text` (file(s) relative to the recipe) or `dataset`")
     _text_paths(recipe, step, o, required=False)
+    try:
+        eval_limits(o)
+    except KvtoolError as exc:
+        raise _refused(recipe, step, exc) from None
     thresholds = o.get("thresholds") or {}
     return "eval against the source" + (f" (gates: {', '.join(f'{k}={v}' for k, v in thresholds.items())})" if thresholds else "")
 

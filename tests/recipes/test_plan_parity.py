@@ -207,3 +207,18 @@ def test_planning_never_imports_torch(tmp_path):
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     assert "1. rope: yarn factor 2" in res.stdout and "3. quantize-kv: FP8 KV scales" in res.stdout
+
+
+SHIPPED = {"llama-2-7b-gqa8": "llama-2-7b-hf", "llama-3.1-8b-fp8-kv": "llama-3.1-8b",
+           "mistral-7b-yarn-32k": "mistral-7b-instruct-v0.1", "qwen2.5-7b-yarn-128k": "qwen2.5-7b-instruct",
+           "smollm2-135m-mqa-fp8": "smollm2-360m"}
+
+
+@pytest.mark.parametrize("recipe", sorted(SHIPPED))
+def test_shipped_recipes_plan_on_their_models_config(recipe, tmp_path):
+    """Each recipe in recipes/ passes `kvtool apply --dry-run` on (a header-only copy of) the model it names."""
+    src = write_checkpoint(tmp_path / "src", CORPUS[SHIPPED[recipe]], shaped=False)
+    path = DATA.parents[1] / "recipes" / f"{recipe}.yaml"
+    lines = []
+    report = apply_recipe(path, src, tmp_path / "out", dry_run=True, echo=lines.append)
+    assert report["dry_run"] and len(report["plan"]) == len(load_recipe(path).steps) == len(lines) - 1

@@ -155,3 +155,18 @@ def test_rope_result_that_lint_would_fail_is_refused_in_the_plan(tmp_path, tiny_
     with pytest.raises(UsageError) as got:
         plan_recipe(r, preflight(src))
     assert got.value.cause.line() in command
+
+
+def test_eval_threshold_the_command_refuses_is_refused_at_plan_time(tmp_path, tiny_llama_config, capsys):
+    """A percentage that overflows to infinity: `kvtool eval` refuses the flag before loading anything, and the
+    recipe's plan refuses the threshold (it used to fail only when the eval step ran, after the other steps)."""
+    huge = "9" * 400 + "%"
+    src = write_checkpoint(tmp_path / "m", tiny_llama_config)
+    assert main(["eval", str(src), "--baseline", str(src), "--max-ppl-increase", huge]) == 2
+    command = capsys.readouterr().err
+    assert "--max-ppl-increase: " in command and "is not a finite number >= 0" in command
+    r = _recipe(tmp_path, f"  - eval: {{dataset: pydoc, thresholds: {{max_ppl_increase: '{huge}'}}}}\n")
+    with pytest.raises(UsageError) as got:
+        plan_recipe(r, preflight(src))
+    assert got.value.field == "steps[0].eval.thresholds.max_ppl_increase"
+    assert got.value.cause.message in command
