@@ -212,23 +212,7 @@ def apply(p: QuantizePlan, *, log=print) -> QuantizeResult:
     scales = scale_tensors(result, arch.attn_prefix, per_head=opts.strategy == "attn_head")
     meta = {kv_scale_names.SCALE_POINT_METADATA_KEY: "post_rope", "kvtool_version": __version__,
             "kvtool_observer": result.observer, "kvtool_strategy": opts.strategy, "kvtool_format": fmt.name}
-    prov = {
-        "kvtool_version": __version__, "command": "quantize-kv", "source": str(src),
-        "model_type": spec.model_type, "format": fmt.name, "vllm_kv_cache_dtype": fmt.vllm_cache_dtype,
-        "strategy": opts.strategy, "observer": result.observer, "scale_point": "post_rope",
-        "calibration": {"tokens": n, "sequences": result.sequences, "seq_len": opts.seq_len,
-                        "text_sha256": text_hash(calib), "files": calib_label,
-                        "device": result.device, "seconds": round(result.seconds, 2), "model": held},
-        "scales": {name: [round(float(x), 8) for x in t.reshape(-1)] for name, t in scales.items()},
-        "amax": {"k": {str(i): [round(float(x), 6) for x in a] for i, a in result.k_amax.items()},
-                 "v": {str(i): [round(float(x), 6) for x in a] for i, a in result.v_amax.items()}},
-    }
-    if result.search:  # output-aware observers: every candidate tried and its attention-output error
-        prov["search"] = {f"{i}.{role}": {"candidates": [[round(float(x), 8) for x in c] for c in cands],
-                                          "errors": [float(e) for e in errors]}
-                          for (i, role), (cands, errors) in sorted(result.search.items())}
-    if result.peak_device_bytes is not None:
-        prov["calibration"]["peak_device_bytes"] = result.peak_device_bytes
+    prov = _provenance(p, result, scales, calib, calib_label, n, held, fmt)
     quality = []
     if not opts.no_eval:
         if model is None:  # the report runs the whole model, as kvtool eval does
@@ -245,6 +229,31 @@ def apply(p: QuantizePlan, *, log=print) -> QuantizeResult:
                                link=opts.link)
     return QuantizeResult(dst=Path(dst), calibration=result, scale_tensors=summary.scale_tensors,
                           linked=summary.linked, copied=summary.copied, quality=quality, config=new_config)
+
+
+def _provenance(p: QuantizePlan, result, scales: dict, calib: list[str], calib_label: list[str], n: int, held,
+                fmt) -> dict:
+    """kvtool.json's record of a calibration: inputs, settings, every scale and the amax it came from."""
+    from kvtool import __version__
+
+    prov = {
+        "kvtool_version": __version__, "command": "quantize-kv", "source": str(p.src),
+        "model_type": p.spec.model_type, "format": fmt.name, "vllm_kv_cache_dtype": fmt.vllm_cache_dtype,
+        "strategy": p.opts.strategy, "observer": result.observer, "scale_point": "post_rope",
+        "calibration": {"tokens": n, "sequences": result.sequences, "seq_len": p.opts.seq_len,
+                        "text_sha256": text_hash(calib), "files": calib_label,
+                        "device": result.device, "seconds": round(result.seconds, 2), "model": held},
+        "scales": {name: [round(float(x), 8) for x in t.reshape(-1)] for name, t in scales.items()},
+        "amax": {"k": {str(i): [round(float(x), 6) for x in a] for i, a in result.k_amax.items()},
+                 "v": {str(i): [round(float(x), 6) for x in a] for i, a in result.v_amax.items()}},
+    }
+    if result.search:  # output-aware observers: every candidate tried and its attention-output error
+        prov["search"] = {f"{i}.{role}": {"candidates": [[round(float(x), 8) for x in c] for c in cands],
+                                          "errors": [float(e) for e in errors]}
+                          for (i, role), (cands, errors) in sorted(result.search.items())}
+    if result.peak_device_bytes is not None:
+        prov["calibration"]["peak_device_bytes"] = result.peak_device_bytes
+    return prov
 
 
 def quality_report(model, tok, result, eval_texts, opts: QuantizeOptions, device) -> list:
