@@ -149,6 +149,13 @@ def plan_quantize_kv(recipe: Recipe, step: Step, state: PlanState) -> str:
 
 
 def plan_lint(recipe: Recipe, step: Step, state: PlanState) -> str:
+    from kvtool.rules.engine import check_selectors
+
+    try:  # a code that matches no rule: `kvtool lint --select` refuses it, so the step does
+        for key in ("select", "ignore"):
+            check_selectors(step.options.get(key) or (), option=key)
+    except KvtoolError as exc:
+        raise _refused(recipe, step, exc) from None
     return "lint" + (" --strict" if step.options.get("strict") else "")
 
 

@@ -170,3 +170,14 @@ def test_eval_threshold_the_command_refuses_is_refused_at_plan_time(tmp_path, ti
         plan_recipe(r, preflight(src))
     assert got.value.field == "steps[0].eval.thresholds.max_ppl_increase"
     assert got.value.cause.message in command
+
+
+def test_lint_code_matching_no_rule_is_refused_as_lint_refuses_it(tmp_path, tiny_llama_config, capsys):
+    """`kvtool lint --select KV999` refuses the typo; a recipe's lint step silently checked nothing."""
+    src = write_checkpoint(tmp_path / "m", tiny_llama_config)
+    assert main(["lint", str(src), "--select", "KV999"]) == 2
+    assert "'KV999' matches no rule code" in capsys.readouterr().err
+    r = _recipe(tmp_path, "  - lint: {ignore: [KV1, KV999]}\n")
+    with pytest.raises(UsageError, match="'KV999' matches no rule code") as got:
+        plan_recipe(r, preflight(src))
+    assert got.value.field == "steps[0].lint.ignore"
