@@ -196,14 +196,7 @@ def apply_recipe(recipe_path: str | Path, src: str | Path, dst: str | Path, *, d
     """Validate the whole recipe, then run it. Returns the report; raises GateFailed on a failed gate."""
     recipe = load_recipe(recipe_path)
     src = Path(src)
-    if not src.is_dir():
-        raise InputError("SRC must be a model folder", file=str(src))
-    # steps that load the source with transformers refuse checkpoint code up front, as their commands do first
-    # (a convert step's plan refuses it for a method that runs the model, where `kvtool convert` does)
-    loads_model = any(s.kind in ("quantize-kv", "eval") for s in recipe.steps)
-    ckpt = preflight(src, model_code=loads_model, require_weights=False)
-    require_valid_numbers(build_spec(ckpt.config), str(ckpt.config_path))
-    plan = plan_recipe(recipe, ckpt)
+    plan = _plan(recipe, src)
     echo(f"recipe {recipe.name} ({recipe.path}): {len(recipe.steps)} step(s)")
     for step, desc in zip(recipe.steps, plan):
         echo(f"  {step.index}. {step.kind}: {desc}")
@@ -254,19 +247,36 @@ def apply_recipe(recipe_path: str | Path, src: str | Path, dst: str | Path, *, d
                              f"(report: {failed_report})", file=str(recipe.path))
         _finish(ctx, dst, report, force=force)
     finally:
-        if keep_intermediate and work.exists():
-            from kvtool.io.staging import MARKER
-
-            (work / MARKER).unlink(missing_ok=True)
-            if kept.exists() and force:  # checked up front: --force was given to replace it
-                shutil.rmtree(kept)
-            if kept.exists():  # appeared while we worked: keep both, never delete it
-                kept = _unique(dst.parent, f"{dst.name}.intermediate", "")
-            os.replace(work, kept)
-            echo(f"intermediate folders kept in {kept}")
-        else:
-            shutil.rmtree(work, ignore_errors=True)
+        _dispose_work(work, kept if keep_intermediate else None, dst, force=force, echo=echo)
     return report
+
+
+def _plan(recipe: Recipe, src: Path) -> list[str]:
+    """The recipe's plan on SRC: every step's refusals, before any work."""
+    if not src.is_dir():
+        raise InputError("SRC must be a model folder", file=str(src))
+    # steps that load the source with transformers refuse checkpoint code up front, as their commands do first
+    # (a convert step's plan refuses it for a method that runs the model, where `kvtool convert` does)
+    loads_model = any(s.kind in ("quantize-kv", "eval") for s in recipe.steps)
+    ckpt = preflight(src, model_code=loads_model, require_weights=False)
+    require_valid_numbers(build_spec(ckpt.config), str(ckpt.config_path))
+    return plan_recipe(recipe, ckpt)
+
+
+def _dispose_work(work: Path, kept: Path | None, dst: Path, *, force: bool, echo: Callable[[str], None]) -> None:
+    """The work folder moves to `kept` (--keep-intermediate) or is removed."""
+    if kept is None or not work.exists():
+        shutil.rmtree(work, ignore_errors=True)
+        return
+    from kvtool.io.staging import MARKER
+
+    (work / MARKER).unlink(missing_ok=True)
+    if kept.exists() and force:  # checked up front: --force was given to replace it
+        shutil.rmtree(kept)
+    if kept.exists():  # appeared while we worked: keep both, never delete it
+        kept = _unique(dst.parent, f"{dst.name}.intermediate", "")
+    os.replace(work, kept)
+    echo(f"intermediate folders kept in {kept}")
 
 
 def _name_step_key(exc: KvtoolError, step: Step) -> None:

@@ -57,7 +57,10 @@ def _fail(recipe: Recipe, step: Step, message: str, cause: KvtoolError | None = 
 
 
 def _refused(recipe: Recipe, step: Step, exc: KvtoolError) -> StepRefused:
-    return _fail(recipe, step, exc.message, exc)
+    """The operation's error at the step's line, still naming what the command names (a weights file, a
+    tensor, a config key); an options field is named by the step's key instead (StepRefused.field)."""
+    where = "".join(f"{part}: " for part in (exc.file, exc.field) if part)
+    return _fail(recipe, step, where + exc.message, exc)
 
 
 def _text_paths(recipe: Recipe, step: Step, section: dict | None, *, required: bool) -> None:

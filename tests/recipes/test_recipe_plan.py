@@ -98,7 +98,8 @@ def test_quantized_checkpoint_is_refused_as_convert_refuses_it(tmp_path, tiny_ll
     r.write_text("version: 1\nsteps:\n  - convert: {to: mqa}\n")
     assert main(["apply", str(r), str(src), str(tmp_path / "out"), "--dry-run"]) == 2
     recipe = capsys.readouterr().err
-    assert "line 3: step 1 (convert): quantized checkpoint: pool the unquantized weights, then quantize" in recipe
+    assert (f"line 3: step 1 (convert): {src / 'config.json'}: quantization_config: quantized checkpoint: pool the "
+            "unquantized weights, then quantize") in recipe
 
 
 def test_groups_with_mqa_is_refused_as_convert_refuses_it(tmp_path, tiny_llama_config, capsys):
@@ -118,7 +119,8 @@ def test_missing_attention_weights_are_refused_at_plan_time(tmp_path, tiny_llama
     write_config(d, tiny_llama_config)
     write_safetensors(d / "model.safetensors", {"model.embed_tokens.weight": np.zeros((128, 64), np.float32)})
     r = _recipe(tmp_path, "  - rope: {type: yarn, factor: 2}\n  - convert: {to: mqa}\n")
-    with pytest.raises(UsageError, match="step 2 .convert.: missing: the llama table expects this tensor") as exc:
+    with pytest.raises(UsageError, match=r"step 2 \(convert\): .*model\.safetensors: model\.layers\.0\.self_attn"
+                                         r"\.q_proj\.weight: missing: the llama table expects this tensor") as exc:
         plan_recipe(r, preflight(d))
     assert exc.value.cause.field == "model.layers.0.self_attn.q_proj.weight"
 
