@@ -19,7 +19,7 @@ same text, so the SE is that of the per-token NLL difference, not of two indepen
 and its SE, top-1 agreement, and the difference to scale 1.0 (NLL and KLD, paired SE). Per-token
 SEs treat tokens as independent; FP8 rounding makes the model a discontinuous function of its
 inputs, so two scales with identical error statistics still give different per-token results
-(see the README, quantize-kv section): read differences smaller than ~2 SE as noise.
+(see docs/quantize-kv.md): read differences smaller than ~2 SE as noise.
 
 --layers: per layer and role on the held-out windows: fraction of values clipped (|x| > 448 s)
 and subnormal (|x| < 2^-6 s, nonzero) with scale 1.0 and the default scales, relative RMS error,
@@ -141,7 +141,7 @@ def table(res: dict, n_windows: int, ref: str = "fp8 scale 1.0") -> str:
 
 
 def summary(res: dict, ref: str = "fp8 scale 1.0") -> str:
-    """One row per candidate, window 0 and all windows side by side (the README's table)."""
+    """One row per candidate, window 0 and all windows side by side (docs/quantize-kv.md's table)."""
     nll, kl = res["nll"], res["kl"]
     sizes = sorted({1, nll["original"].shape[0]})
     head = " | ".join(f"{nll['original'][:n].numel()} tok: PPL vs original (SE) | KLD | NLL vs 1.0 (SE) | KLD vs 1.0 (SE)"

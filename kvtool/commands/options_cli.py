@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-
 from typing import Any, Callable, List, Optional
 
 import typer
@@ -85,10 +84,3 @@ def cli_spelling(cls, name: str) -> str:
     spelled the same way: --name-with-dashes."""
     f = field_named(cls, name)
     return f.flag if f is not None else "--" + name.replace("_", "-")
-
-
-def cli_fields(cls) -> list[Field]:
-    return [f for f in fields_of(cls) if f.spec.cli]
-
-
-

@@ -18,14 +18,18 @@ def main(argv: list[str] | None = None) -> int:
     committed = json.loads(path.read_text(encoding="utf-8"))
     files = {path: schema.dumps(schema.recipe_schema(committed)) + "\n", **docs.expected()}
     stale = [p for p, text in files.items() if not p.exists() or p.read_text(encoding="utf-8") != text]
+    gone = docs.obsolete()
     if args.write:
         for p in stale:
             p.write_text(files[p], encoding="utf-8")
             print(f"wrote {p}")
+        for p in gone:
+            p.unlink()
+            print(f"removed {p} (every command's page holds its table)")
         return 0
-    for p in stale:
+    for p in stale + gone:
         print(f"stale: {p} (run python -m kvtool.options --write)", file=sys.stderr)
-    return 1 if stale else 0
+    return 1 if stale or gone else 0
 
 
 if __name__ == "__main__":

@@ -13,6 +13,13 @@ TEXT_FILES = {"$ref": "#/$defs/text_files"}  # one path or a list, relative to t
 AWARE_FIELDS = ("calib_text", "calib_dataset", "calib_tokens", "refine_steps", "seq_len", "grouping")
 
 
+def merge_methods() -> list[str]:
+    """The registered merge methods (kvtool/convert/methods.py and its plug-in modules)."""
+    from kvtool.convert.methods import available_methods
+
+    return available_methods()
+
+
 @operation("convert")
 class ConvertOptions:
     src: str = argument(help="Source model folder (config.json + safetensors).")
@@ -24,7 +31,7 @@ class ConvertOptions:
     dtype: str = option("keep", choices=DTYPES, help="keep | bf16 | fp16 | fp32 (floating tensors only).")
     max_shard_size: str = option("5GB", schema={"type": "string", "pattern": "^[0-9]*\\.?[0-9]+ ?[KMGTkmgt]?i?[Bb]?$"},
                                  help="Largest output shard, e.g. 5GB, 500MB.")
-    method: str = option("mean", choices=("mean", "aware"), help="Merge method (registry: kvtool/convert/methods.py).")
+    method: str = option("mean", choices=merge_methods, help="Merge method (registry: kvtool/convert/methods.py).")
     method_opt: list[str] = option(default_factory=list, repeatable=True, recipe=False,
                                    help="KEY=VALUE option for the merge method (repeatable).")
     eval: bool | None = option(None, negatable=True, recipe=False,

@@ -13,9 +13,10 @@ Library code raises errors that name fields (`UsageError(..., option="groups")`)
 from __future__ import annotations
 
 import dataclasses
+import types
 import typing
 from dataclasses import MISSING
-from typing import Any
+from typing import Any, Callable, Sequence
 
 _KEY = "kvtool"
 
@@ -30,14 +31,16 @@ class Spec:
     short: str | None = None  # e.g. "-g"
     negatable: bool = False  # --eval/--no-eval
     repeatable: bool = False  # --text A --text B
-    choices: tuple[str, ...] | None = None  # documented and in the recipe schema (the library checks them)
+    # documented and in the recipe schema (the library checks them); a function when a registry holds them
+    # (RoPE types, merge methods): called only when the schema or docs are built, never at import
+    choices: tuple[str, ...] | Callable[[], Sequence[str]] | None = None
     minimum: float | None = None  # recipe schema bound (the library checks the CLI value)
     exclusive_minimum: float | None = None
     maximum: float | None = None
     recipe: str | bool = True  # the recipe key ("calibration.tokens" nests), True: the name, False: not in recipes
     recipe_required: bool = False
     schema: dict | None = None  # the recipe value's JSON schema, when the type alone does not say it
-    cli: bool = True  # False: a recipe-only key (e.g. a calibration dataset section)
+    cli: bool = True  # False: no flag (a library-only setting, e.g. quantize-kv's layerwise)
     metavar: str | None = None
     show_default: bool = True
 
@@ -50,6 +53,16 @@ class Field:
     type: Any  # the resolved annotation, e.g. int | None, list[str]
     default: Any  # MISSING when required
     spec: Spec
+
+    @property
+    def choices(self) -> tuple[str, ...] | None:
+        c = self.spec.choices
+        return tuple(c()) if callable(c) else c
+
+    @property
+    def registry_choices(self) -> bool:
+        """The choices come from a registry: the committed schema leaves them to be filled in at load."""
+        return callable(self.spec.choices)
 
     @property
     def required(self) -> bool:
@@ -77,7 +90,7 @@ class Field:
         """int for `int | None`, str for `list[str]`."""
         t = self.type
         args = [a for a in typing.get_args(t) if a is not type(None)]
-        if typing.get_origin(t) in (typing.Union, getattr(__import__("types"), "UnionType", None)) and len(args) == 1:
+        if typing.get_origin(t) in (typing.Union, types.UnionType) and len(args) == 1:
             t = args[0]
         if typing.get_origin(t) in (list, tuple):
             t = typing.get_args(t)[0]

@@ -18,8 +18,12 @@ def value_schema(f: Field) -> dict:
     s = f.spec
     if s.schema is not None:
         return dict(s.schema)
-    if s.choices is not None:
-        out: dict[str, Any] = {"enum": list(s.choices)}
+    if f.registry_choices:  # filled in by fill_choices when a recipe is loaded: a new type needs no schema edit
+        fn = s.choices
+        out: dict[str, Any] = {"type": "string", "description": f"one of {fn.__module__}.{fn.__qualname__}() "
+                                                                "(filled in when a recipe is loaded)"}
+    elif s.choices is not None:
+        out = {"enum": list(s.choices)}
     else:
         out = {"type": _JSON_TYPES[f.base_type]}
     for key, bound in (("minimum", s.minimum), ("exclusiveMinimum", s.exclusive_minimum), ("maximum", s.maximum)):
@@ -49,6 +53,23 @@ def step_schema(cls) -> dict:
         node["properties"][leaf] = value_schema(f)
     root.update(getattr(cls, "RECIPE_SCHEMA", {}))
     return root
+
+
+def fill_choices(schema: dict) -> dict:
+    """`schema` (the committed file, loaded) with every registry's choices as the enum of its step key."""
+    from kvtool.options import load_all
+
+    for cmd, cls in load_all().items():
+        if cmd not in STEP_DEFS:
+            continue
+        for f in fields_of(cls):
+            if f.recipe_key and f.registry_choices:
+                node = schema["$defs"][STEP_DEFS[cmd]]
+                for part in f.recipe_key.split("."):
+                    node = node["properties"][part]
+                node.clear()
+                node["enum"] = list(f.choices)
+    return schema
 
 
 def recipe_schema(committed: dict) -> dict:

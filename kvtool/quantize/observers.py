@@ -25,13 +25,13 @@ shape [1] (strategy "tensor") or [kv_heads] (strategy "attn_head").
   absmax-pow2:H. About 18 attention reruns per layer. Offered, not the default: it lowers the
   attention-output error (SmolLM2: median 9% for K, 1% for V) and Gemma-3's KLD by 11% over 4092
   held-out tokens (2.5 SE), not SmolLM2's beyond noise, and its PPL is within noise of scale 1.0
-  on both (README, quantize-kv section).
+  on both (docs/quantize-kv.md).
 - `percentile:P`: the P-th percentile of |x| (clips the top 100-P percent on purpose).
 - `mse`: the scale, among amax/fmax shrunk by 0..79 %, that minimises the squared FP8
   quantization error on the calibration values (it clips: higher PPL and KLD than scale 1.0 on
   SmolLM2).
 
-Measured (README, quantize-kv section; bench/quantize_kv_quality.py): what separates observers
+Measured (docs/quantize-kv.md; bench/quantize_kv_quality.py): what separates observers
 is clipping; observers that clip nothing are statistically indistinguishable from each other and
 from scale 1.0, because e4m3's 3-bit mantissa sets the error, not the scale.
 

@@ -97,7 +97,9 @@ class _LineMap:
 def _validator():
     import jsonschema
 
-    schema = json.loads((schemas_dir() / "recipe.schema.json").read_text(encoding="utf-8"))
+    from kvtool.options.schema import fill_choices
+
+    schema = fill_choices(json.loads((schemas_dir() / "recipe.schema.json").read_text(encoding="utf-8")))
     # JSON Schema counts 1.0 as an integer; a recipe's counts go to range() and reshape, so only ints are
     checker = jsonschema.Draft202012Validator.TYPE_CHECKER.redefine(
         "integer", lambda _c, v: isinstance(v, int) and not isinstance(v, bool))

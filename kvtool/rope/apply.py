@@ -91,10 +91,9 @@ def is_mla(spec: ModelSpec) -> bool:
 
 def type_values(opts: RopeOptions) -> dict:
     """The type-specific values asked for (beta_fast, ..., short_factor / long_factor lists read from their files)."""
-    values = {k: getattr(opts, k) for k in ("beta_fast", "beta_slow", "attention_factor", "low_freq_factor",
-                                            "high_freq_factor")}
-    values["short_factor"] = _factor_list(opts.short_factor_file, "short_factor_file")
-    values["long_factor"] = _factor_list(opts.long_factor_file, "long_factor_file")
+    lists = {"short_factor": opts.short_factor_file, "long_factor": opts.long_factor_file}
+    values = {k: getattr(opts, k) for k in TYPE_OPTIONS if k not in lists}
+    values.update({k: _factor_list(path, f"{k}_file") for k, path in lists.items()})
     return values
 
 

@@ -13,8 +13,8 @@ define("KV961", "recipe-invalid", "error", "Recipe file does not match the recip
        Why it matters: a typo such as `metod: aware` would otherwise silently fall back to a default
        and ship a different model than the one reviewed in the pull request.
        Example: steps: [{convert: {to: gqa, groups: 8, metod: aware}}]
-       Fix: correct the key named in the message; `kvtool rule KV961` and the README list the format.
-       """, hint="fix the key named in the message (see the recipe format in the README)", topic="recipe")
+       Fix: correct the key named in the message; `kvtool rule KV961` and docs/apply.md list the format.
+       """, hint="fix the key named in the message (see the recipe format in docs/apply.md)", topic="recipe")
 
 define("KV962", "recipe-missing-file", "error", "A text file named by a recipe does not exist",
        """

@@ -12,6 +12,16 @@ def test_the_docs_tables_are_current():
             f"{path} is stale: run python -m kvtool.options --write"
 
 
+def test_the_fallback_page_exists_only_while_a_command_page_lacks_its_markers(tmp_path):
+    assert docs.obsolete() == []
+    (tmp_path / "options.md").write_text("old tables\n")
+    for cmd in load_all():
+        (tmp_path / f"{cmd}.md").write_text(f"# {cmd}\n\n<!-- options:{cmd} -->\n<!-- /options:{cmd} -->\n")
+    files = docs.expected(tmp_path)
+    assert tmp_path / "options.md" not in files and docs.obsolete(tmp_path) == [tmp_path / "options.md"]
+    assert "| Flag | Recipe key |" in files[tmp_path / "rope.md"]
+
+
 def test_every_operation_has_one_table_listing_every_field():
     files = docs.expected()
     for cmd, cls in load_all().items():

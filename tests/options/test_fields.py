@@ -6,8 +6,6 @@ import subprocess
 import sys
 from dataclasses import MISSING
 
-import pytest
-
 from kvtool.errors import UsageError
 from kvtool.options import load_all
 from kvtool.options.fields import argument, field_named, fields_of, flag_of, from_recipe, operation, option, recipe_key_of

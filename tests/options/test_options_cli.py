@@ -56,3 +56,53 @@ def test_a_library_error_naming_a_field_names_its_flag_on_the_command_line(capsy
                  "--show"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("kvtool: error: --layer-type: ") and "no 'sliding_attention' layers" in err
+
+
+def test_a_field_no_declaration_of_the_command_holds_is_spelled_as_a_flag():
+    from kvtool.commands.options_cli import cli_spelling
+    from kvtool.options.convert import ConvertOptions
+    from kvtool.options.kv_budget import KvBudgetOptions
+
+    assert cli_spelling(KvBudgetOptions, "batch") == "--batch"  # the first of --batch / --concurrency
+    assert cli_spelling(ConvertOptions, "dst") == "DST"
+    assert cli_spelling(ConvertOptions, "max_tokens") == "--max-tokens"  # raised by kvtool.eval under convert --eval
+
+
+@pytest.mark.parametrize("argv, line", [
+    (["kv-budget", "{cfg}", "--batch", "0"], "kvtool: error: --batch: must be at least 1, got 0"),
+    (["kv-budget", "{cfg}", "--concurrency", "0"], "kvtool: error: --batch: must be at least 1, got 0"),
+    (["convert", "{dir}", "--to", "mqa", "--groups", "2", "--dry-run"],
+     "kvtool: error: --groups: --to mqa means one KV head; drop --groups"),
+    (["convert", "{dir}", "--to", "mqa"], "kvtool: error: DST: missing required argument (only --dry-run goes "
+                                          "without one)"),
+    (["apply", "{recipe}", "{dir}", "{out}", "--device", "tpu"],
+     "kvtool: error: --device: must be one of auto, cpu, cuda, cuda:N, not 'tpu'"),
+])
+def test_error_lines_name_the_flag_the_user_typed(capsys, tmp_path, tiny_llama_config, argv, line):
+    import json
+
+    import numpy as np
+
+    from kvtest import write_safetensors
+
+    d = tmp_path / "m"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(tiny_llama_config))
+    write_safetensors(d / "model.safetensors", {"model.embed_tokens.weight": np.zeros((128, 64), np.float32)})
+    (tmp_path / "r.yaml").write_text("version: 1\nsteps:\n  - lint: {}\n")
+    subs = {"cfg": str(d / "config.json"), "dir": str(d), "recipe": str(tmp_path / "r.yaml"), "out": str(tmp_path / "o")}
+    assert main([a.format(**subs) for a in argv]) == 2
+    assert capsys.readouterr().err.strip() == line
+
+
+def test_a_recipe_error_on_the_command_line_names_the_steps_key(capsys, tmp_path, tiny_llama_config):
+    import json
+
+    d = tmp_path / "m"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(tiny_llama_config))
+    r = tmp_path / "r.yaml"
+    r.write_text("version: 1\nsteps:\n  - rope: {type: yarn, factor: 2, layer_type: sliding_attention}\n")
+    assert main(["apply", str(r), str(d), str(tmp_path / "o"), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"kvtool: error: {r}: steps[0].rope.layer_type: line 3: step 1 (rope): ")

@@ -27,15 +27,37 @@ def test_a_step_accepts_exactly_its_declared_recipe_keys(cmd):
     top = {f.recipe_key.split(".")[0] for f in fields_of(cls) if f.recipe_key}
     assert set(s["properties"]) == top
     for f in fields_of(cls):
-        if f.recipe_key and "." not in f.recipe_key and f.spec.choices:
-            assert s["properties"][f.recipe_key]["enum"] == list(f.spec.choices)
+        if f.recipe_key and "." not in f.recipe_key and f.choices and not f.registry_choices:
+            assert s["properties"][f.recipe_key]["enum"] == list(f.choices)
 
 
 def test_rope_choices_are_what_the_rope_planner_accepts():
     from kvtool.rope.apply import LAYOUTS
 
-    assert list(rope_options.TYPES) == rt.applicable_types()
     assert rope_options.LAYOUTS == LAYOUTS
+
+
+def test_registry_choices_are_filled_in_when_a_recipe_is_loaded():
+    """RoPE types and merge methods come from their registries: a new one needs no schema edit."""
+    from kvtool.convert.methods import available_methods
+    from kvtool.options.schema import fill_choices
+
+    committed = json.loads(schema_path().read_text(encoding="utf-8"))
+    assert "enum" not in committed["$defs"]["rope"]["properties"]["type"]
+    filled = fill_choices(committed)
+    assert filled["$defs"]["rope"]["properties"]["type"] == {"enum": rt.applicable_types()}
+    assert filled["$defs"]["convert"]["properties"]["method"] == {"enum": available_methods()}
+
+
+def test_a_recipe_naming_an_unregistered_method_is_refused(tmp_path):
+    from kvtool.errors import InputError
+    from kvtool.recipes.load import load_recipe
+
+    p = tmp_path / "r.yaml"
+    p.write_text("version: 1\nsteps:\n  - convert: {to: mqa, method: median}\n")
+    with pytest.raises(InputError) as exc:
+        load_recipe(p)
+    assert exc.value.field == "steps[0].convert.method" and "'median' is not one of" in exc.value.message
 
 
 def test_a_recipe_error_names_the_steps_key(tmp_path, tiny_llama_config):
@@ -53,14 +75,11 @@ def test_a_recipe_error_names_the_steps_key(tmp_path, tiny_llama_config):
     assert "line 4: step 2 (rope):" in exc.value.message and "no 'sliding_attention' layers" in exc.value.message
 
 
-def test_declared_choices_and_gate_names_are_the_libraries_own():
+def test_the_declared_gates_are_the_gates_eval_knows():
     from kvtool.eval.gate import GATES
     from kvtool.options.eval import GATE_FIELDS
-    from kvtool.options.quantize_kv import STRATEGIES
-    from kvtool.quantize.calibrate import STRATEGIES as LIB_STRATEGIES
 
-    assert tuple(GATES) == GATE_FIELDS
-    assert STRATEGIES == LIB_STRATEGIES
+    assert tuple(GATES) == GATE_FIELDS  # (quantize-kv's strategies: tests/quantize, which has torch)
 
 
 def test_a_step_error_at_run_time_names_the_steps_key(tmp_path, tiny_llama_config):

@@ -1,8 +1,8 @@
 """Where kvtool knowingly answers differently from transformers, and the engine behaviour that justifies it.
 
 One table, KNOWN_DIFFERENCES. The oracle lane (tests/oracle/test_oracle.py) accepts a disagreement
-only when an entry here covers it; the lint docs show the table (README, "Known differences with
-transformers", rendered by `render_markdown` and checked by test_known_differences_in_docs).
+only when an entry here covers it; the lint docs show the table (docs/lint.md, "Checked against the engines",
+rendered by `render_markdown` and checked by test_known_differences_in_docs).
 
 Kinds:
 - "stricter": lint reports an error where transformers loads the config (and, for tiny models,

@@ -169,3 +169,10 @@ def test_calibration_text_is_optional(tmp_path):
     opts = QuantizeOptions(src=str(tmp_path / "m"), dst=str(tmp_path / "out"))
     check_options(opts)
     assert opts.calib_text == [] and opts.calib_dataset is None
+
+
+def test_the_declared_strategies_are_the_calibrators():
+    from kvtool.options.quantize_kv import STRATEGIES
+    from kvtool.quantize.calibrate import STRATEGIES as CALIBRATE_STRATEGIES
+
+    assert STRATEGIES == CALIBRATE_STRATEGIES

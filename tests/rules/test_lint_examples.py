@@ -1,4 +1,4 @@
-"""The README's lint demonstrations: the bundled examples are clean, the broken demo fails as shown."""
+"""The lint demonstrations of README.md and docs/lint.md: the bundled examples are clean, the broken demo fails as shown."""
 
 from __future__ import annotations
 

@@ -1,0 +1,106 @@
+"""The docs hold together: relative links in README.md, docs/*.md and bench/README.md resolve (file and anchor),
+each command has its page with an Options section, the README stays short and keeps the Quick start CI relies on,
+and the docs index lists every page."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), REPO / "bench" / "README.md"]
+COMMANDS = ["lint", "kv-budget", "convert", "rope", "quantize-kv", "eval", "apply"]
+LINK = re.compile(r"!?\[([^\]]*)\]\(([^)\s]+)\)")
+
+
+def _prose(text: str) -> list[str]:
+    """The lines of a markdown file, with those inside fenced code blocks blanked."""
+    out, fenced = [], False
+    for line in text.splitlines():
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+            line = ""
+        out.append("" if fenced else line)
+    return out
+
+
+def anchors(path: Path) -> set[str]:
+    """GitHub's heading anchors of a markdown file (lowercase, punctuation dropped, spaces to hyphens, -1 -2 for
+    repeats), plus explicit <a id=...> / name= anchors."""
+    seen: dict[str, int] = {}
+    out = set()
+    text = path.read_text(encoding="utf-8")
+    for line in _prose(text):
+        m = re.match(r"#{1,6} +(.*?) *#* *$", line)
+        if not m:
+            continue
+        title = LINK.sub(lambda k: k.group(1), m.group(1)).replace("`", "").lower()
+        slug = re.sub(r"[^\w\- ]", "", title).replace(" ", "-")
+        n = seen.get(slug, 0)
+        seen[slug] = n + 1
+        out.add(slug if n == 0 else f"{slug}-{n}")
+    out |= set(re.findall(r"<a\s+(?:id|name)=\"([^\"]+)\"", text))
+    return out
+
+
+def links(path: Path) -> list[tuple[int, str]]:
+    """(line, target) of every relative link outside code (a link-like text inside `code` is an example)."""
+    out = []
+    for n, line in enumerate(_prose(path.read_text(encoding="utf-8")), 1):
+        code = [m.span() for m in re.finditer(r"`[^`]*`", line)]
+        for m in LINK.finditer(line):
+            if not any(a < m.start() < b for a, b in code) and not re.match(r"[a-z][a-z0-9+.-]*:", m.group(2)):
+                out.append((n, m.group(2)))
+    return out
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(REPO)) for p in PAGES])
+def test_every_relative_link_points_at_an_existing_file_and_anchor(page: Path) -> None:
+    broken = []
+    for n, target in links(page):
+        file, _, anchor = target.partition("#")
+        dest = (page.parent / file).resolve() if file else page
+        if not dest.exists():
+            broken.append(f"{page.relative_to(REPO)}:{n}: {target}: no such file")
+        elif anchor and (dest.suffix != ".md" or anchor not in anchors(dest)):
+            broken.append(f"{page.relative_to(REPO)}:{n}: {target}: no heading with that anchor")
+    assert not broken, "\n".join(broken)
+
+
+def test_the_link_check_sees_links_and_anchors() -> None:
+    readme = {t for _, t in links(REPO / "README.md")}
+    assert "docs/lint.md" in readme and "docs/README.md" in readme
+    assert "#how-the-numbers-are-computed" in {t for _, t in links(REPO / "docs" / "kv-budget.md")}
+    assert "staging-folders" in anchors(REPO / "docs" / "exit-codes.md")
+    assert "kvtool-convert---method-aware-calibrated-kv-head-merging-without-retraining" in anchors(
+        REPO / "docs" / "convert.md")
+
+
+@pytest.mark.parametrize("cmd", COMMANDS)
+def test_every_command_has_a_page_with_its_options_markers(cmd: str) -> None:
+    text = (REPO / "docs" / f"{cmd}.md").read_text(encoding="utf-8")
+    start, end = f"<!-- options:{cmd} -->", f"<!-- /options:{cmd} -->"
+    assert text.count(start) == 1 and text.count(end) == 1, cmd
+    assert text.index("\n## Options\n") < text.index(start) < text.index(end)
+    between = text[text.index("\n## Options\n"):text.index(start)]
+    assert between.strip() == "## Options", "the markers open the Options section"
+    assert text.startswith(f"# `kvtool {cmd}`"), "the page's title names the command"
+
+
+def test_the_readme_is_short_and_keeps_the_quick_start() -> None:
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    assert len(text.splitlines()) < 300
+    quick = text[text.index("## Quick start"):text.index("## Commands")]
+    assert "pip install -e . && kvtool lint examples/*/" in quick and "\nbash .ci/run " in quick
+    assert "torch==2.13.0" in quick
+    for cmd in COMMANDS:  # one example per command, linking its page
+        assert f"### [`kvtool {cmd}`](docs/{cmd}.md)" in text
+        assert f"$ kvtool {cmd} " in text
+
+
+def test_the_docs_index_lists_every_page() -> None:
+    listed = {t.partition("#")[0] for _, t in links(REPO / "docs" / "README.md")}
+    pages = {p.name for p in (REPO / "docs").glob("*.md")} - {"README.md"}
+    assert not pages - listed, f"docs/README.md does not list {sorted(pages - listed)}"
