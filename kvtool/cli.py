@@ -1,4 +1,5 @@
-"""The `kvtool` command line. Each command lives in kvtool/commands/<name>.py and registers itself.
+"""The `kvtool` command line. Each command lives in kvtool/commands/<name>.py, listed in COMMANDS.modules, and
+registers itself (`@COMMANDS.register(name)` on its `register(app)`); a listed module that is missing is an error.
 
 Heavy libraries (torch, transformers) are imported inside the commands that need them, so
 `kvtool lint`, `kvtool kv-budget` and `kvtool rope` start fast.
@@ -7,7 +8,6 @@ Heavy libraries (torch, transformers) are imported inside the commands that need
 from __future__ import annotations
 
 import functools
-import importlib
 import io
 import os
 import signal
@@ -15,10 +15,8 @@ import sys
 
 import typer
 
+from kvtool.commands import COMMANDS
 from kvtool.errors import EXIT_INPUT, KvtoolError, one_line
-
-# Order here is the order in `kvtool --help`.
-COMMAND_MODULES = ("lint", "rules", "kv_budget", "convert", "eval", "rope", "quantize_kv", "apply", "fixtures")
 
 app = typer.Typer(
     name="kvtool",
@@ -47,14 +45,8 @@ def _root(
     """Make LLM checkpoints safe and cheap to serve."""
 
 
-for _name in COMMAND_MODULES:
-    try:
-        _mod = importlib.import_module(f"kvtool.commands.{_name}")
-    except ModuleNotFoundError as _exc:  # a command still being written; tests check all are present
-        if _exc.name != f"kvtool.commands.{_name}":
-            raise
-        continue
-    _mod.register(app)
+for _register in COMMANDS.values():
+    _register(app)
 
 
 class _ClosedStdin(io.StringIO):

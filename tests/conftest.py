@@ -15,6 +15,24 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 import pytest
 
 from kvtest import DATA, REPO, write_config, write_safetensors  # noqa: F401 - re-exported for old imports
+from torch_lane import module_is_heavy, needs_torch, torch_installed
+
+
+def pytest_collection_modifyitems(config, items):
+    """The `torch` marker, set from what each test imports (tests/torch_lane.py): `pytest -m "not torch"`."""
+    for item in items:
+        if needs_torch(item):
+            item.add_marker(pytest.mark.torch)
+
+
+def pytest_ignore_collect(collection_path, config):
+    """Without torch, `-m "not torch"` skips importing the test modules that import it at top level (all their
+    tests are torch tests); any other run still collects them, so a missing torch is an error there."""
+    if collection_path.suffix != ".py" or torch_installed():
+        return None
+    if "not torch" in (config.getoption("markexpr", "") or "") and module_is_heavy(Path(collection_path)):
+        return True
+    return None
 
 
 @pytest.fixture

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from kvtool.cli import COMMAND_MODULES, main
+from kvtool.cli import main
+from kvtool.commands import MODULES as COMMAND_MODULES
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = str(REPO / "examples" / "llama-gqa-tiny")

@@ -73,6 +73,7 @@ def test_command_unknown_name_is_one_line(capsys):
     assert len(err) == 1 and err[0].startswith("kvtool: error: --path: unknown fixture 'llama-405b'") and "smollm2" in err[0]
 
 
+@pytest.mark.torch  # the other packages of a fixture build (gguf, transformers) must be there: only one is missing
 def test_command_missing_package_says_what_to_install(monkeypatch, tmp_path, capsys):
     monkeypatch.setenv("KVTOOL_CACHE", str(tmp_path))
     real = importlib.util.find_spec

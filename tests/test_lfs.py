@@ -15,7 +15,8 @@ from kvtool.io.lfs import MAX_POINTER_BYTES, read_pointer
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "llama-gqa-tiny"
 BROKEN = REPO / "tests" / "data" / "lint_demo" / "broken-llama"  # KV601 on k/v, KV801 (needs headers)
-NEEDS_TORCH = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="the command needs torch")
+NEEDS_TORCH = [pytest.mark.torch,
+               pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="the command needs torch")]
 OID = "4d7a214614ab2935c943f9e0ff69d22eadbb8f32b1258daaa5e2ca24d17e2393"
 
 

@@ -69,7 +69,7 @@ def _lint_dict(config: dict) -> ModelReport:
     ckpt = Checkpoint(source="config.json", root=None, config_doc=doc)
     spec = build_spec(config)
     ctx = LintContext(ckpt, spec, LintOptions(tensor_parallel_size=4))
-    for topic, fn in CHECKERS:
+    for topic, fn in CHECKERS.values():
         fn(ctx)  # no try/except here: any exception fails the property
     return ModelReport(model="config.json", findings=ctx.findings, model_type=spec.model_type, kv=kv_summary(spec))
 

@@ -43,7 +43,7 @@ def register(app: typer.Typer) -> None:
         if want_eval:  # transformers will load SRC: no checkpoint code (the plan refused it for a torch method)
             from pathlib import Path
 
-            from kvtool.io.preflight import refuse_auto_map
+            from kvtool.model.preflight import refuse_auto_map
 
             refuse_auto_map(Path(o.src))
         with kv_progress.session(o.progress):

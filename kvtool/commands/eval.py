@@ -18,8 +18,8 @@ def register(app: typer.Typer) -> None:
     @command(app, EvalOptions, help="Perplexity of MODEL and, against --baseline, PPL ratio, KL divergence and "
                                     "top-1 agreement on the same tokens; exit 1 when a gate fails.")
     def eval_cmd(o: EvalOptions) -> int:
+        from kvtool.datasets import read_texts
         from kvtool.eval.gate import parse_limits
-        from kvtool.eval.texts import read_texts
 
         if o.format not in FORMATS:
             raise UsageError(f"unknown format {o.format!r}; use text or json", option="format")
@@ -31,7 +31,7 @@ def register(app: typer.Typer) -> None:
                 raise UsageError("compares against a baseline; give --baseline", option=explicit[0])
             gates = {}  # the default PPL gate needs a baseline; without one, PPL alone
         texts, text_name = read_texts(o.text, o.dataset)
-        from kvtool.io.preflight import check_loadable
+        from kvtool.model.preflight import check_loadable
 
         check_loadable(o.model, o.baseline)  # refuse a bad folder before torch and transformers are imported
         require_torch("kvtool eval")

@@ -52,7 +52,7 @@ def register(app: typer.Typer) -> None:
             raise UsageError("--reserve and --gpu-memory-utilization need --gpu-memory", option="gpu_memory")
 
         if Path(o.model).is_dir():  # header sizes come from the weights: refuse any a reader would refuse
-            from kvtool.io.preflight import preflight
+            from kvtool.model.preflight import preflight
 
             ckpt = preflight(o.model, read_side_files=False, require_weights=False)
         else:

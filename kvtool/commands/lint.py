@@ -16,6 +16,7 @@ def register(app: typer.Typer) -> None:
     def lint(o: LintOptions) -> int:
         from kvtool.rules.config_file import find_pyproject, load_settings
         from kvtool.io.inputfile import not_regular
+        from kvtool.recipes.lint import lint_recipe
         from kvtool.rules.engine import lint_one
         from kvtool.output import FORMATS, render
         from kvtool.rules.registry import LintOptions as EngineOptions, Selection
@@ -25,7 +26,7 @@ def register(app: typer.Typer) -> None:
         why = not_regular(o.config) if o.config is not None else None
         if why:  # "not found", or what it is instead of a file (a folder, a FIFO)
             raise UsageError(why, file=str(o.config), option="config")
-        settings = load_settings(None if o.isolated else (o.config or find_pyproject()))
+        settings = load_settings(None if o.isolated else (o.config or find_pyproject()), formats=tuple(FORMATS))
         fmt = o.format or settings.format or "text"
         if fmt not in FORMATS:
             raise UsageError(f"unknown format {fmt!r}; choose from {', '.join(FORMATS)}", option="format")
@@ -37,11 +38,9 @@ def register(app: typer.Typer) -> None:
         _check_selectors([*chosen, *dropped, *(c for cs in settings.per_file_ignores.values() for c in cs)])
         is_strict = o.strict if o.strict is not None else bool(settings.strict)
         opts = EngineOptions(tensor_parallel_size=tp, selection=Selection(select=chosen, ignore=dropped),
-                             strict=is_strict, require_weights=o.require_weights)
-        reports = [lint_one(p, opts) for p in o.paths]
-        if settings.per_file_ignores:
-            for rep in reports:
-                _apply_per_file_ignores(rep, settings)
+                             strict=is_strict, require_weights=o.require_weights,
+                             per_file_ignores=settings.per_file_ignores)
+        reports = [lint_recipe(p, opts) if p.endswith((".yaml", ".yml")) else lint_one(p, opts) for p in o.paths]
         if fmt == "text":  # unusable inputs as one line each on stderr, like every other kvtool error
             from kvtool.output.text import error_line
 
@@ -66,14 +65,3 @@ def _check_selectors(selectors) -> None:
     from kvtool.rules.engine import check_selectors
 
     check_selectors(selectors, field="--select/--ignore")
-
-
-def _apply_per_file_ignores(rep, settings) -> None:
-    from kvtool.output.locations import display_path
-
-    kept = []
-    for f in rep.findings:
-        codes = settings.ignored_for(rep.model, display_path(f.file))
-        if not any(f.code.startswith(c) for c in codes):
-            kept.append(f)
-    rep.findings = kept

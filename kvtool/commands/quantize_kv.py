@@ -15,7 +15,7 @@ def register(app: typer.Typer) -> None:
     @command(app, QuantizeOptions, help="Calibrate FP8 KV-cache scales on text and write SRC + scales to DST "
                                         "(compressed-tensors kv_cache_scheme; vLLM loads it as is).")
     def quantize_kv(opts: QuantizeOptions) -> int:
-        from kvtool.io.preflight import check_loadable
+        from kvtool.model.preflight import check_loadable
 
         check_loadable(opts.src)  # refuse a bad folder before check_options imports torch
         require_torch("kvtool quantize-kv")  # before the imports below, which need it

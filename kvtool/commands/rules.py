@@ -32,7 +32,7 @@ def register(app: typer.Typer) -> None:
 
         load_all()
         c = resolve_code(code.upper())
-        r = RULES.get(c) or next((x for x in RULES.values() if x.name == code), None)
+        r = RULES.get(c, None) or next((x for x in RULES.values() if x.name == code), None)
         if r is None:
             raise UsageError(f"unknown rule {code!r}; `kvtool rules` lists them")
         typer.echo(f"{r.code} ({r.name}) [{r.severity.value}]\n\n{r.summary}\n\n{r.doc}")

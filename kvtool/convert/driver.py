@@ -20,7 +20,7 @@ from kvtool import __version__
 from kvtool import progress as kv_progress
 from kvtool.model.architectures import Architecture
 from kvtool.model.checkpoint import Checkpoint
-from kvtool.io.preflight import preflight
+from kvtool.model.preflight import preflight
 from kvtool.convert.config_edit import dump_config, kv_field_is_boolean, rewrite_config
 from kvtool.errors import InputError, UsageError
 from kvtool.io.writer import PlannedTensor
@@ -205,7 +205,8 @@ def check_options(o) -> tuple[int, object]:
     """What `kvtool convert` and a recipe's convert step check of a ConvertOptions (kvtool/options/convert.py)
     before opening the model: the shard size, and the merge method with its options (an option another
     method owns is refused by name). Returns (shard bytes, the method object)."""
-    from kvtool.convert.methods import get_method, method_options
+    from kvtool.convert.methods import get_method
+    from kvtool.options.convert import method_options
     from kvtool.units import parse_size
 
     try:
@@ -287,7 +288,7 @@ def plan(ckpt: Checkpoint, *, to: str, groups: int | None = None, method: str = 
     from kvtool.convert.methods import get_method
 
     if getattr(get_method(method), "array_api", "torch") == "torch" and ckpt.root is not None:
-        from kvtool.io.preflight import refuse_auto_map
+        from kvtool.model.preflight import refuse_auto_map
 
         refuse_auto_map(ckpt.root)  # the method runs the model with transformers: checkpoint code is refused
     p.source_hash = source_fingerprint(ckpt)

@@ -1,8 +1,8 @@
 """Merge-method registry: how K/V heads are merged (or expanded) during `kvtool convert`.
 
-One registration path: decorate a `MergeMethod` subclass with `@register_method("name")`;
-`get_method(name, options)` builds it. Built-in and plug-in modules (listed in `_METHOD_MODULES`)
-are imported on first lookup, so a module only has to exist to be found.
+One registration path (kvtool.registry): decorate a `MergeMethod` subclass with `@register_method("name")`
+in a module listed in `METHODS.modules`; `get_method(name, **options)` builds it. The listed modules are
+imported on first lookup (a missing one is an error).
 
 Lifecycle, called by the convert driver:
 1. `method.prepare(job)` once before streaming (the calibrated "aware" method runs its
@@ -14,12 +14,12 @@ Lifecycle, called by the convert driver:
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from kvtool.errors import UsageError
+from kvtool.registry import Registry
 
 if TYPE_CHECKING:
     from kvtool.model.architectures import Architecture
@@ -27,10 +27,10 @@ if TYPE_CHECKING:
     from kvtool.io.reader import CheckpointReader
     from kvtool.model.spec import ModelSpec
 
-# Modules that register methods; a missing one is skipped (plug-ins may not be installed).
-_METHOD_MODULES = ("kvtool.convert.pooling", "kvtool.convert.aware")
-_REGISTRY: dict[str, type["MergeMethod"]] = {}
-_loaded = False
+# `--method NAME` -> MergeMethod subclass; the modules below register the built-in ones.
+METHODS: Registry[type["MergeMethod"]] = Registry("merge method", option="method",
+                                                  modules=("kvtool.convert.pooling", "kvtool.convert.aware"),
+                                                  choices=lambda: sorted(METHODS))
 
 
 @dataclass
@@ -88,57 +88,17 @@ def register_method(name: str):
     def deco(cls: type[MergeMethod]) -> type[MergeMethod]:
         if not (isinstance(cls, type) and issubclass(cls, MergeMethod)):
             raise TypeError(f"@register_method({name!r}) must decorate a MergeMethod subclass")
-        if name in _REGISTRY and _REGISTRY[name] is not cls:
-            raise ValueError(f"merge method {name!r} is registered twice")
+        METHODS.add(name, cls)
         cls.name = name
-        _REGISTRY[name] = cls
         return cls
 
     return deco
 
 
-def _load_modules() -> None:
-    global _loaded
-    if _loaded:
-        return
-    for mod in _METHOD_MODULES:
-        try:
-            importlib.import_module(mod)
-        except ModuleNotFoundError as exc:
-            if exc.name != mod:
-                raise
-    _loaded = True
-
-
 def available_methods() -> list[str]:
-    _load_modules()
-    return sorted(_REGISTRY)
-
-
-def method_options(o) -> dict:
-    """The merge method's options from a ConvertOptions (kvtool/options/convert.py): its --method-opt
-    KEY=VALUE pairs and the aware method's own fields that are set (any other method refuses them by name)."""
-    import json
-
-    from kvtool.options.convert import AWARE_FIELDS
-
-    out: dict = {}
-    for item in o.method_opt:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise UsageError(f"expected KEY=VALUE, got {item!r}", option="method_opt")
-        try:
-            out[key.strip()] = json.loads(value)
-        except ValueError:
-            out[key.strip()] = value
-    out.update({k: getattr(o, k) for k in AWARE_FIELDS if getattr(o, k) is not None})
-    return out
+    return sorted(METHODS.names())
 
 
 def get_method(name: str, **options: Any) -> MergeMethod:
     """Instantiate a registered method; an unknown name is a usage error listing the choices."""
-    _load_modules()
-    cls = _REGISTRY.get(name)
-    if cls is None:
-        raise UsageError(f"unknown merge method {name!r}; choose from {', '.join(sorted(_REGISTRY))}", option="method")
-    return cls(**options)
+    return METHODS.get(name)(**options)

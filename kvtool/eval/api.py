@@ -272,7 +272,7 @@ class _ModelPool:
         return _Loaded(src or type(module).__name__, module, tok, folder, module.config.to_dict())
 
     def _load(self, spec: str) -> _Loaded:
-        from kvtool.io.preflight import preflight
+        from kvtool.model.preflight import preflight
         from kvtool.model.numbers import require_valid_numbers
         from kvtool.model.spec import build_spec
         from kvtool.runtime.torch_utils import load_model, load_tokenizer

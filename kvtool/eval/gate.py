@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from kvtool.errors import UsageError
+from kvtool.registry import Registry
 
 
 @dataclass(frozen=True)
@@ -24,13 +25,16 @@ class Gate:
         return "--" + self.option.replace("_", "-")
 
 
-GATES: dict[str, Gate] = {g.option: g for g in (
+GATES: Registry[Gate] = Registry("gate")
+for _gate in (
     Gate("max_ppl_increase", "ppl_increase", "lower", lambda s: s["ppl_ratio"] - 1.0, lambda x: f"{x * 100:+.2f}%",
          "ppl_ratio_se"),
     Gate("max_kld", "kld_mean", "lower", lambda s: s["kld_mean"], lambda x: f"{x:.5f}", "kld_se"),
     Gate("min_top1", "top1_agreement", "higher", lambda s: s["top1_agreement"], lambda x: f"{x:.4f}",
          "top1_se"),
-)}
+):
+    GATES.add(_gate.option, _gate)
+del _gate
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 One place decides which files are the weights and whether each may be opened: lint's reader
 (kvtool.model.checkpoint), the streaming reader (kvtool.io.reader), the KV-scale reader (kvtool.eval.fp8)
-and the pre-load gate (kvtool.io.preflight) all call `scan_weights`, so they agree on every verdict.
+and the pre-load gate (kvtool.model.preflight) all call `scan_weights`, so they agree on every verdict.
 
 - With model.safetensors.index.json: its weight_map must be a non-empty object of tensor -> plain
   file name; a name that is absolute, has `..` or a backslash, or resolves (through symlinks)

@@ -21,6 +21,8 @@ from functools import lru_cache
 from pathlib import Path
 
 from kvtool.errors import InputError
+from kvtool.model.layer_types import RESOLVERS
+from kvtool.registry import Registry
 
 
 def schemas_dir() -> Path:
@@ -50,12 +52,6 @@ FIELDS = (
 
 ATTENTION_KINDS = ("gqa", "mla")
 POSITIONS = ("rope", "alibi", "learned", "none")
-# Layer-type resolvers, tried in the order a table lists them (see kvtool/model/layer_types.py).
-LAYER_RESOLVERS = (
-    "layer_types", "sliding_window_pattern", "alternating", "max_window_layers", "max_window_layers_alternating",
-    "sliding_if_window", "hybrid_override_pattern", "chunked_no_rope", "no_rope_sliding", "full_attention_interval",
-    "all_full",
-)
 # Fused QKV row layouts (kvtool/convert/fused.py splits them): concat = [q | k | v] (phi3, mpt, dbrx);
 # falcon = per KV group [q x H/KV, k, v] (falcon, InternLM2 wqkv); bloom / neox = per head [q, k, v];
 # bigcode = concat with one KV head, per head otherwise.
@@ -178,7 +174,7 @@ def _validate(data: dict, file: str) -> Architecture:
     if not (isinstance(rw, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in rw.items())):
         _fail(file, "attention.rope_rewrites must map rope type names to rope type names")
     for r in attn.get("layer_types", []):
-        if r not in LAYER_RESOLVERS:
+        if r not in RESOLVERS:
             _fail(file, f"attention.layer_types: unknown resolver {r!r}")
     w = data["weights"]
     if set(w) - _WEIGHT_KEYS:
@@ -235,28 +231,45 @@ def _validate(data: dict, file: str) -> Architecture:
 
 
 @lru_cache(maxsize=None)
-def all_architectures() -> dict[str, Architecture]:
-    """model_type (and alias) -> table, loaded once."""
-    out: dict[str, Architecture] = {}
+def all_architectures() -> Registry[Architecture]:
+    """model_type (and alias) -> table: every schemas/architectures/*.json, loaded once."""
+    out: Registry[Architecture] = Registry("architecture")
     for path in sorted((schemas_dir() / "architectures").glob("*.json")):
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as exc:
-            raise InputError(f"invalid JSON at line {exc.lineno}: {exc.msg}", file=str(path)) from None
-        arch = _validate(data, path.name)
-        if path.stem != arch.model_type:
-            _fail(path.name, f"file name must equal model_type {arch.model_type!r}")
-        for key in (arch.model_type, *arch.aliases):
-            if key in out:
-                _fail(path.name, f"model_type {key!r} is defined twice")
-            out[key] = arch
+        _add(out, path)
     if "generic" not in out:
         raise InputError("schemas/architectures/generic.json is missing")
     for arch in {id(a): a for a in out.values()}.values():
-        alt = arch.convert.get("alternative")
-        if alt is not None and alt not in out:
-            _fail(arch.source_file, f"convert.alternative {alt!r} is not a known model_type")
+        _check_alternative(arch, out)
     return out
+
+
+def add_table(path: str | Path) -> Architecture:
+    """Make one more table known (a table kept outside schemas/architectures/: a plug-in, a test)."""
+    tables = all_architectures()
+    arch = _add(tables, Path(path))
+    _check_alternative(arch, tables)
+    return arch
+
+
+def _add(tables: Registry[Architecture], path: Path) -> Architecture:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise InputError(f"invalid JSON at line {exc.lineno}: {exc.msg}", file=str(path)) from None
+    arch = _validate(data, path.name)
+    if path.stem != arch.model_type:
+        _fail(path.name, f"file name must equal model_type {arch.model_type!r}")
+    for key in (arch.model_type, *arch.aliases):
+        if key in tables:
+            _fail(path.name, f"model_type {key!r} is defined twice")
+        tables.add(key, arch)
+    return arch
+
+
+def _check_alternative(arch: Architecture, tables) -> None:
+    alt = arch.convert.get("alternative")
+    if alt is not None and alt not in tables:
+        _fail(arch.source_file, f"convert.alternative {alt!r} is not a known model_type")
 
 
 def lookup(model_type: str | None) -> Architecture:

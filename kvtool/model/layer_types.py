@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Callable
 
+from kvtool.registry import Registry
+
 # Values transformers accepts in `layer_types` (configuration_utils.ALLOWED_LAYER_TYPES, v5) plus the
 # legacy spellings it remaps on load.
 KNOWN_LAYER_TYPES = (
@@ -163,19 +165,23 @@ def _all_full(spec, n):
     return ["full_attention"] * n
 
 
-RESOLVERS: dict[str, Callable] = {
-    "layer_types": _layer_types,
-    "sliding_window_pattern": _sliding_window_pattern,
-    "alternating": _alternating,
-    "max_window_layers": _max_window_layers,
-    "max_window_layers_alternating": _max_window_layers_alternating,
-    "sliding_if_window": _sliding_if_window,
-    "hybrid_override_pattern": _hybrid_override_pattern,
-    "chunked_no_rope": _chunked_no_rope,
-    "no_rope_sliding": _no_rope_sliding,
-    "full_attention_interval": _full_attention_interval,
-    "all_full": _all_full,
-}
+# attention.layer_types in a table names these, tried in the table's order ("all_full" last).
+RESOLVERS: Registry[Callable] = Registry("layer-type resolver")
+for _name, _fn in (
+    ("layer_types", _layer_types),
+    ("sliding_window_pattern", _sliding_window_pattern),
+    ("alternating", _alternating),
+    ("max_window_layers", _max_window_layers),
+    ("max_window_layers_alternating", _max_window_layers_alternating),
+    ("sliding_if_window", _sliding_if_window),
+    ("hybrid_override_pattern", _hybrid_override_pattern),
+    ("chunked_no_rope", _chunked_no_rope),
+    ("no_rope_sliding", _no_rope_sliding),
+    ("full_attention_interval", _full_attention_interval),
+    ("all_full", _all_full),
+):
+    RESOLVERS.add(_name, _fn)
+del _name, _fn
 
 
 def resolve_layer_types(spec) -> list[str]:

@@ -15,9 +15,9 @@ AWARE_FIELDS = ("calib_text", "calib_dataset", "calib_tokens", "refine_steps", "
 
 def merge_methods() -> list[str]:
     """The registered merge methods (kvtool/convert/methods.py and its plug-in modules)."""
-    from kvtool.convert.methods import available_methods
+    from kvtool.convert.methods import METHODS
 
-    return available_methods()
+    return METHODS.names()
 
 
 @operation("convert")
@@ -54,3 +54,23 @@ class ConvertOptions:
                                  help="--method aware: tokens per calibration sequence (256; 1024 with --refine-steps).")
     grouping: str | None = option(None, choices=GROUPINGS,
                                   help="--method aware: contiguous | similarity (which KV heads share a group).")
+
+
+def method_options(o) -> dict:
+    """The merge method's options from a ConvertOptions (kvtool/options/convert.py): its --method-opt
+    KEY=VALUE pairs and the aware method's own fields that are set (any other method refuses them by name)."""
+    import json
+
+    from kvtool.errors import UsageError
+
+    out: dict = {}
+    for item in o.method_opt:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise UsageError(f"expected KEY=VALUE, got {item!r}", option="method_opt")
+        try:
+            out[key.strip()] = json.loads(value)
+        except ValueError:
+            out[key.strip()] = value
+    out.update({k: getattr(o, k) for k in AWARE_FIELDS if getattr(o, k) is not None})
+    return out

@@ -6,7 +6,7 @@ escaped as the runner expects (% CR LF in messages, plus : and , in properties).
 
 from __future__ import annotations
 
-from kvtool.output.locations import display_path
+from kvtool.io.locations import display_path
 
 COMMANDS = {"error": "error", "warning": "warning", "info": "notice"}
 

@@ -1,8 +1,8 @@
 """Observers: what turns the K or V tensors one layer wrote into its cache into an FP8 scale.
 
-One registration path (`@register(name)`), looked up with `make_observer("name[:arg]", ...)`, as
-llm-compressor registers its observers. Each observer sees every calibration batch of one layer
-and one role (K or V), shaped [batch, kv_heads, seq, head_dim], and returns a float32 scale of
+One registration path (`@register(name)` adds to `OBSERVERS`, a kvtool.registry.Registry), looked up with
+`make_observer("name[:arg]", ...)`, as llm-compressor registers its observers. Each observer sees every
+calibration batch of one layer and one role (K or V), shaped [batch, kv_heads, seq, head_dim], and returns a float32 scale of
 shape [1] (strategy "tensor") or [kv_heads] (strategy "attn_head").
 
 - `absmax[:H]`: running maximum of |x| over all batches (not the last batch, not an average);
@@ -47,6 +47,7 @@ import torch
 
 from kvtool.errors import UsageError
 from kvtool.quantize.formats import Fp8Format, roundtrip
+from kvtool.registry import Registry
 
 DEFAULT_OBSERVER = "absmax-pow2:2"
 
@@ -115,7 +116,8 @@ class ObserverEntry:
     help: str
 
 
-OBSERVERS: dict[str, ObserverEntry] = {}
+# --observer NAME[:ARG] -> ObserverEntry; the observers below register themselves.
+OBSERVERS: Registry[ObserverEntry] = Registry("observer", option="observer", choices=lambda: usage())
 
 
 def register(name: str, *, arg: str | None = None, default: float | None = None,
@@ -123,10 +125,8 @@ def register(name: str, *, arg: str | None = None, default: float | None = None,
     """Class decorator: make an observer available as --observer NAME[:ARG]."""
 
     def deco(cls):
-        if name in OBSERVERS:
-            raise ValueError(f"observer {name!r} registered twice")
+        OBSERVERS.add(name, ObserverEntry(name, cls, arg, default, check, help))
         cls.name = name
-        OBSERVERS[name] = ObserverEntry(name, cls, arg, default, check, help)
         return cls
 
     return deco
@@ -135,9 +135,9 @@ def register(name: str, *, arg: str | None = None, default: float | None = None,
 def parse_spec(spec: str) -> tuple[ObserverEntry, float | None]:
     """'percentile:99.9' -> (entry, 99.9); a one-line UsageError for anything else."""
     name, _, raw = (spec or "").strip().partition(":")
-    entry = OBSERVERS.get(name)
+    entry = OBSERVERS.get(name, None)
     if entry is None:
-        raise UsageError(f"unknown observer {spec!r}; choose from {', '.join(usage())}", option="observer")
+        raise UsageError(OBSERVERS.unknown_message(spec), option="observer")
     if not raw:
         if entry.arg is not None and entry.default_arg is None:
             raise UsageError(f"observer {name!r} needs a value: {name}:{entry.arg}", option="observer")

@@ -26,7 +26,7 @@ class QuantizeResult:
 
 
 def read_texts(files: list[str], option: str) -> list[str]:
-    from kvtool.eval.texts import read_text_file
+    from kvtool.datasets import read_text_file
 
     out = [read_text_file(f, option) for f in files]
     if not any(t.strip() for t in out):
@@ -135,7 +135,7 @@ class QuantizePlan:
 
 def plan(src: str, dst: str, opts: QuantizeOptions) -> QuantizePlan:
     """All checks that need no model (the options, the checkpoint, DST). Raises exit-2 errors."""
-    from kvtool.io.preflight import preflight
+    from kvtool.model.preflight import preflight
     from kvtool.io.staging import check_destination
     from kvtool.quantize.config import with_kv_cache_scheme
     from kvtool.quantize.observers import parse_spec

@@ -22,7 +22,7 @@ from typing import Callable
 
 from kvtool import __version__
 from kvtool.errors import GateFailed, InputError, KvtoolError, UsageError
-from kvtool.io.preflight import preflight
+from kvtool.model.preflight import preflight
 from kvtool.model.numbers import require_valid_numbers
 from kvtool.recipes.load import Recipe, Step, load_recipe
 from kvtool.recipes.plan import plan_recipe
@@ -78,7 +78,7 @@ def run_convert_step(ctx: RunContext, step: Step) -> StepResult:
     if o.method == "aware":  # the recipe's text: its files (one file: joined), or a built-in dataset
         files = _texts(ctx, step.options.get("calibration") or {}, "calibration")
         if len(files) > 1:  # the aware method reads one file: join them
-            from kvtool.eval.texts import read_text_file
+            from kvtool.datasets import read_text_file
 
             joined = ctx.work / "text" / f"step{step.index}-calib.txt"
             joined.parent.mkdir(parents=True, exist_ok=True)
@@ -93,13 +93,16 @@ def run_convert_step(ctx: RunContext, step: Step) -> StepResult:
 
 
 def run_lint_step(ctx: RunContext, step: Step) -> StepResult:
+    from kvtool.rules.config_file import find_pyproject, load_settings
     from kvtool.rules.engine import lint_one
     from kvtool.rules.registry import LintOptions, Selection
 
     o = step.options
+    # [tool.kvtool.per-file-ignores] as `kvtool lint` reads it (nearest pyproject.toml), on the recipe's input model
+    ignores = load_settings(find_pyproject()).per_file_ignores
     opts = LintOptions(selection=Selection(select=tuple(o.get("select") or ("KV",)), ignore=tuple(o.get("ignore") or ())),
-                       strict=bool(o.get("strict")))
-    rep = lint_one(str(ctx.current), opts)
+                       strict=bool(o.get("strict")), per_file_ignores=ignores)
+    rep = lint_one(str(ctx.current), opts, names=(str(ctx.src),))
     failing = rep.failing(opts.strict) if not rep.error else []
     details = {"error": rep.error, "findings": [f.as_dict() for f in rep.findings],
                "counts": {s: sum(1 for f in rep.findings if f.severity == s) for s in ("error", "warning", "info")}}
@@ -140,7 +143,7 @@ def run_quantize_kv_step(ctx: RunContext, step: Step) -> StepResult:
 
 def run_eval_step(ctx: RunContext, step: Step) -> StepResult:
     from kvtool.eval.api import evaluate
-    from kvtool.eval.texts import read_texts
+    from kvtool.datasets import read_texts
     from kvtool.options.eval import EvalOptions
     from kvtool.options.fields import from_recipe
     from kvtool.recipes.plan import eval_limits

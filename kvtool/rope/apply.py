@@ -41,13 +41,20 @@ TYPE_OPTIONS = {
     "low_freq_factor": ("llama3",), "high_freq_factor": ("llama3",),
     "short_factor": ("longrope",), "long_factor": ("longrope",),
 }
+# Why max_position_embeddings gets its new value: by the type's `context` (RopeKind), worded per type where
+# there is more to say.
 MAX_POSITION_RULE = {
     "yarn": "original x factor (vLLM 0.33 serves max_position_embeddings as written for yarn)",
-    "llama3": "original x factor (vLLM serves max_position_embeddings as written for llama3)",
-    "longrope": "original x factor (vLLM serves max_position_embeddings as written for longrope)",
-    "linear": "kept at the original length (vLLM multiplies it by factor itself)",
     "dynamic": "kept at the original length (vLLM multiplies it by factor; dynamic NTK starts past it)",
 }
+
+
+def max_position_rule(kind: rt.RopeKind) -> str:
+    if kind.name in MAX_POSITION_RULE:
+        return MAX_POSITION_RULE[kind.name]
+    if kind.context == "as_is":
+        return f"original x factor (vLLM serves max_position_embeddings as written for {kind.name})"
+    return "kept at the original length (vLLM multiplies it by factor itself)"
 
 
 @dataclass
@@ -175,7 +182,7 @@ def plan_rope(spec: ModelSpec, opts: RopeOptions, *, source: str = "config.json"
     notes = _write(spec, inner, req, kind.name, new, theta, rope_key, old_raw, nested)
     mpe_key = unprefixed(spec, "max_position", "max_position_embeddings")
     inner[mpe_key] = new_max
-    notes.append(f"{mpe_key}: {spec.max_position} -> {new_max}: {MAX_POSITION_RULE[kind.name]}")
+    notes.append(f"{mpe_key}: {spec.max_position} -> {new_max}: {max_position_rule(kind)}")
     if isinstance(spec.max_position, int) and new_max < spec.max_position:
         notes.append(f"note: the context shrinks ({spec.max_position} -> {new_max}); factors are relative to the "
                      f"original length {original}")
@@ -241,7 +248,7 @@ def _new_params(name: str, old: dict, req: _Request, factor: float, original: in
                 new[k] = v
     new["factor"] = factor
     opts = {k: v for k, v in req.options.items() if v is not None}
-    if name in ("yarn", "llama3", "longrope"):
+    if "original_max_position_embeddings" in rt.KINDS[name].required:
         new["original_max_position_embeddings"] = original
     if name == "llama3":
         for k, dflt in LLAMA3_DEFAULTS.items():
@@ -337,7 +344,7 @@ def lint_findings(config: dict, display: str) -> list:
     load_all()
     doc = JsonDocument(path=Path(display), data=config, text=json.dumps(config, indent=2))
     ctx = LintContext(Checkpoint(source=display, root=None, config_doc=doc), build_spec(config), LintOptions())
-    for topic, fn in CHECKERS:
+    for topic, fn in CHECKERS.values():
         try:
             fn(ctx)
         except Exception as exc:  # noqa: BLE001 - reported like lint does

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Callable
 
 from kvtool.model.checkpoint import open_checkpoint
-from kvtool.io.preflight import preflight
+from kvtool.model.preflight import preflight
 from kvtool.errors import EXIT_OK, InputError, UsageError
 from kvtool.io.jsonfile import atomic_write_text, dump_json_like
 from kvtool.model.numbers import require_valid_numbers

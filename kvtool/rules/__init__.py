@@ -1,20 +1,12 @@
-"""Lint rules. Every module in this package except the plumbing ones is a topic of rules."""
+"""Lint rules: `registry.py` holds the codes and checkers, one module per topic defines them (listed in
+registry.TOPICS), `engine.py` runs them."""
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
-
-_PLUMBING = {"registry", "context"}
-_loaded = False
-
 
 def load_all() -> None:
-    """Import every topic module once so their rules and checkers register."""
-    global _loaded
-    if _loaded:
-        return
-    for mod in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
-        if mod.name not in _PLUMBING:
-            importlib.import_module(f"{__name__}.{mod.name}")
-    _loaded = True
+    """Import every topic module (registry.TOPICS) once, so their rules and checkers are registered."""
+    from kvtool.rules.registry import CHECKERS, RULES
+
+    RULES.load()
+    CHECKERS.load()

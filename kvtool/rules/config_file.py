@@ -38,11 +38,16 @@ class LintSettings:
 
     def ignored_for(self, *paths: str | None) -> tuple[str, ...]:
         """Codes / prefixes per-file-ignores switch off for a model path or a finding's file."""
-        out: list[str] = []
-        for pattern, codes in self.per_file_ignores.items():
-            if any(p and _matches(p, pattern) for p in paths):
-                out += codes
-        return tuple(out)
+        return ignored_codes(self.per_file_ignores, *paths)
+
+
+def ignored_codes(per_file_ignores: dict[str, tuple[str, ...]], *paths: str | None) -> tuple[str, ...]:
+    """Codes / prefixes a per-file-ignores table switches off for any of `paths` (a model path, a finding's file)."""
+    out: list[str] = []
+    for pattern, codes in per_file_ignores.items():
+        if any(p and _matches(p, pattern) for p in paths):
+            out += codes
+    return tuple(out)
 
 
 def _matches(path: str, pattern: str) -> bool:
@@ -84,8 +89,9 @@ def _codes(value, path: Path, key: str) -> tuple[str, ...]:
     return tuple(v.strip().upper() for v in value)
 
 
-def load_settings(path: Path | None) -> LintSettings:
-    """Settings from a pyproject.toml (an empty LintSettings when it has no [tool.kvtool])."""
+def load_settings(path: Path | None, *, formats: tuple[str, ...] | None = None) -> LintSettings:
+    """Settings from a pyproject.toml (an empty LintSettings when it has no [tool.kvtool]). `formats`: the output
+    formats `format` must be one of (given by the caller that renders, so the engine imports no renderer)."""
     if path is None:
         return LintSettings()
     table = _load_toml(path).get("tool", {}).get("kvtool")
@@ -113,10 +119,8 @@ def load_settings(path: Path | None) -> LintSettings:
             raise UsageError("must be a positive integer", file=str(path), field="tool.kvtool.tensor-parallel-size")
         s.tensor_parallel_size = tp
     if "format" in norm:
-        from kvtool.output import FORMATS
-
-        if norm["format"] not in FORMATS:
-            raise UsageError(f"must be one of {', '.join(FORMATS)}", file=str(path), field="tool.kvtool.format")
+        if formats is not None and norm["format"] not in formats:
+            raise UsageError(f"must be one of {', '.join(formats)}", file=str(path), field="tool.kvtool.format")
         s.format = norm["format"]
     if "per-file-ignores" in norm:
         pfi = norm["per-file-ignores"]

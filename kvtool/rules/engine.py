@@ -45,14 +45,32 @@ def check_selectors(selectors, *, field: str | None = None, option: str | None =
             raise UsageError(f"{sel!r} matches no rule code (`kvtool rules` lists them)", field=field, option=option)
 
 
-def lint_one(source: str, options: LintOptions) -> ModelReport:
-    load_all()
-    if source.endswith((".yaml", ".yml")):
-        from kvtool.rules.recipe import lint_recipe_file
+def lint_one(source: str, options: LintOptions, *, names: tuple[str, ...] = ()) -> ModelReport:
+    """Lint one model (folder, config.json, hub id). Per-file ignores match `source`, any of `names` (what the
+    caller calls the model: a recipe's lint step names the recipe's input model) and each finding's file.
+    Recipe files: kvtool.recipes.lint.lint_recipe (the recipe loader sits above the engine)."""
+    return select(_lint(source, options), options, source, *names)
 
-        report = lint_recipe_file(source)
-        report.findings = [f for f in report.findings if options.selection.allows(f.code)]
-        return report
+
+def select(report: ModelReport, options: LintOptions, *names: str) -> ModelReport:
+    """Keep the findings options.selection allows and per-file ignores for `names` (or the finding's file) keep."""
+    def kept(f: Finding) -> bool:
+        if not options.selection.allows(f.code):
+            return False
+        if not options.per_file_ignores:
+            return True
+        from kvtool.io.locations import display_path
+        from kvtool.rules.config_file import ignored_codes
+
+        codes = ignored_codes(options.per_file_ignores, *names, *map(display_path, names), display_path(f.file))
+        return not any(f.code.startswith(c) for c in codes)
+
+    report.findings = [f for f in report.findings if kept(f)]
+    return report
+
+
+def _lint(source: str, options: LintOptions) -> ModelReport:
+    load_all()
     try:
         ckpt = open_checkpoint(source)
     except InputError as exc:
@@ -64,7 +82,7 @@ def lint_one(source: str, options: LintOptions) -> ModelReport:
         outer = ckpt.config.get("model_type") if spec.wrapper_key else None
         spec.arch = fit_weight_names(spec.arch, ckpt.tensors, outer if isinstance(outer, str) else None)
     ctx = LintContext(ckpt, spec, options)
-    for topic, fn in CHECKERS:
+    for topic, fn in CHECKERS.values():
         try:
             fn(ctx)
         except Exception as exc:  # a checker bug must not hide the other findings

@@ -1,8 +1,8 @@
-"""Recipe files (KV96x): `kvtool lint recipe.yaml` validates a recipe without running it."""
+"""Recipe files (KV96x): `kvtool lint recipe.yaml` validates a recipe without running it (the check itself is
+kvtool/recipes/lint.py: it needs the recipe loader, which sits above the lint engine)."""
 
 from __future__ import annotations
 
-from kvtool.io.inputfile import not_regular
 from kvtool.rules.registry import define
 
 define("KV961", "recipe-invalid", "error", "Recipe file does not match the recipe schema",
@@ -25,34 +25,3 @@ define("KV962", "recipe-missing-file", "error", "A text file named by a recipe d
        Example: calibration: {text: data/calib.txt} with no recipes/data/calib.txt
        Fix: commit the file next to the recipe or correct the relative path.
        """, hint="paths are relative to the recipe file", topic="recipe")
-
-
-def lint_recipe_file(path: str):
-    """Findings for a recipe file (a ModelReport with the recipe as the model)."""
-    from kvtool.errors import InputError
-    from kvtool.recipes.load import RecipeError, load_recipe
-    from kvtool.rules.engine import ModelReport
-    from kvtool.rules.registry import RULES, Finding
-
-    def finding(code, message, field, line):
-        r = RULES[code]
-        return Finding(code, r.name, r.severity.value, message, field, path, r.hint, line)
-
-    report = ModelReport(model=path, model_type="recipe")
-    try:
-        recipe = load_recipe(path)
-    except RecipeError as exc:  # the recipe's content: a finding at its line
-        report.findings.append(finding("KV961", exc.detail, exc.field, exc.lineno))
-        return report
-    except InputError as exc:  # the file itself (missing, unreadable, not UTF-8): nothing to lint
-        report.error = exc.line()
-        return report
-    for step in recipe.steps:
-        for sec in (step.options, step.options.get("calibration")):
-            for t, resolved in recipe.text_files(sec):
-                why = not_regular(resolved)
-                if why:
-                    report.findings.append(finding(
-                        "KV962", f"step {step.index} ({step.kind}): text file {t!r} {why} (resolved to {resolved})",
-                        f"steps[{step.index - 1}].{step.kind}", step.line))
-    return report

@@ -3,6 +3,8 @@
 Topic modules declare their rules with `define(...)` (stable code, kebab-case name, severity, doc
 with What it does / Why it matters / Example / Fix) and their checkers with `@checker`. A checker
 receives a LintContext and reports findings by code; reporting an undefined code is a bug.
+`RULES` and `CHECKERS` are kvtool.registry.Registry objects filled by the modules in `TOPICS`
+(imported by name on first lookup): a new topic module is one line there.
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Callable
+
+from kvtool.registry import Registry
 
 SEVERITY_ORDER = {"info": 0, "warning": 1, "error": 2}
 
@@ -49,26 +53,28 @@ class Finding:
         }
 
 
-RULES: dict[str, Rule] = {}
-CHECKERS: list[tuple[str, Callable]] = []  # (topic, function)
+# The modules that define rules and checkers, in checker order (a topic module is listed here, once).
+TOPICS = tuple(f"kvtool.rules.{m}" for m in (
+    "dtype", "heads", "internal", "mla_moe", "numbers", "positions", "quantization", "recipe", "rope", "schema",
+    "security", "sliding", "vocab", "weights"))
+RULES: Registry[Rule] = Registry("rule", modules=TOPICS, unknown="unknown {kind} {name!r}; `kvtool rules` lists them")
+CHECKERS: Registry[tuple[str, Callable]] = Registry("checker", modules=TOPICS)  # "topic.function" -> (topic, function)
 # Renamed or merged codes keep working: old -> new (ruff's redirect table).
 REDIRECTS: dict[str, str] = {}
 
 
 def define(code: str, name: str, severity: Severity | str, summary: str, doc: str, *, hint: str = "",
            topic: str = "") -> Rule:
-    if code in RULES:
+    if code in RULES.registered():
         raise ValueError(f"rule code {code} defined twice")
-    if any(r.name == name for r in RULES.values()):
+    if any(r.name == name for r in RULES.registered().values()):
         raise ValueError(f"rule name {name} defined twice")
-    rule = Rule(code, name, Severity(severity), summary, _dedent(doc), hint, topic)
-    RULES[code] = rule
-    return rule
+    return RULES.add(code, Rule(code, name, Severity(severity), summary, _dedent(doc), hint, topic))
 
 
 def checker(topic: str) -> Callable[[Callable], Callable]:
     def deco(fn: Callable) -> Callable:
-        CHECKERS.append((topic, fn))
+        CHECKERS.add(f"{topic}.{fn.__name__}", (topic, fn))
         return fn
     return deco
 
@@ -105,3 +111,5 @@ class LintOptions:
     selection: Selection = field(default_factory=Selection)
     strict: bool = False
     require_weights: bool = False  # KV613 (weights not pulled, LFS pointers) becomes an error
+    # [tool.kvtool.per-file-ignores]: glob on the model path or a finding's file -> codes / prefixes switched off
+    per_file_ignores: dict[str, tuple[str, ...]] = field(default_factory=dict)

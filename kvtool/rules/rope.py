@@ -327,7 +327,7 @@ def _check_architecture(ctx, spec, kind, raw, base, at) -> None:
     accepted = spec.arch.attention.get("rope_types")
     rewrites = spec.arch.attention.get("rope_rewrites", {})
     written = raw.get("rope_type", raw.get("type"))
-    target = rt.KINDS.get(rewrites.get(written, ""))
+    target = rt.KINDS.get(rewrites.get(written, ""), None)
     if target is not None and target is not kind and target.missing(raw):
         ctx.report("KV217", f"{base}: {spec.model_type}'s config class rewrites rope type {written!r} to "
                    f"{target.name!r}, which requires {', '.join(target.missing(raw))}", path=at("rope_type"))

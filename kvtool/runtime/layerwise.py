@@ -76,7 +76,7 @@ def _skeleton(src: Path, dtype: torch.dtype, attn: str | None):
     from accelerate import init_empty_weights
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from kvtool.io.preflight import check_loadable
+    from kvtool.model.preflight import check_loadable
     from kvtool.runtime.torch_utils import kv_cache_only_quantization, load_error
 
     check_loadable(src)
@@ -334,7 +334,7 @@ def _whole(src: Path, device, dtype, attn: str | None, layers_path: str | None, 
     that lacks tensors the model needs is refused rather than silently filled with random weights."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from kvtool.io.preflight import check_loadable
+    from kvtool.model.preflight import check_loadable
     from kvtool.runtime.torch_utils import kv_cache_only_quantization, load_error, quiet_transformers
 
     check_loadable(src)

@@ -45,7 +45,7 @@ def load_model(path: str | Path, *, device: torch.device, dtype: torch.dtype, at
     kwargs = {"dtype": dtype, "attn_implementation": attn, "trust_remote_code": False}
     if device_map:
         kwargs["device_map"] = device_map
-    from kvtool.io.preflight import check_loadable
+    from kvtool.model.preflight import check_loadable
 
     check_loadable(path)
     try:
@@ -87,7 +87,7 @@ def kv_cache_only_quantization(qc) -> bool:
 def load_tokenizer(path: str | Path):
     from transformers import AutoTokenizer
 
-    from kvtool.io.preflight import check_loadable
+    from kvtool.model.preflight import check_loadable
 
     check_loadable(path)
     try:
@@ -100,7 +100,7 @@ def load_error(exc: Exception, path: str | Path, what: str) -> InputError:
     """One line for a transformers loading failure; remote code is named by its auto_map entry."""
     text = str(exc).strip()
     if "trust_remote_code" in text or "custom code" in text:  # transformers refused (trust_remote_code=False)
-        from kvtool.io.preflight import refuse_auto_map
+        from kvtool.model.preflight import refuse_auto_map
 
         try:
             refuse_auto_map(Path(path))

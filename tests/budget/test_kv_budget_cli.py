@@ -127,6 +127,7 @@ def test_missing_model_and_missing_length(tmp_path, capsys):
 
 
 def test_input_is_never_modified(tiny, tmp_path, capsys):
+    pytest.importorskip("matplotlib")  # --plot: the `plot` extra, like the plot tests below
     before = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in tiny.iterdir()}
     rc, _, _ = run(capsys, str(tiny), "--gpu", "T4", "--plot", str(tmp_path / "p.png"))
     assert rc == 0

@@ -387,7 +387,7 @@ def test_torch_methods_get_torch_tensors_and_give_the_same_result(tmp_path):
         assert run(src, tmp_path / "a", "--to", "gqa", "--groups", "2", "--method", "torch-mean-for-test", "--dtype", "bf16") == 0
         assert run(src, tmp_path / "b", "--to", "gqa", "--groups", "2", "--dtype", "bf16") == 0
     finally:
-        methods._REGISTRY.pop("torch-mean-for-test", None)
+        methods.METHODS.remove("torch-mean-for-test")
     assert seen and set(seen) == {"torch"}
     a, b = load(tmp_path / "a"), load(tmp_path / "b")
     assert all(a[n].dtype == torch.bfloat16 and torch.equal(a[n], b[n]) for n in a)

@@ -121,12 +121,12 @@ LOADER_CASES = [("config", "load_model", True), ("config", "layerwise_skeleton",
 def test_loaders_refuse_remote_code_with_yes_on_stdin(evil, tmp_path, monkeypatch, which, loader, named):
     from kvtool.errors import InputError
 
-    from kvtool.io import preflight
+    from kvtool.model import preflight
 
     trap = tmp_path / "trap"
     monkeypatch.setenv(TRAP_ENV, str(trap))
     monkeypatch.setattr(sys, "stdin", io.StringIO("y\n" * 100))  # what `yes y |` would answer
-    # this layer alone: without the pre-load gate (kvtool.io.preflight), transformers itself must refuse
+    # this layer alone: without the pre-load gate (kvtool.model.preflight), transformers itself must refuse
     monkeypatch.setattr(preflight, "check_loadable", lambda *paths: None)
     with pytest.raises(InputError) as ei:
         _loaders()[loader](evil[which])

@@ -173,6 +173,7 @@ def test_kv_budget_names_the_config_when_a_wrapper_hides_the_layer_count(tmp_pat
     check_refusal(["kv-budget", m, "--gpu", "L4"], sources=[m], names=[str(m / "config.json"), "num_hidden_layers"])
 
 
+@pytest.mark.torch  # CheckpointReader hands out torch tensors (imported when a tensor is read)
 def test_reader_names_file_and_tensor_for_a_dtype_torch_cannot_hold(model) -> None:
     """A C64 tensor is valid safetensors; reading it as torch fails with the file and tensor named."""
     import struct

@@ -39,14 +39,14 @@ def test_rope_choices_are_what_the_rope_planner_accepts():
 
 def test_registry_choices_are_filled_in_when_a_recipe_is_loaded():
     """RoPE types and merge methods come from their registries: a new one needs no schema edit."""
-    from kvtool.convert.methods import available_methods
+    from kvtool.convert.methods import METHODS
     from kvtool.options.schema import fill_choices
 
     committed = json.loads(schema_path().read_text(encoding="utf-8"))
     assert "enum" not in committed["$defs"]["rope"]["properties"]["type"]
     filled = fill_choices(committed)
     assert filled["$defs"]["rope"]["properties"]["type"] == {"enum": rt.applicable_types()}
-    assert filled["$defs"]["convert"]["properties"]["method"] == {"enum": available_methods()}
+    assert filled["$defs"]["convert"]["properties"]["method"] == {"enum": METHODS.names()}
 
 
 def test_a_recipe_naming_an_unregistered_method_is_refused(tmp_path):
@@ -62,7 +62,7 @@ def test_a_recipe_naming_an_unregistered_method_is_refused(tmp_path):
 
 def test_a_recipe_error_names_the_steps_key(tmp_path, tiny_llama_config):
     from kvtest import write_config
-    from kvtool.io.preflight import preflight
+    from kvtool.model.preflight import preflight
     from kvtool.recipes.load import load_recipe
     from kvtool.recipes.plan import plan_recipe
 

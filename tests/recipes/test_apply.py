@@ -82,3 +82,18 @@ def test_failing_lint_gate_exits_1_and_leaves_no_dst(tmp_path, tiny_model, tiny_
     failed = json.loads((tmp_path / "out.kvtool-failed.json").read_text())
     assert failed["passed"] is False
     assert any(f["code"] == "KV102" for f in failed["steps"][0]["details"]["findings"])
+
+
+def test_lint_step_applies_per_file_ignores_like_kvtool_lint(tmp_path, tiny_model, tiny_llama_config, capsys,
+                                                              monkeypatch):
+    """[tool.kvtool.per-file-ignores] live in the lint engine, so a recipe's lint step honours them too."""
+    write_config(tiny_model, {**tiny_llama_config, "rope_scaling": {"rope_type": "gptj"}})  # KV201: an error
+    monkeypatch.chdir(tmp_path)  # the nearest pyproject.toml is the one written below (or none)
+    r = _recipe(tmp_path, "  - lint: {strict: true}\n")
+    assert main(["apply", str(r), "src", "out1"]) == 1
+    assert main(["lint", "src"]) == 1
+    (tmp_path / "pyproject.toml").write_text("[tool.kvtool.per-file-ignores]\n\"src\" = [\"KV201\"]\n")
+    assert main(["lint", "src"]) == 0
+    assert main(["apply", str(r), "src", "out2"]) == 0
+    report = json.loads((tmp_path / "out2" / "kvtool-report.json").read_text())
+    assert not any(f["code"] == "KV201" for f in report["steps"][0]["details"]["findings"])

@@ -25,7 +25,7 @@ from kvtest import DATA, write_checkpoint
 from kvtool.cli import main
 from kvtool.errors import KvtoolError
 from kvtool.io.jsonfile import dump_json_like
-from kvtool.io.preflight import preflight
+from kvtool.model.preflight import preflight
 from kvtool.recipes.apply import apply_recipe
 from kvtool.recipes.load import load_recipe
 from kvtool.recipes.plan import StepRefused, plan_steps

@@ -64,3 +64,24 @@ def test_invalid_yaml_is_a_finding_at_its_line_and_a_missing_file_an_error(tmp_p
     assert (f["code"], f["line"]) == ("KV961", 3) and f["message"].startswith("invalid YAML: ")
     code, model = _lint_json(tmp_path / "missing.yaml", capsys)
     assert code == 2 and model["error"].endswith("missing.yaml: no such file") and model["findings"] == []
+
+
+def test_per_file_ignores_apply_to_recipe_files(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "r.yaml").write_text("version: 1\nsteps:\n  - convert:\n      to: gqa\n      metod: aware\n")
+    assert main(["lint", "r.yaml"]) == 1
+    (tmp_path / "pyproject.toml").write_text('[tool.kvtool.per-file-ignores]\n"r.yaml" = ["KV961"]\n')
+    assert main(["lint", "r.yaml"]) == 0
+
+
+def test_method_and_rope_type_choices_come_from_the_registries(tmp_path, capsys):
+    from kvtool.convert.methods import METHODS
+    from kvtool.model.rope.types import applicable_types
+
+    p = tmp_path / "r.yaml"
+    for step, choices in (("convert: {to: gqa, groups: 2, method: meen}", METHODS.names()),
+                          ("rope: {type: ntk, factor: 2}", applicable_types())):  # ntk: a type kvtool cannot write
+        p.write_text(f"version: 1\nsteps:\n  - {step}\n")
+        code, model = _lint_json(p, capsys)
+        (f,) = model["findings"]
+        assert code == 1 and f["code"] == "KV961" and str(choices) in f["message"]

@@ -8,7 +8,7 @@ import pytest
 from kvtest import write_checkpoint, write_config, write_safetensors
 from kvtool.cli import main
 from kvtool.errors import UsageError
-from kvtool.io.preflight import preflight
+from kvtool.model.preflight import preflight
 from kvtool.recipes.load import load_recipe
 from kvtool.recipes.plan import plan_recipe
 

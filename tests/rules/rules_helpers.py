@@ -24,7 +24,7 @@ def lint_dict(config: dict, **options):
     doc = JsonDocument(path=Path("config.json"), data=config, text=json.dumps(config, indent=2))
     ckpt = Checkpoint(source="config.json", root=None, config_doc=doc)
     ctx = LintContext(ckpt, build_spec(config), LintOptions(**options))
-    for _topic, fn in CHECKERS:
+    for _topic, fn in CHECKERS.values():
         fn(ctx)
     return ctx.findings
 

@@ -126,6 +126,6 @@ def read_text(path: str | Path | None, dataset: str | None = None) -> tuple[str,
 
         texts, label = calibration_texts(dataset)
         return "\n\n".join(texts), label
-    from kvtool.eval.texts import read_text_file
+    from kvtool.datasets import read_text_file
 
     return read_text_file(str(path), "calib_text"), str(Path(path))

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+from kvtool.registry import Registry
 from kvtool.values import is_number as _num
 
 # Keys any rope dict may carry whatever its type (transformers v5 moves these into rope_parameters).
@@ -182,7 +183,17 @@ _YARN_OPTIONAL = frozenset({
     "extrapolation_factor", "attn_factor", "apply_yarn_scaling",
 }) | MROPE_KEYS
 
-KINDS: dict[str, RopeKind] = {k.name: k for k in (
+# rope_type -> RopeKind. A new type is one `register(RopeKind(...))` here (plus its math in freqs.py); with
+# applicable=True, `kvtool rope --type` writes it from the generic parameters (factor, original, theta).
+KINDS: Registry[RopeKind] = Registry("RoPE type", option="type")
+
+
+def register(kind: RopeKind) -> RopeKind:
+    """Make a RoPE type known to lint (KV2xx), `kvtool rope`, kv-budget's served context and the math."""
+    return KINDS.add(kind.name, kind)
+
+
+for _kind in (
     RopeKind("default", "plain RoPE: theta^(-2i/d)", optional=MROPE_KEYS, compute=_math("default"),
              context="as_is", scaling=False),
     RopeKind("linear", "position interpolation: every frequency divided by factor", ("factor",),
@@ -218,7 +229,9 @@ KINDS: dict[str, RopeKind] = {k.name: k for k in (
     RopeKind("openpangu", "openPangu interleaved multimodal RoPE (vLLM)", ("mrope_section",),
              frozenset({"mrope_interleaved"}), engines=("vllm",), scaling=False),
     RopeKind("mllama4", "Llama 4 vision-tower RoPE (vLLM)", engines=("vllm",), context="as_is", scaling=False),
-)}
+):
+    register(_kind)
+del _kind
 
 # Legacy names: what transformers / vLLM turn them into.
 ALIASES = {"su": "longrope", "mrope": "default"}
@@ -235,7 +248,7 @@ def canonical(name: str) -> str:
 
 
 def kind_of(name: str) -> RopeKind | None:
-    return KINDS.get(canonical(name))
+    return KINDS.get(canonical(name), None)
 
 
 def applicable_types() -> list[str]:

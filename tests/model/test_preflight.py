@@ -9,7 +9,7 @@ import pytest
 
 from kvtest import write_config, write_safetensors
 from kvtool.errors import InputError
-from kvtool.io.preflight import check_loadable, preflight
+from kvtool.model.preflight import check_loadable, preflight
 
 CFG = {"model_type": "llama", "hidden_size": 8, "num_attention_heads": 2, "num_hidden_layers": 1}
 

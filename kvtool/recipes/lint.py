@@ -1,0 +1,43 @@
+"""`kvtool lint recipe.yaml`: a recipe checked without running it (rules KV961 / KV962, kvtool/rules/recipe.py)."""
+
+from __future__ import annotations
+
+from kvtool.errors import InputError
+from kvtool.io.inputfile import not_regular
+from kvtool.recipes.load import RecipeError, load_recipe
+from kvtool.rules import load_all
+from kvtool.rules.engine import ModelReport, select
+from kvtool.rules.registry import RULES, Finding, LintOptions
+
+
+def lint_recipe(path: str, options: LintOptions) -> ModelReport:
+    """`kvtool lint recipe.yaml`: the findings options select, per-file ignores applied (like lint_one)."""
+    return select(lint_recipe_file(path), options, path)
+
+
+def lint_recipe_file(path: str) -> ModelReport:
+    """Findings for a recipe file (a ModelReport with the recipe as the model)."""
+    load_all()
+
+    def finding(code, message, field, line):
+        r = RULES[code]
+        return Finding(code, r.name, r.severity.value, message, field, path, r.hint, line)
+
+    report = ModelReport(model=path, model_type="recipe")
+    try:
+        recipe = load_recipe(path)
+    except RecipeError as exc:  # the recipe's content: a finding at its line (the error's fields, not its words)
+        report.findings.append(finding("KV961", exc.detail, exc.field, exc.lineno))
+        return report
+    except InputError as exc:  # the file itself (missing, unreadable, not UTF-8): nothing to lint
+        report.error = exc.line()
+        return report
+    for step in recipe.steps:
+        for sec in (step.options, step.options.get("calibration")):
+            for t, resolved in recipe.text_files(sec):
+                why = not_regular(resolved)
+                if why:
+                    report.findings.append(finding(
+                        "KV962", f"step {step.index} ({step.kind}): text file {t!r} {why} (resolved to {resolved})",
+                        f"steps[{step.index - 1}].{step.kind}", step.line))
+    return report
