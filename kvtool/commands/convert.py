@@ -16,13 +16,14 @@ def register(app: typer.Typer) -> None:
              help="Convert attention heads: --to gqa --groups G | --to mqa | --to mha (exact expansion).")
     def convert(o: ConvertOptions) -> int:
         from kvtool.convert.driver import check_options, make_plan, run_convert
+        from kvtool.options.convert import method_options
         from kvtool.convert.report import render_plan, render_result
 
         if o.eval_tokens < 2:
             raise UsageError(f"must be at least 2, got {o.eval_tokens}", option="eval_tokens")
         _gates(o.max_ppl_increase, o.max_kld)  # refuse a bad gate before any work, --dry-run too
         # shard size, unknown method / option: exit 2 before any work (a recipe's convert step checks the same)
-        shard_bytes, method_obj = check_options(o)
+        shard_bytes, method_obj = check_options(o.max_shard_size, o.method, method_options(o))
         if not o.dry_run and not o.dst:
             raise UsageError("missing required argument (only --dry-run goes without one)", option="dst")
 

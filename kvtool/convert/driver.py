@@ -201,21 +201,20 @@ def check_dtype(dtype: str) -> str | None:
     return OUT_DTYPES[dtype]
 
 
-def check_options(o) -> tuple[int, object]:
-    """What `kvtool convert` and a recipe's convert step check of a ConvertOptions (kvtool/options/convert.py)
-    before opening the model: the shard size, and the merge method with its options (an option another
-    method owns is refused by name). Returns (shard bytes, the method object)."""
+def check_options(max_shard_size: str, method: str, method_options: dict) -> tuple[int, object]:
+    """What `kvtool convert` and a recipe's convert step check before opening the model: the shard size, and
+    the merge method with its options (kvtool.options.convert.method_options: an option another method owns
+    is refused by name). Returns (shard bytes, the method object)."""
     from kvtool.convert.methods import get_method
-    from kvtool.options.convert import method_options
     from kvtool.units import parse_size
 
     try:
-        shard_bytes = parse_size(o.max_shard_size)
+        shard_bytes = parse_size(max_shard_size)
     except ValueError as exc:
         raise UsageError(str(exc), option="max_shard_size") from None
     if shard_bytes <= 0:
         raise UsageError("must be positive", option="max_shard_size")
-    return shard_bytes, get_method(o.method, **method_options(o))
+    return shard_bytes, get_method(method, **method_options)
 
 
 def make_plan(src: str | Path, *, to: str, groups: int | None = None, method: str = "mean",

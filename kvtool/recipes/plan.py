@@ -89,6 +89,7 @@ def convert_options(options: dict, **given):
 
 def plan_convert(recipe: Recipe, step: Step, state: PlanState) -> str:
     from kvtool.convert.driver import check_options, plan
+    from kvtool.options.convert import method_options
 
     o = convert_options(step.options)
     if o.method == "aware":
@@ -98,7 +99,7 @@ def plan_convert(recipe: Recipe, step: Step, state: PlanState) -> str:
             o.calib_text = str(files[0][1])  # the run joins several into one file
     try:
         # the command's order: the options and the merge method, then the model
-        shard_bytes, _ = check_options(o)
+        shard_bytes, _ = check_options(o.max_shard_size, o.method, method_options(o))
         p = plan(state.ckpt, to=o.to, groups=o.groups, method=o.method, dtype=o.dtype, max_shard_size=shard_bytes,
                  config=state.config, tensors=state.tensors)
     except KvtoolError as exc:
