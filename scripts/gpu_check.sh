@@ -94,6 +94,37 @@ if [ -n "$others" ]; then
   timeout 120 $PY -m pytest -x -q -p no:cacheprovider "${MARK[@]}" $others || rc=$((rc ? rc : $?))
 fi
 
+# --device-map with a forced split (GPU 0 + CPU; on the CPU rehearsal, CPU + disk offload) against the
+# layer-by-layer run on one device: the figures must agree (fp32, one window per forward in both).
+smol=$($PY -c "from kvtool.testing.fixtures import smollm2_dir; print(smollm2_dir())" 2>/dev/null)
+if [ -n "$smol" ]; then
+  if [ "$CPU" = "1" ]; then SPLIT="cpu=150MB" SPLIT_TOKENS=256; else SPLIT="0=200MiB,cpu=8GiB" SPLIT_TOKENS=2048; fi
+  stamp "eval --device-map auto --max-memory $SPLIT vs layer by layer on $DEVICE (SmolLM2, fp8 KV, $SPLIT_TOKENS tokens)"
+  common=("$smol" --baseline "$smol" --kv-cache-dtype fp8 --kv-scales one --max-tokens "$SPLIT_TOKENS"
+          --max-length 256 --batch-size 1 --dtype fp32 --format json --no-progress --max-ppl-increase off)
+  timeout 240 $PY -m kvtool eval "${common[@]}" --device "$DEVICE" > /tmp/kvtool-split-layerwise.json \
+    && timeout 240 $PY -m kvtool eval "${common[@]}" --device-map auto --max-memory "$SPLIT" \
+      > /tmp/kvtool-split-mapped.json \
+    && $PY - /tmp/kvtool-split-layerwise.json /tmp/kvtool-split-mapped.json <<'PY' || rc=$((rc ? rc : 1))
+import json, sys
+a, b = (json.load(open(f)) for f in sys.argv[1:3])
+print(f"layer by layer: {a['device']}, {a['memory']}")
+print(f"device map:     {b['device']}, {b['memory']}")
+worst = 0.0
+for key in ("ppl", "baseline_ppl", "ppl_ratio", "kld_mean", "top1_agreement"):
+    rel = abs(a[key] - b[key]) / abs(b[key]) if b[key] else abs(a[key] - b[key])
+    worst = max(worst, rel)
+    print(f"  {key:15s} {a[key]:.8g}  {b[key]:.8g}  rel {rel:.1e}")
+placed = b["memory"]["modules_per_device"]
+if len(placed) < 2 and "disk" not in placed:
+    sys.exit(f"gpu_check: the device map did not split the model: {placed}")
+if worst > 1e-4:
+    sys.exit(f"gpu_check: the sharded figures differ from the layer-by-layer ones by {worst:.1e} (> 1e-4)")
+print(f"split check passed (worst relative difference {worst:.1e})")
+PY
+  stamp "split check finished (rc=$rc)"
+fi
+
 if [ "${KVTOOL_GPU_CHECK_BENCH:-1}" != "0" ]; then
   if [ "$CPU" = "1" ]; then TOKENS=768 LEN=256 STRIDE=128 BATCH=4 REPEATS=1 REFINE=2 EVT=256; else
     TOKENS=16384 LEN=1024 STRIDE=512 BATCH=8 REPEATS=3 REFINE=64 EVT=2048; fi

@@ -31,7 +31,7 @@ def register(app: typer.Typer) -> None:
         for w in plan.warnings:
             typer.echo(f"kvtool: warning: {w}", err=True)
         if o.dry_run:
-            typer.echo(render_plan(plan, o.dst), nl=False)
+            typer.echo(render_plan(plan, o.dst, method_obj, o.eval_tokens if o.eval else None), nl=False)
             return EXIT_OK
         if method_obj.array_api == "torch" or o.eval:
             require_torch(f"kvtool convert {'--eval' if o.eval else '--method ' + o.method}")

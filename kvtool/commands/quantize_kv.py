@@ -7,7 +7,7 @@ import typer
 from kvtool import progress as kv_progress
 from kvtool.commands.options_cli import command
 from kvtool.deps import require_torch
-from kvtool.errors import EXIT_OK
+from kvtool.errors import EXIT_OK, UsageError
 from kvtool.options.quantize_kv import QuantizeOptions
 
 
@@ -18,6 +18,14 @@ def register(app: typer.Typer) -> None:
         from kvtool.model.preflight import check_loadable
 
         check_loadable(opts.src)  # refuse a bad folder before check_options imports torch
+        if opts.dry_run:
+            from kvtool.quantize.report import render_plan
+
+            typer.echo(render_plan(opts.src, opts.dst, opts.calib_tokens, 0 if opts.no_eval else opts.eval_tokens),
+                       nl=False)
+            return EXIT_OK
+        if not opts.dst:
+            raise UsageError("missing required argument (only --dry-run goes without one)", option="dst")
         require_torch("kvtool quantize-kv")  # before the imports below, which need it
         with kv_progress.session(opts.progress):
             with kv_progress.task("starting (importing torch and transformers)"):

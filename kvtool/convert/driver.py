@@ -320,7 +320,7 @@ def _plan_tensors(plan: ConvertPlan, tensors: dict) -> None:
 
 
 # --- one layer ---------------------------------------------------------------------------------
-def _merge_layer(plan: ConvertPlan, layer: int, t: dict, merge) -> dict:
+def _merge_layer(plan: ConvertPlan, layer: int, t: dict, merge, storage: str | None = None) -> dict:
     """Split (if fused), merge with `merge(layer, AttentionWeights)`, re-fuse; field -> tensor."""
     from kvtool.convert.fused import fuse_qkv, split_qkv
     from kvtool.convert.layout import AttentionWeights
@@ -342,7 +342,7 @@ def _merge_layer(plan: ConvertPlan, layer: int, t: dict, merge) -> dict:
         layer=layer, q=parts["q"], k=parts["k"], v=parts["v"], o=parts["o"], num_heads=H, num_kv_heads=KV,
         head_dim=hd, target_groups=G, q_bias=parts.get("q_bias"), k_bias=parts.get("k_bias"),
         v_bias=parts.get("v_bias"), o_bias=parts.get("o_bias"), q_norm=parts.get("q_norm"), k_norm=k_norm,
-        norm_scope=scope,
+        norm_scope=scope, storage=storage,
     )
     w.check()
     new = merge(layer, w)
@@ -454,7 +454,7 @@ def run_convert(plan: ConvertPlan, dst: str | Path, *, method_obj=None, force: b
         with staged_output(dst, force=force, protect=[plan.src]) as tmp:
             bar = kv_progress.task("convert", total=reader.total_bytes, scale="bytes", enabled=progress)
             try:
-                with ShardWriter(tmp, plan.max_shard_size, meta, plan=plan.outputs) as writer:
+                with ShardWriter(tmp, plan.max_shard_size, meta, plan=plan.outputs, background_copies=True) as writer:
                     done: set[str] = set()
 
                     def wrote(n: str) -> None:
@@ -467,13 +467,22 @@ def run_convert(plan: ConvertPlan, dst: str | Path, *, method_obj=None, force: b
                         if name in layer_of:
                             i = layer_of[name]
                             names = plan.layers[i]
-                            raw = {f: io.read(n) for f, n in names.items()}
-                            out = _merge_layer(plan, i, raw, method_obj.merge_layer)
+                            read = _fields_read(method_obj, names)
+                            storage = io.storage(method_obj, [names[f] for f in read])
+                            raw = {f: io.read(n, storage) if f in read else io.placeholder(n, storage)
+                                   for f, n in names.items()}
+                            out = _merge_layer(plan, i, raw, method_obj.merge_layer, storage)
                             for f, n in names.items():
-                                if out[f] is raw[f] and io.out_dtype(n) == reader.info(n).dtype:
-                                    writer.copy_from(n, *reader.byte_range(n))  # untouched by the method
+                                if out[f] is raw[f]:  # untouched by the method: never loaded, or not again
+                                    if io.out_dtype(n) == reader.info(n).dtype:
+                                        writer.copy_from(n, *reader.byte_range(n))
+                                    else:
+                                        io.cast_through(writer, n)
+                                elif f not in read:
+                                    raise RuntimeError(f"merge method {plan.method!r} changed {f}, which it "
+                                                       f"declares it does not read")
                                 else:
-                                    io.write(writer, n, out[f])
+                                    io.write(writer, n, out[f], storage)
                                 wrote(n)
                             continue
                         if io.out_dtype(name) == reader.info(name).dtype:  # unchanged: file to file, never loaded
@@ -491,6 +500,17 @@ def run_convert(plan: ConvertPlan, dst: str | Path, *, method_obj=None, force: b
     return ConvertResult(plan=plan, dst=dst, files=result.files, side_files=side, provenance=prov)
 
 
+_FUSED_PARTS = {"qkv": ("q", "k", "v"), "qkv_bias": ("q_bias", "k_bias", "v_bias")}
+
+
+def _fields_read(method_obj, names: dict) -> set[str]:
+    """The layer's fields to load: those the method reads, and fused tensors holding one of them."""
+    reads = getattr(method_obj, "reads", None)
+    if reads is None:
+        return set(names)
+    return {f for f in names if f in reads or any(p in reads for p in _FUSED_PARTS.get(f, ()))}
+
+
 class _TensorIO:
     """How the streaming run reads, writes and casts one tensor; `dtypes` are the planned output dtypes."""
 
@@ -500,20 +520,45 @@ class _TensorIO:
     def out_dtype(self, name: str) -> str:
         return self.dtypes[name]
 
+    def storage(self, method_obj, names: list[str]) -> str | None:
+        """The storage dtype the method gets these tensors in (None: float / torch tensors)."""
+        return None
+
+    def placeholder(self, name: str, storage: str | None):
+        return self.read(name, storage)
+
 
 class _NumpyIO(_TensorIO):
-    """Attention tensors as float numpy arrays; storage dtypes handled by kvtool.io.arrays."""
+    """Attention tensors as float numpy arrays, or storage arrays (kvtool.io.arrays) for methods that take them."""
 
-    def read(self, name: str):
+    def storage(self, method_obj, names: list[str]) -> str | None:
+        # Storage arrays only where the dtype stays: the float path rounds a cast once, from float32.
+        dts = {self.reader.info(n).dtype for n in names} | {self.dtypes[n] for n in names}
+        if len(dts) == 1 and next(iter(dts)) in getattr(method_obj, "storage_dtypes", ()):
+            return next(iter(dts))
+        return None
+
+    def read(self, name: str, storage: str | None = None):
         from kvtool.io.arrays import to_float
 
-        return to_float(self.reader.get_array(name), self.reader.info(name).dtype)
+        a = self.reader.get_array(name)
+        return a if storage else to_float(a, self.reader.info(name).dtype)
 
-    def write(self, writer, name: str, array) -> None:
+    def placeholder(self, name: str, storage: str | None):
+        """A shape-only, read-only array (no memory, no read) for a field the method does not read."""
+        import numpy as np
+
+        from kvtool.io.arrays import storage_dtype
+
+        info = self.reader.info(name)
+        dt = storage_dtype(info.dtype) if storage else (np.float64 if info.dtype == "F64" else np.float32)
+        return np.broadcast_to(np.zeros((), dt), tuple(info.shape))
+
+    def write(self, writer, name: str, array, storage: str | None = None) -> None:
         from kvtool.io.arrays import from_float
 
         st = self.dtypes[name]
-        writer.add_array(name, from_float(array, st), st)
+        writer.add_array(name, array if storage else from_float(array, st), st)
 
     def cast_through(self, writer, name: str) -> None:
         from kvtool.io.arrays import cast
@@ -525,10 +570,10 @@ class _NumpyIO(_TensorIO):
 class _TorchIO(_TensorIO):
     """Attention tensors as CPU torch tensors in their stored dtype (methods that compute with torch)."""
 
-    def read(self, name: str):
+    def read(self, name: str, storage: str | None = None):
         return self.reader.get(name)
 
-    def write(self, writer, name: str, tensor) -> None:
+    def write(self, writer, name: str, tensor, storage: str | None = None) -> None:
         from kvtool.io.reader import st_to_torch_dtype
 
         t = tensor.detach()

@@ -5,7 +5,8 @@ o [hidden]); q_norm / k_norm weights with their scope: "head" ([hd], shared by e
 untouched by pooling) or "all" ([H*hd] / [KV*hd], one weight per channel of the projection, as in
 olmo2). Query head h reads KV head h // (H / KV) (transformers' `repeat_kv`). Merge methods take
 and return this; the convert driver splits fused tensors into it and re-fuses the result.
-Tensors are torch tensors, or float numpy arrays for methods with `array_api = "numpy"`.
+Tensors are torch tensors, or float numpy arrays for methods with `array_api = "numpy"` (storage
+arrays of the safetensors dtype `storage`, e.g. BF16 as uint16, when that is set).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ class AttentionWeights:
     q_norm: Optional["torch.Tensor"] = None
     k_norm: Optional["torch.Tensor"] = None
     norm_scope: str = "head"  # head | all
+    storage: Optional[str] = None  # numpy arrays hold this safetensors dtype's storage (kvtool.io.arrays)
 
     @property
     def group_size(self) -> int:

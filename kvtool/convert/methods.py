@@ -62,6 +62,13 @@ class MergeMethod:
     # "torch": AttentionWeights hold CPU torch tensors in the stored dtype. "numpy": float32 numpy
     # arrays (float64 for F64 checkpoints), and torch is never imported (the mean method).
     array_api: ClassVar[str] = "torch"
+    # AttentionWeights fields the method reads (None: all). The driver reads only these (and the
+    # fused tensors holding them); the others are shape-only placeholders that the method must
+    # return unchanged, and they are then copied file to file, never loaded.
+    reads: ClassVar[frozenset[str] | None] = None
+    # numpy methods: safetensors dtypes taken as storage arrays, not widened to float
+    # (AttentionWeights.storage; BF16 as uint16): the widening cost more than the pooling.
+    storage_dtypes: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, **options: Any):
         unknown = sorted(set(options) - set(self.option_names))

@@ -8,6 +8,8 @@ new head j is a copy of old head j // (G / KV): the model computes exactly the s
 
 Means are taken in float64 for 32/64-bit tensors and float32 for 16-bit ones, then cast back;
 this makes expand-then-pool bit-exact (r equal values sum exactly in the wider dtype, and r*x / r is x).
+(numpy: in float64, rounded to float32, then to the stored dtype; BF16 storage arrays are pooled
+block by block by kvtool.io.arrays with exactly that result, without a whole-array float copy.)
 """
 
 from __future__ import annotations
@@ -30,11 +32,12 @@ def _is_numpy(t) -> bool:
     return type(t).__module__.startswith("numpy")
 
 
-def pool_heads(t, num_kv_heads: int, target: int, head_dim: int):
+def pool_heads(t, num_kv_heads: int, target: int, head_dim: int, storage: str | None = None):
     """Rows of `t` grouped as [num_kv_heads, head_dim, ...] -> [target, head_dim, ...].
 
     target < num_kv_heads: mean over contiguous groups; target > num_kv_heads: repeat each head;
-    equal: `t` itself. `t` is a torch tensor or a float numpy array (means in float64 there).
+    equal: `t` itself. `t` is a torch tensor or a float numpy array (means in float64 there), or
+    with `storage="BF16"` a BF16 storage array (uint16), pooled to the same bits as the float path.
     """
     if target == num_kv_heads:
         return t
@@ -46,6 +49,16 @@ def pool_heads(t, num_kv_heads: int, target: int, head_dim: int):
     if target > num_kv_heads and target % num_kv_heads:
         raise ValueError(f"cannot expand {num_kv_heads} KV heads into {target}")
     heads = t.reshape(num_kv_heads, head_dim, *rest)
+    if storage is not None:
+        if storage != "BF16" or not _is_numpy(t):
+            raise ValueError(f"no storage-array pooling for {storage}")
+        from kvtool.io.arrays import mean_groups_bf16, repeat_groups_bf16
+
+        if target < num_kv_heads:
+            out = mean_groups_bf16(heads.reshape(target, num_kv_heads // target, -1))
+        else:
+            out = repeat_groups_bf16(heads, target // num_kv_heads)
+        return out.reshape(target * head_dim, *rest)
     if _is_numpy(t):
         import numpy as np
 
@@ -74,7 +87,7 @@ def mean_pool(w: "AttentionWeights") -> "AttentionWeights":
     G, KV, hd = w.target_groups, w.num_kv_heads, w.head_dim
 
     def p(t):
-        return None if t is None else pool_heads(t, KV, G, hd)
+        return None if t is None else pool_heads(t, KV, G, hd, w.storage)
 
     k_norm = w.k_norm
     if k_norm is not None and w.norm_scope == "all":
@@ -90,6 +103,8 @@ class MeanPooling(MergeMethod):
 
     approximate = True
     array_api = "numpy"  # no torch import: it would cost more than the pooling itself
+    reads = frozenset({"k", "v", "k_bias", "v_bias", "k_norm"})  # q and o are copied file to file
+    storage_dtypes = ("BF16",)
 
     def merge_layer(self, layer: int, w: "AttentionWeights") -> "AttentionWeights":
         return mean_pool(w)

@@ -27,7 +27,24 @@ def _grouped_touched(plan) -> list[str]:
     return lines
 
 
-def render_plan(plan, dst) -> str:
+def estimate(plan, method_obj=None, eval_tokens: int | None = None):
+    """Peak memory and time of the run (kvtool.model.costs), or None for a method with no cost model."""
+    from kvtool.model import costs
+
+    shape = costs.shape_of(plan.spec, plan.ckpt.tensors)
+    settings = getattr(method_obj, "settings", None) or {}
+    if plan.direction != "pool" or plan.method == "mean":
+        est = costs.convert_mean(shape)
+    elif plan.method == "aware":
+        est = costs.convert_aware(shape, settings["calib_tokens"], settings["seq_len"], settings["refine_steps"])
+    else:
+        return None
+    if eval_tokens:  # source and output
+        est = costs.combine(est, costs.evaluate(shape, eval_tokens, models=2))
+    return est
+
+
+def render_plan(plan, dst, method_obj=None, eval_tokens: int | None = None) -> str:
     H, a, b = plan.num_heads, plan.from_kv, plan.to_kv
     how = {"pool": "mean of each group's K/V heads (approximate without retraining)" if plan.method == "mean"
            else f"method {plan.method!r}",
@@ -51,6 +68,8 @@ def render_plan(plan, dst) -> str:
                  f"{plan.max_shard_size / 1e9:g} GB; source {fmt_bytes(plan.ckpt.weight_bytes)}")
     changed = [k for k in plan.new_config if plan.new_config.get(k) != plan.ckpt.config.get(k)]
     lines.append(f"  config.json  {', '.join(f'{k}: {plan.ckpt.config.get(k)!r} -> {plan.new_config[k]!r}' for k in changed) or 'unchanged'}")
+    est = estimate(plan, method_obj, eval_tokens)
+    lines.append(f"  estimate     {est.line() if est else f'no cost model for method {plan.method!r}'}")
     for w in plan.warnings:
         lines.append(f"  warning      {w}")
     return "\n".join(lines) + "\n"

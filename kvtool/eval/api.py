@@ -6,6 +6,12 @@ window on the identical token stream; only running sums are kept, never the logi
 stream. A candidate that is the same checkpoint (or the same loaded module) as the baseline
 shares its weights in memory: FP8-KV variants of one model cost one load.
 
+How the weights are held: model folders are evaluated one decoder layer at a time
+(kvtool.eval.layerwise: memory bounded by one layer, not the model); `device_map` loads the whole
+model with accelerate (sharded over the GPUs, the rest on the CPU or offloaded to disk, within
+`max_memory`); an already loaded module runs whole. Before anything heavy, kvtool.eval.memory
+refuses an evaluation that cannot fit, naming the option that makes it fit.
+
     from kvtool.eval.api import evaluate, evaluate_many, Candidate
     r = evaluate("out/model-gqa", baseline="meta/model", max_tokens=4096)
     print(r.ppl_ratio, r.kld_mean, r.passed)
@@ -66,6 +72,7 @@ class EvalReport:
     seconds: float
     gates: list[GateResult] = field(default_factory=list)
     forwards_per_window: int = 1  # models run on each window in this evaluation (baseline included)
+    memory: dict | None = None  # how the weights were held: {"mode": "layerwise" | "whole_model" | "device_map", ...}
 
     def __getattr__(self, name: str):  # r.ppl, r.kld_mean ... read through to the metrics
         metrics = self.__dict__.get("metrics") or {}
@@ -99,7 +106,7 @@ class EvalReport:
             "device": self.device, "dtype": self.dtype, "window": self.window, "stride": self.stride,
             "batch_size": self.batch_size, "text": self.text, "kv_cache_dtype": self.kv_cache_dtype,
             "kv_scales": self.kv_scales, "seconds": round(self.seconds, 3),
-            "forwards_per_window": self.forwards_per_window,
+            "forwards_per_window": self.forwards_per_window, "memory": self.memory,
             "tokens_per_s": round(self.tokens / self.seconds, 1) if self.seconds > 0 else None,
             "gates": [g.as_dict() for g in self.gates], "passed": self.passed,
         })
@@ -109,35 +116,39 @@ class EvalReport:
 def evaluate(model, baseline=None, *, texts: str | Sequence[str] | None = None, max_length: int = 1024,
              stride: int | None = None, max_tokens: int | None = None, device: str = "auto", dtype: str = "auto",
              kv_cache_dtype: str = "auto", kv_scales: Any = "checkpoint", batch_size: int | None = None,
-             device_map: str | None = None, gates: Mapping[str, float] | None = None, tokenizer=None,
-             text_name: str | None = None, progress: bool | None = None) -> EvalReport:
+             device_map: str | Mapping | None = None, max_memory: Mapping | None = None,
+             gates: Mapping[str, float] | None = None, tokenizer=None, text_name: str | None = None,
+             progress: bool | None = None, layerwise: bool | None = None) -> EvalReport:
     """Score `model` (folder, hub id or loaded model) on `texts`, against `baseline` when given.
 
     texts: the evaluation text(s), joined with blank lines into one token stream (default: the
     built-in pydoc evaluation text). max_length / stride: window length L and step S (S < L;
     default L // 2). max_tokens: cut the stream to its first N tokens. gates: {"max_ppl_increase":
     0.02, "max_kld": 0.01, "min_top1": 0.95} (any subset; the fields of kvtool/options/eval.py). progress: None follows the command's
-    `--progress` session (kvtool.progress; silent outside one), True / False force it. Raises InputError /
+    `--progress` session (kvtool.progress; silent outside one), True / False force it. device_map:
+    "auto" (or a {module: device} dict, "disk" allowed) loads the whole model with accelerate within
+    max_memory ({0: "70GiB", "cpu": "100GiB"}). layerwise: None (the default) evaluates model folders one
+    decoder layer at a time unless device_map is given; False loads them whole. Raises InputError /
     UsageError.
     """
     return evaluate_many([Candidate(model, kv_cache_dtype, kv_scales)], baseline, texts=texts,
                          max_length=max_length, stride=stride, max_tokens=max_tokens, device=device, dtype=dtype,
-                         batch_size=batch_size, device_map=device_map, gates=gates, tokenizer=tokenizer,
-                         text_name=text_name, progress=progress)[0]
+                         batch_size=batch_size, device_map=device_map, max_memory=max_memory, gates=gates,
+                         tokenizer=tokenizer, text_name=text_name, progress=progress, layerwise=layerwise)[0]
 
 
 def evaluate_many(candidates: Sequence[Candidate | Any], baseline=None, *, texts: str | Sequence[str] | None = None,
                   max_length: int = 1024, stride: int | None = None, max_tokens: int | None = None,
                   device: str = "auto", dtype: str = "auto", batch_size: int | None = None,
-                  device_map: str | None = None, gates: Mapping[str, float] | None = None, tokenizer=None,
-                  text_name: str | None = None, progress: bool | None = None) -> list[EvalReport]:
+                  device_map: str | Mapping | None = None, max_memory: Mapping | None = None,
+                  gates: Mapping[str, float] | None = None, tokenizer=None, text_name: str | None = None,
+                  progress: bool | None = None, layerwise: bool | None = None) -> list[EvalReport]:
     """Score several candidates against one baseline on one token stream; one report per candidate.
 
-    All distinct models are held in memory together (each window: baseline once, then every
-    candidate), so nothing is recomputed and no logits are stored.
+    Each window: the baseline once, then every candidate, so nothing is recomputed and no logits
+    are stored. Layer by layer (model folders, the default), one decoder layer of one model is in
+    memory at a time; otherwise all distinct models are held together.
     """
-    import torch
-
     from kvtool.runtime.torch_utils import pick_device, pick_dtype
 
     cands = [c if isinstance(c, Candidate) else Candidate(c) for c in candidates]
@@ -156,9 +167,27 @@ def evaluate_many(candidates: Sequence[Candidate | Any], baseline=None, *, texts
     if batch_size is not None and batch_size < 1:
         raise UsageError(f"must be at least 1, got {batch_size}", option="batch_size")
 
+    if max_memory and not device_map:
+        raise UsageError("goes with --device-map (it bounds what accelerate places on each device)",
+                         option="max_memory")
+    specs = ([baseline] if baseline is not None else []) + [c.model for c in cands]
+    use_layerwise = _layerwise(layerwise, specs, device_map)
     dev = pick_device(device) if not device_map else None
     torch_dtype = pick_dtype(dtype, dev if dev is not None else pick_device("auto"))
-    pool = _ModelPool(dev, torch_dtype, device_map, progress)
+    with contextlib.ExitStack() as stack:
+        if use_layerwise:
+            pool = stack.enter_context(_LayerwisePool(dev, torch_dtype, progress))
+        else:
+            pool = stack.enter_context(_ModelPool(dev, torch_dtype, device_map, progress, max_memory))
+        return _evaluate(pool, cands, baseline, texts=texts, max_length=max_length, stride=stride,
+                         max_tokens=max_tokens, batch_size=batch_size, gates=gates, tokenizer=tokenizer,
+                         text_name=text_name, progress=progress, torch_dtype=torch_dtype)
+
+
+def _evaluate(pool, cands, baseline, *, texts, max_length, stride, max_tokens, batch_size, gates, tokenizer,
+              text_name, progress, torch_dtype) -> list[EvalReport]:
+    import torch
+
     base = pool.get(baseline, tokenizer) if baseline is not None else None
     runs = [(c, pool.get(c.model, tokenizer)) for c in cands]
 
@@ -180,8 +209,36 @@ def evaluate_many(candidates: Sequence[Candidate | Any], baseline=None, *, texts
     emulation = [_emulation(c, m) for c, m in runs]
     accs = [_new_acc() for _ in runs]
     stream = torch.tensor(ids, dtype=torch.long)
-    t0 = time.perf_counter()
-    with kv_progress.task("eval", total=len(ids) - 1, unit="tok", enabled=progress, rate=True) as bar, \
+    forwards = len(runs) + (base is not None)
+    if isinstance(pool, _LayerwisePool):
+        t0 = time.perf_counter()
+        forwards, memory = pool.score(base, runs, emulation, accs, ws, bs, stream, progress)
+    else:
+        memory = pool.memory()
+        t0 = time.perf_counter()
+        _score_whole(base, runs, emulation, accs, ws, bs, stream, len(ids), progress)
+    seconds = time.perf_counter() - t0
+
+    reports = []
+    for (c, m), emu, acc in zip(runs, emulation, accs):
+        r = EvalReport(
+            model=m.name, label=c.label, baseline=base.name if base is not None else None, metrics=acc.summary(),
+            windows=len(ws), device=device_name, dtype=str(torch_dtype).replace("torch.", ""), window=max_length,
+            stride=stride, batch_size=bs, text=text_name or ("pydoc (built-in evaluation text)" if texts is None else "text"),
+            kv_cache_dtype="fp8_e4m3" if emu else str(torch_dtype).replace("torch.", ""),
+            kv_scales=emu[1].describe() if emu else None, seconds=seconds, forwards_per_window=forwards,
+            memory=memory)
+        if gates:
+            r.apply_gates(gates)
+        reports.append(r)
+    return reports
+
+
+def _score_whole(base, runs, emulation, accs, ws, bs, stream, n_ids: int, progress) -> None:
+    """Whole models, window batch by window batch."""
+    import torch
+
+    with kv_progress.task("eval", total=n_ids - 1, unit="tok", enabled=progress, rate=True) as bar, \
             torch.inference_mode():
         for group in batches(ws, bs):
             batch = torch.stack([stream[w.begin:w.end] for w in group])
@@ -195,21 +252,6 @@ def evaluate_many(candidates: Sequence[Candidate | Any], baseline=None, *, texts
                 del logits
             del base_logits
             bar.update(keep * len(group))
-    seconds = time.perf_counter() - t0
-
-    reports = []
-    for (c, m), emu, acc in zip(runs, emulation, accs):
-        r = EvalReport(
-            model=m.name, label=c.label, baseline=base.name if base is not None else None, metrics=acc.summary(),
-            windows=len(ws), device=device_name, dtype=str(torch_dtype).replace("torch.", ""), window=max_length,
-            stride=stride, batch_size=bs, text=text_name or ("pydoc (built-in evaluation text)" if texts is None else "text"),
-            kv_cache_dtype="fp8_e4m3" if emu else str(torch_dtype).replace("torch.", ""),
-            kv_scales=emu[1].describe() if emu else None, seconds=seconds,
-            forwards_per_window=len(runs) + (base is not None))
-        if gates:
-            r.apply_gates(gates)
-        reports.append(r)
-    return reports
 
 
 # --- models -------------------------------------------------------------------------------------
@@ -223,7 +265,8 @@ class _Loaded:
         params = inspect.signature(model.forward).parameters
         self._keep_arg = "logits_to_keep" in params
         emb = model.get_input_embeddings()
-        self.input_device = emb.weight.device
+        # an embedding accelerate offloaded sits on "meta"; its hook moves the ids to the execution device
+        self.input_device = emb.weight.device if emb.weight.device.type != "meta" else "cpu"
 
     def encode(self, text: str) -> list[int]:
         if self.tokenizer is None:
@@ -241,11 +284,34 @@ class _Loaded:
 
 
 class _ModelPool:
-    """Loads each distinct checkpoint once."""
+    """Loads each distinct checkpoint once, whole (with accelerate when device_map is given)."""
 
-    def __init__(self, device, dtype, device_map, progress: bool | None = None):
+    def __init__(self, device, dtype, device_map, progress: bool | None = None, max_memory=None):
         self.device, self.dtype, self.device_map, self.progress = device, dtype, device_map, progress
+        self.max_memory = max_memory
         self._by_key: dict[Any, _Loaded] = {}
+        self._offload: Any = None  # a temporary folder for what accelerate offloads to disk
+        self._sizes: list = []  # weight sizes of the folders loaded so far (the memory check adds them up)
+
+    def __enter__(self) -> "_ModelPool":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._by_key.clear()
+        if self._offload is not None:
+            self._offload.cleanup()
+
+    def memory(self) -> dict:
+        if self.device_map:
+            # a model that accelerate left on one device has no hf_device_map
+            maps = [m.model.hf_device_map if isinstance(getattr(m.model, "hf_device_map", None), dict)
+                    else {"": str(m.input_device)} for m in self._by_key.values()]
+            placed: dict[str, int] = {}
+            for dm in maps:
+                for dev in dm.values():
+                    placed[str(dev)] = placed.get(str(dev), 0) + 1
+            return {"mode": "device_map", "modules_per_device": dict(sorted(placed.items()))}
+        return {"mode": "whole_model"}
 
     def get(self, spec, tokenizer) -> _Loaded:
         if isinstance(spec, _Loaded):
@@ -279,8 +345,24 @@ class _ModelPool:
 
         ckpt = preflight(spec, model_code=True, read_side_files=False)  # before transformers sees the folder
         require_valid_numbers(build_spec(ckpt.config), str(ckpt.config_path))
+        offload = None
+        if self.device_map:
+            import tempfile
+
+            if self._offload is None:
+                self._offload = tempfile.TemporaryDirectory(prefix="kvtool-offload-")
+            offload = self._offload.name
+        elif ckpt.root is not None:  # the whole model must fit (a device map may offload, so it is not checked)
+            from kvtool.eval import memory
+
+            elem = _elem_bytes(self.dtype)
+            sizes = [memory.weight_sizes(ckpt.tensors, elem)] + [s for s in self._sizes]
+            memory.refuse_if_too_big(memory.whole_need(sizes, 0), file=spec, elem_bytes=elem, layerwise_possible=True)
+            self._sizes.append(sizes[0])
         with kv_progress.task(f"loading {spec}", enabled=self.progress):
-            model = load_model(spec, device=self.device, dtype=self.dtype, device_map=self.device_map)
+            model = load_model(spec, device=self.device, dtype=self.dtype, device_map=self.device_map,
+                               max_memory=_device_budget(self.max_memory) if self.device_map else None,
+                               offload_folder=offload)
             tok = load_tokenizer(spec)
         _unbounded(tok)
         return _Loaded(spec, model, tok, ckpt.root, ckpt.config)
@@ -290,7 +372,176 @@ class _ModelPool:
             return str(m.input_device)
         dm = getattr(m.model, "hf_device_map", None)
         devs = sorted({str(d) for d in dm.values()}) if isinstance(dm, dict) else [str(m.input_device)]
-        return f"{self.device_map}({','.join(devs)})"
+        kind = self.device_map if isinstance(self.device_map, str) else "map"
+        return f"{kind}({','.join(devs)})"
+
+
+class _LayerwisePool:
+    """Opens each distinct model folder once for layer-by-layer replay (kvtool.eval.layerwise)."""
+
+    def __init__(self, device, dtype, progress: bool | None = None):
+        self.device, self.dtype, self.progress = device, dtype, progress
+        self._by_key: dict[str, Any] = {}
+        self._sizes: dict[str, Any] = {}
+
+    def __enter__(self) -> "_LayerwisePool":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for m in self._by_key.values():
+            m.close()
+        self._by_key.clear()
+
+    def get(self, spec, tokenizer):
+        key = str(Path(str(spec)).resolve())
+        if key not in self._by_key:
+            self._by_key[key] = self._open(str(spec), tokenizer)
+        return self._by_key[key]
+
+    def _open(self, spec: str, tokenizer):
+        from kvtool.eval import memory
+        from kvtool.eval.layerwise import LayerwiseLoaded
+        from kvtool.model.preflight import preflight
+        from kvtool.model.numbers import require_valid_numbers
+        from kvtool.model.spec import build_spec
+        from kvtool.runtime.layerwise import open_layerwise
+        from kvtool.runtime.torch_utils import load_tokenizer
+
+        ckpt = preflight(spec, model_code=True, read_side_files=False)  # before transformers sees the folder
+        require_valid_numbers(build_spec(ckpt.config), str(ckpt.config_path))
+        elem = _elem_bytes(self.dtype)
+        sizes = memory.weight_sizes(ckpt.tensors, elem)
+
+        def whole_instead(reason: str) -> None:  # the checkpoint must be loaded whole: will it fit?
+            others = [s for k, s in self._sizes.items()]
+            need = memory.whole_need([sizes] + others, 0)
+            memory.refuse_if_too_big(need, file=spec, elem_bytes=elem, layerwise_possible=False)
+
+        with kv_progress.task(f"opening {spec} (one decoder layer at a time)", enabled=self.progress):
+            lm = open_layerwise(spec, device=self.device, dtype=self.dtype, attn="sdpa", before_whole=whole_instead)
+            try:
+                tok = tokenizer if tokenizer is not None else load_tokenizer(spec)
+            except BaseException:
+                lm.close()
+                raise
+        _unbounded(tok)
+        self._sizes[spec] = sizes
+        return LayerwiseLoaded(spec, lm, tok, ckpt.root, ckpt.config)
+
+    def device_name(self, m) -> str:
+        return str(self.device)
+
+    def score(self, base, runs, emulation, accs, ws, bs, stream, progress) -> tuple[int, dict]:
+        """Run every window through every forward path; (forward paths, how the weights were held)."""
+        from kvtool.eval import layerwise as lw
+        from kvtool.eval import memory
+
+        paths: list = []
+        index: dict[tuple, int] = {}
+
+        def path(m, emu) -> int:
+            key = (id(m), id(emu[1]) if emu else None)
+            if key not in index:
+                index[key] = len(paths)
+                paths.append(lw.ForwardPath(m, emu[0] if emu else None))
+            return index[key]
+
+        base_i = path(base, None) if base is not None else None
+        scored = [lw.Scored(path(m, emu), base_i, acc) for (c, m), emu, acc in zip(runs, emulation, accs)]
+        elem = _elem_bytes(self.dtype)
+        groups = list(batches(ws, bs))
+        hidden = max(int(_text_config(p.model.config).get("hidden_size") or 0) for p in paths)
+        segs = lw.segments(groups, hidden, len(paths), elem)
+        seg_tokens = max(sum(len(g) * g[0].length for g in seg) for seg in segs)
+        config = max((p.model.config for p in paths), key=lambda c: int(_text_config(c).get("hidden_size") or 0))
+        acts = memory.activation_bytes(config, batch=bs, length=max(w.length for w in ws), paths=len(paths),
+                                       segment_tokens=seg_tokens, elem_bytes=elem, chunk_elements=lw.CHUNK_ELEMENTS)
+        layerwise_models = [p.model for p in paths if p.model.lm.mode == "layerwise"]
+        sizes = [self._sizes[m.name] for m in {id(m): m for m in layerwise_models}.values()]
+        if sizes:
+            memory.refuse_if_too_big(memory.layerwise_need(sizes, acts), file=layerwise_models[0].name,
+                                     elem_bytes=elem, layerwise_possible=True)
+        total_layers = len(segs) * sum(m.lm.num_layers for m in {id(p.model): p.model for p in paths}.values())
+        with kv_progress.task("eval (layer by layer)", total=len(stream) - 1, unit="tok", enabled=progress,
+                              rate=True) as bar:
+            lw.run(paths, scored, segs, stream, bar)
+        modes = sorted({p.model.lm.mode for p in paths})
+        held = {"mode": modes[0] if len(modes) == 1 else "+".join(modes), "segments": len(segs),
+                "layer_reads": total_layers}
+        notes = sorted({p.model.lm.note for p in paths if p.model.lm.note})
+        if notes:
+            held["note"] = "; ".join(notes)
+        return len(paths), held
+
+
+def _layerwise(flag: bool | None, specs, device_map) -> bool:
+    """Layer by layer: every model is a local folder (not a loaded module or hub id) and no device map."""
+    folders = all(isinstance(s, (str, Path)) and Path(str(s)).is_dir() for s in specs)
+    if flag and device_map:
+        raise UsageError("a device map loads the whole model with accelerate; it does not go with layer-by-layer "
+                         "evaluation", option="device_map")
+    if flag and not folders:
+        raise UsageError("layer-by-layer evaluation reads model folders (not loaded modules or hub ids)",
+                         option="layerwise")
+    return folders and not device_map if flag is None else bool(flag)
+
+
+def _elem_bytes(dtype) -> int:
+    import torch
+
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def _text_config(config: dict) -> dict:
+    return config["text_config"] if isinstance(config.get("text_config"), dict) else config
+
+
+def _max_memory(spec):
+    """accelerate's max_memory from {device: bytes or "70GiB"} (GPU indices as int)."""
+    if not spec:
+        return None
+    from kvtool.units import parse_size
+
+    out = {}
+    for dev, size in spec.items():
+        key = int(dev) if isinstance(dev, int) or str(dev).isdigit() else str(dev)
+        try:
+            out[key] = size if isinstance(size, int) else parse_size(str(size))
+        except ValueError as exc:
+            raise UsageError(str(exc), option="max_memory") from None
+    return out
+
+
+def _device_budget(spec):
+    """max_memory for accelerate: the user's, else None (accelerate measures the GPUs and MemAvailable)
+    unless a cgroup limit or KVTOOL_MEMORY_LIMIT is lower than MemAvailable, which accelerate does not see:
+    then the CPU gets 90% of that and the GPUs their free memory."""
+    if spec:
+        return _max_memory(spec)
+    from kvtool.eval import memory
+
+    have, source = memory.available_bytes()
+    if source == "MemAvailable":
+        return None
+    import torch
+
+    out: dict = {i: torch.cuda.mem_get_info(i)[0] for i in range(torch.cuda.device_count())}
+    out["cpu"] = int(have * 0.9)
+    return out
+
+
+def parse_max_memory(text: str) -> dict:
+    """'0=70GiB,1=70GiB,cpu=200GiB' -> {0: "70GiB", 1: "70GiB", "cpu": "200GiB"} (checked by _max_memory)."""
+    out: dict = {}
+    for item in (text or "").split(","):
+        dev, sep, size = item.strip().partition("=")
+        dev = dev.strip()
+        if not sep or not dev or not (dev.isdigit() or dev in ("cpu", "mps")):
+            raise UsageError(f"expected DEVICE=SIZE items (0=70GiB,cpu=100GiB), got {item.strip()!r}",
+                             option="max_memory")
+        out[int(dev) if dev.isdigit() else dev] = size.strip()
+    _max_memory(out)
+    return out
 
 
 def _unbounded(tok) -> None:

@@ -81,6 +81,8 @@ class Accumulator:
         v = logits.shape[-1]
         logits = logits.reshape(-1, v)
         targets = targets.reshape(-1).to(logits.device)
+        if targets.shape[0] != logits.shape[0]:  # gather would silently score the first rows only
+            raise ValueError(f"{logits.shape[0]} rows of logits for {targets.shape[0]} targets")
         if base_logits is not None:
             if base_logits.shape[-1] != v:
                 raise ValueError(f"baseline logits have {base_logits.shape[-1]} classes, candidate {v}")

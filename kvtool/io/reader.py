@@ -114,8 +114,13 @@ class CheckpointReader:
             self._open_file = file
         return self._fh
 
-    def _read_bytes(self, info: TensorInfo, begin: int, nbytes: int) -> bytearray:
-        buf = bytearray(nbytes)
+    def _read_bytes(self, info: TensorInfo, begin: int, nbytes: int):
+        try:  # an uninitialised buffer: bytearray(n) zero-fills first, a pass as long as the read
+            import numpy as np
+
+            buf = np.empty(nbytes, np.uint8)
+        except ImportError:
+            buf = bytearray(nbytes)
         if nbytes == 0:
             return buf
         view = memoryview(buf)

@@ -6,6 +6,12 @@ Two modes, one API (`add`, then `finalize`):
   (positional writes, any order), so memory is bounded by one tensor;
 - unplanned: tensors are buffered up to `max_shard_size` and flushed, as mergekit does.
 
+Planned mode copies unchanged tensors file to file (`copy_from`, in the kernel with
+copy_file_range). With `background_copies`, those copies run on one worker thread while the caller
+computes the tensors that change (the copy releases the GIL), and runs of tensors that are
+contiguous in both files are joined into one copy: a checkpoint converts at about copy speed
+(issue 18). Failures of a background copy are raised by `finalize`.
+
 Files are `model.safetensors` when there is one shard, else `model-0000i-of-0000n.safetensors`
 plus `model.safetensors.index.json` ({"metadata": {"total_parameters", "total_size"}, "weight_map"},
 indent 2, sorted keys, as transformers writes it). `metadata` (str -> str) goes into every
@@ -79,6 +85,21 @@ class _Shard:
     written: set[str] = field(default_factory=set)
     fd: int | None = None
     buffered: dict = field(default_factory=dict)  # unplanned mode: name -> tensor
+
+
+@dataclass
+class _CopyRun:
+    """Bytes contiguous in one source file and one shard: copied with one copy_file_range loop."""
+
+    src: str
+    shard: _Shard
+    src_off: int
+    dst_off: int
+    nbytes: int
+
+    def extends(self, src: str, shard: _Shard, src_off: int, dst_off: int) -> bool:
+        return src == self.src and shard is self.shard and (src_off, dst_off) == (
+            self.src_off + self.nbytes, self.dst_off + self.nbytes)
 
 
 @dataclass(frozen=True)
@@ -166,6 +187,14 @@ def _copy_range(src_fd: int, dst_fd: int, src_off: int, dst_off: int, count: int
         src_off, dst_off, count = src_off + len(buf), dst_off + len(buf), count - len(buf)
 
 
+def _copy_file(src_path: str, dst_fd: int, src_off: int, dst_off: int, count: int) -> None:
+    src_fd = os.open(src_path, os.O_RDONLY)
+    try:
+        _copy_range(src_fd, dst_fd, src_off, dst_off, count)
+    finally:
+        os.close(src_fd)
+
+
 def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
     while len(data):
         n = os.pwrite(fd, data, offset)
@@ -177,7 +206,8 @@ class ShardWriter:
     """Write tensors into HF-named safetensors shards under `out_dir` (which must exist)."""
 
     def __init__(self, out_dir: str | Path, max_shard_size: int = DEFAULT_MAX_SHARD_SIZE,
-                 metadata: dict[str, str] | None = None, plan: Iterable[PlannedTensor | tuple] | None = None):
+                 metadata: dict[str, str] | None = None, plan: Iterable[PlannedTensor | tuple] | None = None,
+                 background_copies: bool = False):
         if max_shard_size <= 0:
             raise ValueError("max_shard_size must be positive")
         self.out_dir = Path(out_dir)
@@ -188,6 +218,10 @@ class ShardWriter:
         self._where: dict[str, _Shard] = {}
         self._plan: dict[str, PlannedTensor] = {}
         self._finalized = False
+        self._background = background_copies
+        self._run: _CopyRun | None = None  # the copy being extended (joined with the next contiguous one)
+        self._copier = None  # ThreadPoolExecutor(1), started by the first background copy
+        self._pending: list = []
         if plan is not None:
             entries = [p if isinstance(p, PlannedTensor) else PlannedTensor(p[0], p[1], tuple(p[2])) for p in plan]
             for e in entries:
@@ -234,12 +268,43 @@ class ShardWriter:
         shard = self._slot(name)
         if nbytes != self._plan[name].nbytes:
             raise ValueError(f"tensor {name!r}: {nbytes} bytes to copy, the plan needs {self._plan[name].nbytes}")
-        src_fd = os.open(src_path, os.O_RDONLY)
+        dst_off = shard.offsets[name]
+        if not self._background:
+            _copy_file(str(src_path), shard.fd, offset, dst_off, nbytes)
+            self._done(shard, name)
+            return
+        shard.written.add(name)  # the shard's fd stays open until finalize: the copy is still to come
+        if self._run is not None and self._run.extends(str(src_path), shard, offset, dst_off):
+            self._run.nbytes += nbytes
+            return
+        self._submit_run()
+        self._run = _CopyRun(str(src_path), shard, offset, dst_off, nbytes)
+
+    def _submit_run(self) -> None:
+        run, self._run = self._run, None
+        if run is None:
+            return
+        if self._copier is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._copier = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvtool-copy")
+        for f in [f for f in self._pending if f.done()]:  # a failed copy stops the run early
+            self._pending.remove(f)
+            f.result()
+        self._pending.append(self._copier.submit(_copy_file, run.src, run.shard.fd, run.src_off, run.dst_off,
+                                                 run.nbytes))
+
+    def _wait_copies(self) -> None:
+        """Run the queued copies and wait for them; the first failure is raised."""
+        self._submit_run()
+        pending, self._pending = self._pending, []
         try:
-            _copy_range(src_fd, shard.fd, offset, shard.offsets[name], nbytes)
+            for f in pending:
+                f.result()
         finally:
-            os.close(src_fd)
-        self._done(shard, name)
+            if self._copier is not None:
+                self._copier.shutdown(wait=True, cancel_futures=True)
+                self._copier = None
 
     def _slot(self, name: str) -> _Shard:
         """The open shard a planned tensor goes to (opened, header written, on first use)."""
@@ -257,7 +322,7 @@ class ShardWriter:
 
     def _done(self, shard: _Shard, name: str) -> None:
         shard.written.add(name)
-        if len(shard.written) == len(shard.entries):
+        if len(shard.written) == len(shard.entries) and not self._background:
             os.close(shard.fd)
             shard.fd = None
 
@@ -307,6 +372,15 @@ class ShardWriter:
             if missing:
                 self.abort()
                 raise RuntimeError(f"{len(missing)} planned tensor(s) never written, e.g. {missing[0]!r}")
+            try:
+                self._wait_copies()
+            except BaseException:
+                self.abort()
+                raise
+            for s in self._shards:
+                if s.fd is not None:
+                    os.close(s.fd)
+                    s.fd = None
         else:
             if self._shards and self._shards[-1].buffered is not None:
                 self._flush(self._shards[-1])
@@ -327,6 +401,11 @@ class ShardWriter:
 
     def abort(self) -> None:
         """Close open files (the staging folder that holds them is removed by its owner)."""
+        self._run = None
+        if self._copier is not None:  # no copy may write into a closed (or reused) descriptor
+            self._copier.shutdown(wait=True, cancel_futures=True)
+            self._copier = None
+        self._pending = []
         for s in self._shards:
             if s.fd is not None:
                 try:

@@ -25,6 +25,8 @@ class EvalOptions:
     device: str = option("auto", recipe=False, help="auto | cuda | cuda:N | cpu")
     dtype: str = option("auto", recipe=False, help="auto (bf16 on CUDA, fp32 on CPU) | bf16 | fp16 | fp32")
     device_map: str | None = option(None, recipe=False, help="auto: shard over all GPUs (+CPU) with accelerate.")
+    max_memory: str | None = option(None, recipe=False, help="With --device-map: per-device limits, e.g. "
+                                                             "0=70GiB,cpu=100GiB (the rest is offloaded to disk).")
     batch_size: int | None = option(None, recipe=False, help="Windows per forward (default 1 on CPU, 8192/L on CUDA).")
     kv_cache_dtype: str = option("auto", schema={"enum": ["auto", "fp8"]},
                                  help="auto (fp8 when the checkpoint has KV scales) | fp8 | off")
@@ -36,4 +38,5 @@ class EvalOptions:
     min_top1: float | None = option(None, recipe="thresholds.min_top1", minimum=0, maximum=1,
                                     help="Gate: top-1 agreement with the baseline.")
     format: str = option("text", choices=FORMATS, recipe=False, help="text | json")
+    dry_run: bool = option(False, recipe=False, help="Print the estimated peak memory and time; evaluate nothing.")
     progress: bool | None = option(None, negatable=True, recipe=False, help=FLAG_HELP)

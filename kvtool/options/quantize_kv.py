@@ -13,7 +13,8 @@ STRATEGIES = ("tensor", "attn_head")  # kvtool.quantize.calibrate.STRATEGIES (a 
 @operation("quantize-kv")
 class QuantizeOptions:
     src: str = argument(help="Source model folder (config.json + safetensors); never modified.")
-    dst: str = argument(help="Output folder (written to a temporary folder, renamed when complete).")
+    dst: str | None = argument(None, help="Output folder (written to a temporary folder, renamed when complete); "
+                                          "required, except with --dry-run.")
     calib_dataset: str | None = option(None, recipe="calibration.dataset", schema={"type": "string", "minLength": 1},
                                        help="pydoc (built-in, offline; the default) | wikitext2 | wikitext103 (train "
                                             "split; need `datasets`).")
@@ -38,6 +39,7 @@ class QuantizeOptions:
     link: bool = option(False, recipe=False, help="Hard-link the unchanged source shards into DST instead of copying "
                                                   "them: saves disk, but editing either copy in place changes both.")
     force: bool = option(False, recipe=False, help="Replace a non-empty DST.")
+    dry_run: bool = option(False, recipe=False, help="Print the estimated peak memory and time; write nothing.")
     progress: bool | None = option(None, negatable=True, recipe=False, help=FLAG_HELP)
     # False: load the whole model for calibration (the reference the tests compare with)
     layerwise: bool = option(True, cli=False, recipe=False, help="Calibrate one decoder layer at a time.")

@@ -8,6 +8,17 @@ def _fmt_range(values) -> str:
     return f"{min(vals):.4g} .. {max(vals):.4g}" if vals else "-"
 
 
+def render_plan(src, dst, calib_tokens: int, eval_tokens: int) -> str:
+    """--dry-run: what the run costs (kvtool.model.costs), before torch is imported."""
+    from kvtool.model import costs
+
+    shape = costs.for_checkpoint(src)
+    report = f", quality report on {eval_tokens} tokens" if eval_tokens else ""
+    return (f"kvtool quantize-kv plan: {src} -> {dst or '(dry run)'}\n"
+            f"  calibration  {calib_tokens} tokens through {shape.layers} layers, one layer at a time{report}\n"
+            f"  estimate     {costs.quantize_kv(shape, calib_tokens, eval_tokens).line()}\n")
+
+
 def render(result) -> str:
     c = result.calibration
     lines = [

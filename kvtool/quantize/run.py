@@ -171,7 +171,7 @@ def apply(p: QuantizePlan, *, log=print) -> QuantizeResult:
     from kvtool.quantize.formats import get_format
     from kvtool.quantize.observers import canonical
     from kvtool.quantize.write import scale_tensors, write_output
-    from kvtool.runtime.torch_utils import load_model, load_tokenizer, pick_device, pick_dtype
+    from kvtool.runtime.torch_utils import load_tokenizer, pick_device, pick_dtype
 
     if opts.calib_text:
         calib, calib_label = read_texts(opts.calib_text, "calib_text"), [str(f) for f in opts.calib_text]
@@ -215,9 +215,8 @@ def apply(p: QuantizePlan, *, log=print) -> QuantizeResult:
     prov = _provenance(p, result, scales, calib, calib_label, n, held, fmt)
     quality = []
     if not opts.no_eval:
-        if model is None:  # the report runs the whole model, as kvtool eval does
-            with kv_progress.task("loading the model for the quality report"):
-                model = load_model(src, device=device, dtype=dtype)
+        if model is None:  # the folder: the report reads one decoder layer at a time (kvtool.eval.layerwise)
+            model = src
         quality = quality_report(model, tok, result, eval_texts, opts, device)
         prov["quality"] = [{"label": r.label, **{k: r.metrics.get(k) for k in
                             ("ppl", "baseline_ppl", "ppl_ratio", "ppl_ratio_se", "kld_mean", "kld_se", "top1_agreement",
@@ -261,7 +260,8 @@ def quality_report(model, tok, result, eval_texts, opts: QuantizeOptions, device
     from kvtool.eval.api import Candidate, evaluate_many
     from kvtool.eval.fp8 import KVScales
 
-    model.to(device)
+    if not isinstance(model, (str, Path)):
+        model.to(device)
     calibrated = KVScales.from_mapping({i: (result.k[i], result.v[i]) for i in result.k}, source="calibrated")
     window = min(1024, opts.eval_tokens)
     t0 = time.perf_counter()
@@ -270,7 +270,7 @@ def quality_report(model, tok, result, eval_texts, opts: QuantizeOptions, device
          Candidate(model, "fp8", "one", label="fp8 scale 1.0"),
          Candidate(model, "fp8", calibrated, label=f"fp8 calibrated ({result.observer}, {result.strategy})")],
         baseline=model, texts=eval_texts, max_length=window, max_tokens=opts.eval_tokens,
-        device=str(device), tokenizer=tok,
+        device=str(device), dtype=opts.dtype, tokenizer=tok,
         text_name=("--eval-text" if eval_texts else "pydoc (built-in held-out evaluation text)"))
     for r in rows:
         r.seconds = time.perf_counter() - t0

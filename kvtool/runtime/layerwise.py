@@ -213,6 +213,72 @@ class LayerwiseModel:
                              field="layers")
         return first[0], calls  # type: ignore[return-value]
 
+    # --- the LM head -----------------------------------------------------------------------
+    @contextlib.contextmanager
+    def head(self) -> Iterator[None]:
+        """The parameters outside the base model (the LM head) with real weights inside the block; a
+        head tied to the input embedding reads the embedding's tensor. Whole-model mode: nothing to do."""
+        if self.mode == "whole_model":
+            yield
+            return
+        aliases: dict[int, list[str]] = {}
+        for name, p in self.model.named_parameters(remove_duplicate=False):
+            aliases.setdefault(id(p), []).append(name)
+        base = None if self.model.base_model is self.model else self.model.base_model_prefix + "."
+        restore = []
+        try:
+            for mname, sub in self.model.named_modules():
+                for pname, p in list(sub._parameters.items()):
+                    full = f"{mname}.{pname}" if mname else pname
+                    if p is None or p.device.type != "meta" or base is None or full.startswith(base):
+                        continue
+                    names = aliases.get(id(p), [full]) + self._tied_sources(full, p)
+                    stored = next((n for n in names if n in self._reader), None)
+                    if stored is None:
+                        raise InputError(f"the checkpoint lacks {full!r} (and it is not tied to a stored tensor)",
+                                         file=str(self._reader.folder), field=full)
+                    sub._parameters[pname] = nn.Parameter(self._read(stored), requires_grad=False)
+                    restore.append((sub, pname, p))
+            yield
+        finally:
+            for sub, pname, p in restore:
+                sub._parameters[pname] = p  # the meta parameter back: ties with the embedding stay intact
+            release_free_memory()
+
+    def _tied_sources(self, name: str, param) -> list[str]:
+        """The tensors a tied parameter is read from when the skeleton did not tie it (transformers ties
+        at load, and only when the config says tie_word_embeddings): its _tied_weights_keys source, or
+        the input embedding for the output embedding."""
+        text = self.model.config.get_text_config() if hasattr(self.model.config, "get_text_config") else self.model.config
+        if not getattr(text, "tie_word_embeddings", False):
+            return []  # _tied_weights_keys lists what *may* be tied; an untied head is its own tensor
+        tied = getattr(self.model, "_tied_weights_keys", None)
+        out = [tied[name]] if isinstance(tied, dict) and isinstance(tied.get(name), str) else []
+        out_emb = self.model.get_output_embeddings()
+        if out_emb is not None and out_emb.weight is param:
+            out.append(self._param_name(self.model.get_input_embeddings().weight))
+        return out
+
+    def logits_from_hidden(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The model's own output computation (final norm, LM head, any logit scaling or softcapping) on
+        the hidden states leaving the last decoder layer, [batch, n, hidden] -> [batch, n, vocab]: the
+        model's forward runs with every decoder layer replaced by one that returns `hidden`. Positions
+        are independent there, so any slice of positions gives the same rows as the full sequence.
+        Inside `head()` in layerwise mode."""
+        saved = [layer.__dict__.get("forward") for layer in self.layers]
+        for layer in self.layers:
+            layer.forward = lambda *args, **kwargs: hidden
+        try:
+            with torch.no_grad():
+                out = self.model(inputs_embeds=torch.zeros_like(hidden), use_cache=False)
+        finally:
+            for layer, fwd in zip(self.layers, saved):
+                if fwd is None:
+                    del layer.forward
+                else:
+                    layer.forward = fwd
+        return out.logits
+
     def close(self) -> None:
         if self._own_reader and self._reader is not None:
             self._reader.close()
@@ -291,12 +357,14 @@ def layerwise_problem(model, layers_path: str, reader) -> str | None:
 
 def open_layerwise(src: str | Path, *, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
                    attn: str | None = None, layers_path: str | None = None, reader=None,
-                   layerwise: bool = True) -> LayerwiseModel:
+                   layerwise: bool = True, before_whole: Callable[[str], None] | None = None) -> LayerwiseModel:
     """The model at `src` (a folder with config.json + safetensors) for layer-by-layer replay.
 
     attn: transformers' attention implementation (None: its default for the model, sdpa where supported).
     reader: an open kvtool.io.reader.CheckpointReader of src to reuse (else one is opened and closed
     with the LayerwiseModel). layerwise=False loads the whole model with transformers (the reference).
+    before_whole(reason): called before the checkpoint is loaded whole because it cannot be read layer by
+    layer (a memory check may refuse there).
     """
     src = Path(src)
     device = torch.device(device)
@@ -314,6 +382,8 @@ def open_layerwise(src: str | Path, *, device: torch.device | str = "cpu", dtype
         if own:
             reader.close()
         del model
+        if before_whole is not None:
+            before_whole(problem)
         return _whole(src, device, dtype, attn, layers_path, problem)
     lm = LayerwiseModel(model, path, layers, device, dtype, reader=reader, own_reader=own)
     try:

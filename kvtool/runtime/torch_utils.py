@@ -37,14 +37,20 @@ def pick_dtype(name: str, device: torch.device) -> torch.dtype:
 
 
 def load_model(path: str | Path, *, device: torch.device, dtype: torch.dtype, attn: str = "sdpa",
-               device_map: str | None = None):
-    """Load a causal LM for inference; one-line InputError on failure."""
+               device_map=None, max_memory: dict | None = None, offload_folder: str | None = None):
+    """Load a causal LM for inference; one-line InputError on failure. device_map ("auto", or a
+    {module: device} dict with "disk" allowed), max_memory and offload_folder go to accelerate
+    through from_pretrained."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     quiet_transformers()
     kwargs = {"dtype": dtype, "attn_implementation": attn, "trust_remote_code": False}
     if device_map:
         kwargs["device_map"] = device_map
+        if max_memory:
+            kwargs["max_memory"] = max_memory
+        if offload_folder:
+            kwargs["offload_folder"] = offload_folder
     from kvtool.model.preflight import check_loadable
 
     check_loadable(path)

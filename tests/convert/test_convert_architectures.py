@@ -137,3 +137,29 @@ def test_convert_gpt_bigcode_mha_to_mqa_and_back(tmp_path_factory):
     _assert_same_tensors(mqa, back)
     assert '"multi_query": true' in (mqa / "config.json").read_text()
     assert main(["convert", str(src), str(work / "g2"), "--to", "gqa", "--groups", "2", "--no-eval"]) == 2
+
+
+@pytest.mark.parametrize("model_type", SUPPORTED)
+def test_bf16_fast_path_writes_the_float_path_bytes(tmp_path_factory, monkeypatch, model_type):
+    """BF16 K/V pooled on storage arrays, q / o never loaded (issue 18): the same file bytes as
+    widening every attention tensor to float, pooling and rounding back (the path before)."""
+    import kvtool.io.arrays as arrays
+    from kvtool.convert.pooling import MeanPooling
+
+    pooled = []
+    real = arrays.mean_groups_bf16
+    monkeypatch.setattr(arrays, "mean_groups_bf16", lambda g: (pooled.append(g.shape), real(g))[1])
+    src = ct.build(model_type, tmp_path_factory.mktemp(f"{model_type}-bf16") / "src", kv_heads=4,
+                   dtype=torch.bfloat16)
+    work = src.parent
+    targets = (("--to", "mqa"), ("--to", "gqa", "--groups", "2"))
+    fast = [_convert(src, work / f"fast{i}", *t) for i, t in enumerate(targets)]
+    assert pooled  # the storage path ran
+    monkeypatch.setattr(MeanPooling, "reads", None)
+    monkeypatch.setattr(MeanPooling, "storage_dtypes", ())
+    slow = [_convert(src, work / f"slow{i}", *t) for i, t in enumerate(targets)]
+    for f, s in zip(fast, slow):
+        files = sorted(p.name for p in f.glob("*.safetensors"))
+        assert files and files == sorted(p.name for p in s.glob("*.safetensors"))
+        for name in files:
+            assert (f / name).read_bytes() == (s / name).read_bytes(), (model_type, name)

@@ -194,6 +194,10 @@ def test_dry_run_prints_the_plan_and_writes_nothing(tmp_path, capsys):
     # fp32 served in 16 bits (vLLM auto, as lint and kv-budget count it): 2 layers x 2 x 8 heads x 8 x 2 B
     assert "KV cache     512 B/token -> 64 B/token  (0.125x)" in text
     assert "num_key_value_heads: 8 -> 1" in text
+    from kvtool.model import costs
+
+    est = costs.convert_mean(costs.for_checkpoint(src))
+    assert f"  estimate     {est.line()}\n" in text and "at the measured copy speed" in text
     assert not (tmp_path / "out").exists() and leftovers(tmp_path) == []
     assert checksums(src) == before
 

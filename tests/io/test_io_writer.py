@@ -118,3 +118,55 @@ def test_copy_from_writes_source_bytes_without_loading(tmp_path):
     assert all(torch.equal(back[n], t) for n, t in ts.items())
     with pytest.raises(RuntimeError, match="planned"):
         ShardWriter(out).copy_from("a.weight", src_dir / "model.safetensors", 0, 4)
+
+
+def test_background_copies_join_contiguous_runs_and_write_the_same_bytes(tmp_path, monkeypatch):
+    import kvtool.io.writer as writer_mod
+
+    src_dir = tmp_path / "src"
+    src_dir.mkdir()
+    ts = _tensors()
+    from safetensors.torch import save_file
+
+    save_file(ts, src_dir / "model.safetensors")
+    calls = []
+    real = writer_mod._copy_range
+    monkeypatch.setattr(writer_mod, "_copy_range", lambda *a: (calls.append(a[2:]), real(*a))[1])
+    outs = {}
+    for background in (False, True):
+        out = tmp_path / f"out-{background}"
+        out.mkdir()
+        calls.clear()
+        with CheckpointReader(src_dir) as r:
+            names = sorted(r.names(), key=lambda n: r.byte_range(n)[1])  # planned in the source's data order
+            w = ShardWriter(out, plan=_plan({n: ts[n] for n in names}), background_copies=background)
+            changed = names[len(names) // 2]  # written from memory: splits the copies into two runs
+            for n in names:
+                if n == changed:
+                    w.add(n, ts[n])
+                else:
+                    w.copy_from(n, *r.byte_range(n))
+            res = w.finalize()
+        outs[background] = (out / res.files[0]).read_bytes()
+        copied = len(calls)
+        if background:
+            assert copied == 2, calls  # one copy before the tensor written from memory, one after
+        else:
+            assert copied == len(names) - 1
+    assert outs[True] == outs[False]
+
+
+def test_a_failed_background_copy_is_raised_by_finalize(tmp_path):
+    src_dir, out = tmp_path / "src", tmp_path / "out"
+    src_dir.mkdir(), out.mkdir()
+    ts = _tensors()
+    from safetensors.torch import save_file
+
+    save_file(ts, src_dir / "model.safetensors")
+    with CheckpointReader(src_dir) as r, pytest.raises(OSError, match="end of the source"):
+        with ShardWriter(out, plan=_plan(ts), background_copies=True) as w:
+            for n in ts:  # raised by a later copy_from once the failed copy is done, else by finalize
+                path, off, nb = r.byte_range(n)
+                w.copy_from(n, path, off + 10**9, nb)  # past the end of the source file
+            w.finalize()
+    assert w._copier is None  # the copy thread was stopped before the files were closed
