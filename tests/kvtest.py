@@ -29,6 +29,40 @@ def write_safetensors(path: Path, tensors: dict, metadata: dict | None = None) -
     return path
 
 
+def attention_tensors(config: dict, dtype: str = "float16", shaped: bool = True) -> dict:
+    """Zero numpy arrays under the attention tensor names config's architecture table expects, one set per
+    attention layer: what `kvtool convert` plans from. shaped=False: one element each (header planning only)."""
+    import numpy as np
+
+    from kvtool.model.layer_types import KV_CACHE_TYPES
+    from kvtool.model.spec import build_spec
+
+    spec = build_spec(config)
+    arch, L = spec.arch, spec.num_layers or 0
+    H, KV, hd, hidden = spec.num_heads or 1, spec.num_kv_heads or 1, spec.head_dim or 1, spec.hidden_size or 1
+    rows = {"q": H * hd, "k": KV * hd, "v": KV * hd, "qkv": (H + 2 * KV) * hd}
+    kinds = spec.layer_types if len(spec.layer_types) == L else ["full_attention"] * L
+    out = {}
+    for i in range(L):
+        if kinds[i] not in KV_CACHE_TYPES:
+            continue
+        for role in (("qkv", "o") if arch.fused_qkv else ("q", "k", "v", "o")):
+            name = arch.tensor_name(role, i)
+            if name is None:  # a table without this role (MLA): convert refuses the model first
+                continue
+            shape = ((hidden, H * hd) if role == "o" else (rows[role], hidden)) if shaped else (1,)
+            out[name] = np.zeros(shape, dtype)
+    return out
+
+
+def write_checkpoint(folder: Path, config: dict, *, dtype: str = "float16", shaped: bool = True,
+                     extra: dict | None = None) -> Path:
+    """A config.json and one model.safetensors holding the attention tensors (plus `extra`)."""
+    write_config(folder, config)
+    write_safetensors(folder / "model.safetensors", {**attention_tensors(config, dtype, shaped), **(extra or {})})
+    return folder
+
+
 def running_kv_amax(model, batches) -> dict:
     """{(layer, "k"|"v"): running max |x| per KV head} over `batches`, from an ordinary whole-model forward
     through kvtool's KV hook (the reference calibration results are compared against)."""

@@ -107,7 +107,7 @@ def test_the_scan_sees_the_package():
 
 
 def test_every_kvtool_import_names_a_module_that_exists():
-    # function-level imports fail only when run: a module moved (kvtool.io.preflight -> kvtool.model.preflight)
+    # function-level imports fail only when run: a module moved (kvtool.model.preflight -> kvtool.model.preflight)
     # and an import left behind in a rarely taken branch is caught here
     bad = []
     for mod, path in MODULES.items():

@@ -15,25 +15,17 @@ def register(app: typer.Typer) -> None:
     @command(app, ConvertOptions, cls=_DstRequiredCommand,
              help="Convert attention heads: --to gqa --groups G | --to mqa | --to mha (exact expansion).")
     def convert(o: ConvertOptions) -> int:
-        from kvtool.convert.methods import get_method
+        from kvtool.convert.driver import check_options, make_plan, run_convert
         from kvtool.options.convert import method_options
         from kvtool.convert.report import render_plan, render_result
-        from kvtool.units import parse_size
 
-        try:
-            shard_bytes = parse_size(o.max_shard_size)
-        except ValueError as exc:
-            raise UsageError(str(exc), option="max_shard_size") from None
-        if shard_bytes <= 0:
-            raise UsageError("must be positive", option="max_shard_size")
         if o.eval_tokens < 2:
             raise UsageError(f"must be at least 2, got {o.eval_tokens}", option="eval_tokens")
         _gates(o.max_ppl_increase, o.max_kld)  # refuse a bad gate before any work, --dry-run too
-        method_obj = get_method(o.method, **method_options(o))  # unknown method / option: exit 2 before any work
+        # shard size, unknown method / option: exit 2 before any work (a recipe's convert step checks the same)
+        shard_bytes, method_obj = check_options(o.max_shard_size, o.method, method_options(o))
         if not o.dry_run and not o.dst:
             raise UsageError("missing required argument (only --dry-run goes without one)", option="dst")
-
-        from kvtool.convert.driver import make_plan, run_convert
 
         plan = make_plan(o.src, to=o.to, groups=o.groups, method=o.method, dtype=o.dtype, max_shard_size=shard_bytes)
         for w in plan.warnings:
@@ -49,7 +41,7 @@ def register(app: typer.Typer) -> None:
             raise UsageError("quality gates need --eval", option="max_ppl_increase" if o.max_ppl_increase else "max_kld")
         if want_eval:
             _eval_api()  # fail before converting when the eval API is missing
-        if want_eval or method_obj.array_api == "torch":  # transformers will load SRC: no checkpoint code
+        if want_eval:  # transformers will load SRC: no checkpoint code (the plan refused it for a torch method)
             from pathlib import Path
 
             from kvtool.model.preflight import refuse_auto_map
@@ -102,20 +94,9 @@ def _eval_api():
 
 
 def _gates(max_ppl_increase: str | None, max_kld: float | None) -> dict:
-    from kvtool.units import gate_threshold, parse_percent
+    from kvtool.eval.gate import parse_limits  # torch-free: --dry-run refuses a bad gate without torch
 
-    gates: dict = {}
-    if max_ppl_increase is not None:
-        try:
-            gates["max_ppl_increase"] = parse_percent(max_ppl_increase)
-        except ValueError as exc:
-            raise UsageError(str(exc), option="max_ppl_increase") from None
-    if max_kld is not None:
-        try:
-            gates["max_kld"] = gate_threshold(float(max_kld))
-        except ValueError as exc:
-            raise UsageError(str(exc), option="max_kld") from None
-    return gates
+    return parse_limits(max_ppl_increase, max_kld)
 
 
 def _run_eval(src: str, dst: str, device: str, max_tokens: int, gates: dict) -> int:

@@ -19,25 +19,12 @@ def register(app: typer.Typer) -> None:
                                     "top-1 agreement on the same tokens; exit 1 when a gate fails.")
     def eval_cmd(o: EvalOptions) -> int:
         from kvtool.datasets import read_texts
-        from kvtool.units import gate_threshold, parse_percent
+        from kvtool.eval.gate import parse_limits
 
         if o.format not in FORMATS:
             raise UsageError(f"unknown format {o.format!r}; use text or json", option="format")
-        gates = {}
-        if o.max_ppl_increase.strip().lower() not in ("off", "none", ""):
-            try:
-                gates["max_ppl_increase"] = parse_percent(o.max_ppl_increase)
-            except ValueError as exc:
-                raise UsageError(str(exc), option="max_ppl_increase") from None
-        if o.max_kld is not None:
-            try:
-                gates["max_kld"] = gate_threshold(o.max_kld)
-            except ValueError as exc:
-                raise UsageError(str(exc), option="max_kld") from None
-        if o.min_top1 is not None:
-            if not 0.0 <= o.min_top1 <= 1.0:
-                raise UsageError(f"must be between 0 and 1, got {o.min_top1}", option="min_top1")
-            gates["min_top1"] = o.min_top1
+        off = o.max_ppl_increase.strip().lower() in ("off", "none", "")
+        gates = parse_limits(None if off else o.max_ppl_increase, o.max_kld, o.min_top1)
         if o.baseline is None:
             explicit = [g for g in gates if g != "max_ppl_increase"]
             if explicit:

@@ -62,12 +62,6 @@ def _split(text: str | None) -> list[str]:
 
 
 def _check_selectors(selectors) -> None:
-    """A selector that matches no rule is a typo: refuse it rather than silently check nothing."""
-    from kvtool.rules import load_all
-    from kvtool.rules.registry import REDIRECTS, RULES
+    from kvtool.rules.engine import check_selectors
 
-    load_all()
-    known = list(RULES) + list(REDIRECTS)
-    for sel in selectors:
-        if not any(code.startswith(sel) for code in known):
-            raise UsageError(f"{sel!r} matches no rule code (`kvtool rules` lists them)", field="--select/--ignore")
+    check_selectors(selectors, field="--select/--ignore")

@@ -126,8 +126,7 @@ def resolve_target(to: str, groups: int | None, num_heads: int, kv_heads: int, *
     return g
 
 
-def _refuse_unsupported(arch: Architecture, spec: ModelSpec, ckpt: Checkpoint) -> None:
-    where = str(ckpt.config_path)
+def _refuse_unsupported(arch: Architecture, spec: ModelSpec, config: dict, where: str) -> None:
     if arch.generic:
         mt = spec.model_type if spec.model_type is not None else spec.full_config.get("model_type")  # as written
         raise UsageError(f"model_type {mt!r:.60} has no architecture table; its weight layout is unknown, "
@@ -149,7 +148,7 @@ def _refuse_unsupported(arch: Architecture, spec: ModelSpec, ckpt: Checkpoint) -
     if arch.weights.get("transposed"):
         raise UsageError(f"{arch.model_type} stores transposed (Conv1D) projections, which convert does not handle",
                          file=where, field="model_type")
-    if isinstance(ckpt.config.get("quantization_config"), dict):
+    if isinstance(config.get("quantization_config"), dict):
         raise UsageError("quantized checkpoint: pool the unquantized weights, then quantize", file=where,
                          field="quantization_config")
     when = arch.weights.get("qk_norm_when") or {}
@@ -195,30 +194,69 @@ def source_fingerprint(ckpt: Checkpoint) -> str:
     return "sha256:" + h.hexdigest()
 
 
+def check_dtype(dtype: str) -> str | None:
+    """The safetensors dtype for a --dtype choice (None: keep)."""
+    if dtype not in OUT_DTYPES:
+        raise UsageError(f"--dtype must be one of {', '.join(OUT_DTYPES)}, not {dtype!r}", option="dtype")
+    return OUT_DTYPES[dtype]
+
+
+def check_options(max_shard_size: str, method: str, method_options: dict) -> tuple[int, object]:
+    """What `kvtool convert` and a recipe's convert step check before opening the model: the shard size, and
+    the merge method with its options (kvtool.options.convert.method_options: an option another method owns
+    is refused by name). Returns (shard bytes, the method object)."""
+    from kvtool.convert.methods import get_method
+    from kvtool.units import parse_size
+
+    try:
+        shard_bytes = parse_size(max_shard_size)
+    except ValueError as exc:
+        raise UsageError(str(exc), option="max_shard_size") from None
+    if shard_bytes <= 0:
+        raise UsageError("must be positive", option="max_shard_size")
+    return shard_bytes, get_method(method, **method_options)
+
+
 def make_plan(src: str | Path, *, to: str, groups: int | None = None, method: str = "mean",
               dtype: str = "keep", max_shard_size: int = 5 * 10**9) -> ConvertPlan:
     """Everything the conversion will do, from config and headers (no tensor data read)."""
-    if dtype not in OUT_DTYPES:
-        raise UsageError(f"--dtype must be one of {', '.join(OUT_DTYPES)}, not {dtype!r}", option="dtype")
+    check_dtype(dtype)
     src_path = Path(src)
     if not src_path.is_dir():
         raise InputError("SRC must be a model folder (config.json + safetensors)", file=str(src))
     ckpt = preflight(src_path)  # corrupt weights, escaping index, pickles only: refused before any read
-    spec = build_spec(ckpt.config)
-    require_valid_numbers(spec, str(ckpt.config_path))
+    p = plan(ckpt, to=to, groups=groups, method=method, dtype=dtype, max_shard_size=max_shard_size)
+    p.src = src_path  # as the user wrote it: the dry-run and provenance name it so
+    return p
+
+
+def plan(ckpt: Checkpoint, *, to: str, groups: int | None = None, method: str = "mean", dtype: str = "keep",
+         max_shard_size: int = 5 * 10**9, config: dict | None = None, tensors: dict | None = None) -> ConvertPlan:
+    """The conversion of an opened checkpoint: every refusal `kvtool convert` and a recipe's convert step make.
+
+    A recipe plans a step on the model as its earlier steps leave it: `config` (default: the checkpoint's)
+    and `tensors` (name -> dtype / shape; default: the checkpoint's headers)."""
+    out_dtype = check_dtype(dtype)
+    config = ckpt.config if config is None else config
+    config_file = str(ckpt.config_path)
+    if tensors is None:
+        if not ckpt.has_weights:  # what preflight refuses when weights are required
+            ckpt.require_pulled_weights()
+            raise InputError("no safetensors weights in the model folder", file=str(ckpt.root or ckpt.config_path))
+        tensors = ckpt.tensors
+    spec = build_spec(config)
+    require_valid_numbers(spec, config_file)
     arch = spec.arch
-    _refuse_unsupported(arch, spec, ckpt)
+    _refuse_unsupported(arch, spec, config, config_file)
     H, KV, hd, L = spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.num_layers
     for name, val in (("num_heads", H), ("num_kv_heads", KV), ("head_dim", hd), ("num_layers", L)):
         if not val or val <= 0:
-            raise InputError(f"cannot read {name} from the config", file=str(ckpt.config_path), field=spec.key(name))
+            raise InputError(f"cannot read {name} from the config", file=config_file, field=spec.key(name))
     if H % KV:
-        raise InputError(f"{H} query heads do not split into {KV} KV heads", file=str(ckpt.config_path),
+        raise InputError(f"{H} query heads do not split into {KV} KV heads", file=config_file,
                          field=spec.key("num_kv_heads"))
     flag = kv_field_is_boolean(arch, spec.config)
     G = resolve_target(to, groups, H, KV, flag_field=flag)
-    out_dtype = OUT_DTYPES[dtype]
-    tensors = ckpt.tensors
     from kvtool.model.layer_types import KV_CACHE_TYPES
 
     # Layers without attention (Mamba, linear attention) have no KV heads: streamed through as they are.
@@ -229,24 +267,31 @@ def make_plan(src: str | Path, *, to: str, groups: int | None = None, method: st
         for fld, n in names.items():
             if fld not in ("q_norm", "k_norm") and tensors[n].dtype not in FLOAT_DTYPES:
                 raise InputError(f"tensor {n!r} is {tensors[n].dtype}: quantized weights cannot be pooled",
-                                 file=tensors[n].file)
-    plan = ConvertPlan(src=src_path, ckpt=ckpt, spec=spec, arch=arch, num_heads=H, head_dim=hd, from_kv=KV, to_kv=G,
-                       method=method, out_dtype=out_dtype, max_shard_size=max_shard_size, layers=layers)
-    _plan_tensors(plan, tensors)
+                                 file=getattr(tensors[n], "file", where))
+    p = ConvertPlan(src=ckpt.root or ckpt.config_path.parent, ckpt=ckpt, spec=spec, arch=arch, num_heads=H,
+                    head_dim=hd, from_kv=KV, to_kv=G, method=method, out_dtype=out_dtype,
+                    max_shard_size=max_shard_size, layers=layers)
+    _plan_tensors(p, tensors)
     from kvtool.model import kvcache
 
-    plan.new_config = rewrite_config(ckpt.config, arch, num_heads=H, new_kv_heads=G,
-                                     dtype_name=CONFIG_DTYPE_NAMES.get(out_dtype) if out_dtype else None)
+    p.new_config = rewrite_config(config, arch, num_heads=H, new_kv_heads=G,
+                                  dtype_name=CONFIG_DTYPE_NAMES.get(out_dtype) if out_dtype else None)
     # the figure lint and kv-budget print: the cache vLLM allocates for the written checkpoint
-    _, elem, _ = kvcache.serving_kv_dtype(build_spec(plan.new_config))
-    plan.kv_bytes_before = kvcache.bytes_per_token(spec, elem)
-    plan.kv_bytes_after = kvcache.bytes_per_token(spec, elem, kv_heads=G)
+    _, elem, _ = kvcache.serving_kv_dtype(build_spec(p.new_config))
+    p.kv_bytes_before = kvcache.bytes_per_token(spec, elem)
+    p.kv_bytes_after = kvcache.bytes_per_token(spec, elem, kv_heads=G)
     if G < KV and arch.weights.get("k_norm") and arch.weights.get("k_norm_scope") == "all" and any(
             "k_norm" in n for n in layers.values()):
-        plan.warnings.append("k_norm spans all KV heads (one weight per channel): it is pooled like the K rows; "
-                             "the RMS it divides by now covers fewer heads, so the result is approximate")
-    plan.source_hash = source_fingerprint(ckpt)
-    return plan
+        p.warnings.append("k_norm spans all KV heads (one weight per channel): it is pooled like the K rows; "
+                          "the RMS it divides by now covers fewer heads, so the result is approximate")
+    from kvtool.convert.methods import get_method
+
+    if getattr(get_method(method), "array_api", "torch") == "torch" and ckpt.root is not None:
+        from kvtool.model.preflight import refuse_auto_map
+
+        refuse_auto_map(ckpt.root)  # the method runs the model with transformers: checkpoint code is refused
+    p.source_hash = source_fingerprint(ckpt)
+    return p
 
 
 def _planned_shape(plan: ConvertPlan, fld: str, shape: tuple) -> tuple:

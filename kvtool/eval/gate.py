@@ -62,6 +62,30 @@ class GateResult:
                 "se": self.se, "passed": self.passed}
 
 
+def parse_limits(max_ppl_increase: str | float | None = None, max_kld: float | None = None,
+                 min_top1: float | None = None) -> dict[str, float]:
+    """{field: limit} for the gates given (None: not gated), each refused by its field when it is no limit:
+    what `kvtool eval`, `kvtool convert --eval` and a recipe's eval thresholds all accept."""
+    from kvtool.units import gate_threshold, parse_percent
+
+    limits: dict[str, float] = {}
+    if max_ppl_increase is not None:
+        try:
+            limits["max_ppl_increase"] = parse_percent(max_ppl_increase)
+        except ValueError as exc:
+            raise UsageError(str(exc), option="max_ppl_increase") from None
+    if max_kld is not None:
+        try:
+            limits["max_kld"] = gate_threshold(float(max_kld))
+        except ValueError as exc:
+            raise UsageError(str(exc), option="max_kld") from None
+    if min_top1 is not None:
+        if not 0.0 <= min_top1 <= 1.0:
+            raise UsageError(f"must be between 0 and 1, got {min_top1}", option="min_top1")
+        limits["min_top1"] = min_top1
+    return limits
+
+
 def check(summary: dict, limits: dict[str, float]) -> list[GateResult]:
     """Apply {field: limit} (e.g. {"max_kld": 0.01}); a NaN value fails. Relative gates need a baseline."""
     results = []

@@ -84,47 +84,84 @@ def text_hash(texts: list[str]) -> str:
     return "sha256:" + h.hexdigest()
 
 
-def prepare(src: str, dst: str, opts: QuantizeOptions):
-    """All checks that need no model: (checkpoint, architecture, spec, new config). Raises exit-2 errors."""
+def check_model(ckpt, *, config: dict | None = None, tensors: dict | None = None):
+    """The model-side refusals of quantize-kv (torch-free), on the checkpoint or, for a recipe step, on the
+    config and tensors its earlier steps leave. Returns the spec."""
     from kvtool.model.architectures import is_known
+    from kvtool.model.numbers import require_valid_numbers
+    from kvtool.model.spec import build_spec
+    from kvtool.model.kv_scale_names import is_kv_scale
+
+    config = ckpt.config if config is None else config
+    where = str(ckpt.config_path)
+    if tensors is None:
+        if not ckpt.has_weights:  # what preflight refuses when weights are required
+            ckpt.require_pulled_weights()
+            raise InputError("no safetensors weights in the model folder", file=str(ckpt.root or ckpt.config_path))
+        tensors = ckpt.tensors
+    spec = build_spec(config)
+    require_valid_numbers(spec, where)
+    if not is_known(spec.model_type):
+        raise InputError(f"model_type {spec.model_type!r} has no architecture table; kvtool cannot name its "
+                         "attention modules", file=where, field="model_type")
+    if spec.is_mla:
+        raise InputError("MLA attention caches a latent, not K and V; per-K/V FP8 scales do not apply",
+                         file=where, field="model_type")
+    if not spec.num_kv_heads or not spec.num_layers:
+        raise InputError("cannot tell the number of layers / KV heads", file=where,
+                         field=spec.key("num_kv_heads") or "num_key_value_heads")
+    already = [n for n in tensors if is_kv_scale(n)]
+    if already:
+        raise InputError(f"already carries KV-cache scales (e.g. {already[0]!r}); start from the checkpoint without them",
+                         file=ckpt.source, field=already[0])
+    from kvtool.quantize.config import check_mergeable
+
+    check_mergeable(config, where)  # with_kv_cache_scheme checks it again; a recipe's plan stops here
+    return spec
+
+
+@dataclass
+class QuantizePlan:
+    """What quantize-kv will do, decided before any model is loaded: every refusal has been made."""
+
+    src: str
+    dst: str
+    opts: QuantizeOptions
+    ckpt: object  # kvtool.model.checkpoint.Checkpoint
+    arch: object
+    spec: object
+    new_config: dict  # config.json with the kv_cache_scheme
+
+
+def plan(src: str, dst: str, opts: QuantizeOptions) -> QuantizePlan:
+    """All checks that need no model (the options, the checkpoint, DST). Raises exit-2 errors."""
     from kvtool.model.preflight import preflight
     from kvtool.io.staging import check_destination
-    from kvtool.model.numbers import require_valid_numbers
     from kvtool.quantize.config import with_kv_cache_scheme
     from kvtool.quantize.observers import parse_spec
-    from kvtool.quantize.write import existing_scales
-    from kvtool.model.spec import build_spec
 
     check_options(opts)
     src_path = Path(src)
     if not src_path.is_dir():
         raise InputError("is not a model folder (quantize-kv needs config.json and safetensors weights)", file=src)
     ckpt = preflight(src, model_code=True)  # before any load: corrupt weights, pickles, auto_map refused
-    spec = build_spec(ckpt.config)
-    require_valid_numbers(spec, str(ckpt.config_path))
+    spec = check_model(ckpt)
     arch = spec.arch
-    if not is_known(spec.model_type):
-        raise InputError(f"model_type {spec.model_type!r} has no architecture table; kvtool cannot name its "
-                         "attention modules", file=str(ckpt.config_path), field="model_type")
-    if spec.is_mla:
-        raise InputError("MLA attention caches a latent, not K and V; per-K/V FP8 scales do not apply",
-                         file=str(ckpt.config_path), field="model_type")
-    if not spec.num_kv_heads or not spec.num_layers:
-        raise InputError("cannot tell the number of layers / KV heads", file=str(ckpt.config_path),
-                         field=spec.key("num_kv_heads") or "num_key_value_heads")
-    already = existing_scales(ckpt.tensors)
-    if already:
-        raise InputError(f"already carries KV-cache scales (e.g. {already[0]!r}); start from the checkpoint without them",
-                         file=src, field=already[0])
     check_destination(Path(dst), force=opts.force, protect=[src_path])
     entry, _ = parse_spec(opts.observer)
     new_config = with_kv_cache_scheme(ckpt.config, strategy=opts.strategy, observer_name=entry.name,
                                       config_file=str(ckpt.config_path))
-    return ckpt, arch, spec, new_config
+    return QuantizePlan(src=src, dst=dst, opts=opts, ckpt=ckpt, arch=arch, spec=spec, new_config=new_config)
 
 
 def quantize_kv(src: str, dst: str, opts: QuantizeOptions, *, log=print) -> QuantizeResult:
-    ckpt, arch, spec, new_config = prepare(src, dst, opts)  # refuses bad input before torch is imported
+    """plan, then apply: bad input is refused before torch is imported."""
+    return apply(plan(src, dst, opts), log=log)
+
+
+def apply(p: QuantizePlan, *, log=print) -> QuantizeResult:
+    """Calibrate, report quality and write DST (staged) for a plan."""
+    src, dst, opts, arch, spec, new_config = p.src, p.dst, p.opts, p.arch, p.spec, p.new_config
     from kvtool import __version__
     from kvtool.model import kv_scale_names
     from kvtool.datasets import calibration_texts
@@ -175,23 +212,7 @@ def quantize_kv(src: str, dst: str, opts: QuantizeOptions, *, log=print) -> Quan
     scales = scale_tensors(result, arch.attn_prefix, per_head=opts.strategy == "attn_head")
     meta = {kv_scale_names.SCALE_POINT_METADATA_KEY: "post_rope", "kvtool_version": __version__,
             "kvtool_observer": result.observer, "kvtool_strategy": opts.strategy, "kvtool_format": fmt.name}
-    prov = {
-        "kvtool_version": __version__, "command": "quantize-kv", "source": str(src),
-        "model_type": spec.model_type, "format": fmt.name, "vllm_kv_cache_dtype": fmt.vllm_cache_dtype,
-        "strategy": opts.strategy, "observer": result.observer, "scale_point": "post_rope",
-        "calibration": {"tokens": n, "sequences": result.sequences, "seq_len": opts.seq_len,
-                        "text_sha256": text_hash(calib), "files": calib_label,
-                        "device": result.device, "seconds": round(result.seconds, 2), "model": held},
-        "scales": {name: [round(float(x), 8) for x in t.reshape(-1)] for name, t in scales.items()},
-        "amax": {"k": {str(i): [round(float(x), 6) for x in a] for i, a in result.k_amax.items()},
-                 "v": {str(i): [round(float(x), 6) for x in a] for i, a in result.v_amax.items()}},
-    }
-    if result.search:  # output-aware observers: every candidate tried and its attention-output error
-        prov["search"] = {f"{i}.{role}": {"candidates": [[round(float(x), 8) for x in c] for c in cands],
-                                          "errors": [float(e) for e in errors]}
-                          for (i, role), (cands, errors) in sorted(result.search.items())}
-    if result.peak_device_bytes is not None:
-        prov["calibration"]["peak_device_bytes"] = result.peak_device_bytes
+    prov = _provenance(p, result, scales, calib, calib_label, n, held, fmt)
     quality = []
     if not opts.no_eval:
         if model is None:  # the folder: the report reads one decoder layer at a time (kvtool.eval.layerwise)
@@ -207,6 +228,31 @@ def quantize_kv(src: str, dst: str, opts: QuantizeOptions, *, log=print) -> Quan
                                link=opts.link)
     return QuantizeResult(dst=Path(dst), calibration=result, scale_tensors=summary.scale_tensors,
                           linked=summary.linked, copied=summary.copied, quality=quality, config=new_config)
+
+
+def _provenance(p: QuantizePlan, result, scales: dict, calib: list[str], calib_label: list[str], n: int, held,
+                fmt) -> dict:
+    """kvtool.json's record of a calibration: inputs, settings, every scale and the amax it came from."""
+    from kvtool import __version__
+
+    prov = {
+        "kvtool_version": __version__, "command": "quantize-kv", "source": str(p.src),
+        "model_type": p.spec.model_type, "format": fmt.name, "vllm_kv_cache_dtype": fmt.vllm_cache_dtype,
+        "strategy": p.opts.strategy, "observer": result.observer, "scale_point": "post_rope",
+        "calibration": {"tokens": n, "sequences": result.sequences, "seq_len": p.opts.seq_len,
+                        "text_sha256": text_hash(calib), "files": calib_label,
+                        "device": result.device, "seconds": round(result.seconds, 2), "model": held},
+        "scales": {name: [round(float(x), 8) for x in t.reshape(-1)] for name, t in scales.items()},
+        "amax": {"k": {str(i): [round(float(x), 6) for x in a] for i, a in result.k_amax.items()},
+                 "v": {str(i): [round(float(x), 6) for x in a] for i, a in result.v_amax.items()}},
+    }
+    if result.search:  # output-aware observers: every candidate tried and its attention-output error
+        prov["search"] = {f"{i}.{role}": {"candidates": [[round(float(x), 8) for x in c] for c in cands],
+                                          "errors": [float(e) for e in errors]}
+                          for (i, role), (cands, errors) in sorted(result.search.items())}
+    if result.peak_device_bytes is not None:
+        prov["calibration"]["peak_device_bytes"] = result.peak_device_bytes
+    return prov
 
 
 def quality_report(model, tok, result, eval_texts, opts: QuantizeOptions, device) -> list:

@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Callable
 
 from kvtool import __version__
-from kvtool.model.checkpoint import open_checkpoint
 from kvtool.errors import GateFailed, InputError, KvtoolError, UsageError
 from kvtool.model.preflight import preflight
 from kvtool.model.numbers import require_valid_numbers
@@ -71,16 +70,12 @@ def _texts(ctx: RunContext, section: dict, purpose: str) -> list[str]:
 
 # --- step runners ---------------------------------------------------------------------------------
 def run_convert_step(ctx: RunContext, step: Step) -> StepResult:
-    from kvtool.convert.driver import make_plan, run_convert
+    from kvtool.convert.driver import check_options, make_plan, run_convert
     from kvtool.options.convert import method_options
-    from kvtool.options.convert import ConvertOptions
-    from kvtool.options.fields import from_recipe
-    from kvtool.units import parse_size
+    from kvtool.recipes.plan import convert_options
 
     out = ctx.new_folder(step)
-    o = from_recipe(ConvertOptions, step.options, src=str(ctx.current), dst=str(out))
-    plan = make_plan(o.src, to=o.to, groups=o.groups if o.to == "gqa" else None, method=o.method, dtype=o.dtype,
-                     max_shard_size=parse_size(o.max_shard_size))
+    o = convert_options(step.options, src=str(ctx.current), dst=str(out))
     if o.method == "aware":  # the recipe's text: its files (one file: joined), or a built-in dataset
         files = _texts(ctx, step.options.get("calibration") or {}, "calibration")
         if len(files) > 1:  # the aware method reads one file: join them
@@ -91,8 +86,9 @@ def run_convert_step(ctx: RunContext, step: Step) -> StepResult:
             joined.write_text("\n\n".join(read_text_file(f, "calib_text") for f in files), encoding="utf-8")
             files = [str(joined)]
         o.calib_text, o.calib_dataset = files[0], None
-    options = method_options(o) if o.method == "aware" else {}  # a recipe's mean step ignores the aware keys
-    res = run_convert(plan, out, progress=ctx.progress, device=_device(ctx), method_options=options)
+    shard_bytes, method_obj = check_options(o.max_shard_size, o.method, method_options(o))  # the command's checks
+    plan = make_plan(o.src, to=o.to, groups=o.groups, method=o.method, dtype=o.dtype, max_shard_size=shard_bytes)
+    res = run_convert(plan, out, method_obj=method_obj, progress=ctx.progress, device=_device(ctx))
     return StepResult(step.index, step.kind, dict(step.options), str(out),
                       details={"kv_heads": f"{plan.from_kv}->{plan.to_kv}", "method": o.method, "files": res.files})
 
@@ -115,28 +111,16 @@ def run_lint_step(ctx: RunContext, step: Step) -> StepResult:
                       details=details)
 
 
-def rope_options(options: dict, recipe: Recipe, **given):
-    """RopeOptions for a recipe's rope step (file options resolved relative to the recipe)."""
-    from kvtool.options.fields import from_recipe
-    from kvtool.options.rope import RopeOptions
-
-    o = from_recipe(RopeOptions, options, **{"src": "", **given})
-    for name in ("short_factor_file", "long_factor_file"):
-        if getattr(o, name) is not None:
-            setattr(o, name, str(recipe.resolve(getattr(o, name))))
-    return o
-
-
 def run_rope_step(ctx: RunContext, step: Step) -> StepResult:
-    import sys
+    from kvtool.recipes.plan import rope_options
+    from kvtool.rope.command import plan_change, write
 
-    from kvtool.rope.command import run
-
+    # the command's own plan and write: the same refusals (a result lint would fail included), no stdout
+    ckpt = preflight(ctx.current, read_side_files=False, require_weights=False)
+    plan = plan_change(ckpt.config, str(ckpt.config_path), rope_options(step.options, ctx.recipe))
     out = ctx.new_folder(step)
-    opts = rope_options(step.options, ctx.recipe, src=str(ctx.current), dst=str(out))
-    run(opts, echo=lambda line: print(line, file=sys.stderr))  # keep stdout for the report
-    cfg = open_checkpoint(out, read_weights=False).config
-    spec = build_spec(cfg)
+    write(ckpt, plan, dst=out)
+    spec = plan.spec
     return StepResult(step.index, step.kind, dict(step.options), str(out),
                       details={"max_position_embeddings": spec.max_position,
                                "rope": {k: {"rope_type": v.rope_type, **v.params} for k, v in spec.rope.items()}})
@@ -163,14 +147,12 @@ def run_eval_step(ctx: RunContext, step: Step) -> StepResult:
     from kvtool.datasets import read_texts
     from kvtool.options.eval import EvalOptions
     from kvtool.options.fields import from_recipe
-    from kvtool.units import parse_percent
+    from kvtool.recipes.plan import eval_limits
 
     o = from_recipe(EvalOptions, step.options, model=str(ctx.current), baseline=str(ctx.src))
     files = [str(path) for _, path in ctx.recipe.text_files(step.options)] or None
     texts, text_name = read_texts(files, o.dataset)
-    gates = {}  # a recipe gates only on the thresholds it names (the command's 2% default is no recipe default)
-    for key, v in (step.options.get("thresholds") or {}).items():  # the schema admits the gates' names only
-        gates[key] = parse_percent(v) if key == "max_ppl_increase" else float(v)
+    gates = eval_limits(step.options)
     report = evaluate(o.model, baseline=o.baseline, texts=texts, text_name=text_name, max_length=o.max_length,
                       stride=o.stride, max_tokens=o.max_tokens, device=_device(ctx), kv_cache_dtype=o.kv_cache_dtype,
                       gates=gates, progress=ctx.progress)
@@ -218,12 +200,7 @@ def apply_recipe(recipe_path: str | Path, src: str | Path, dst: str | Path, *, d
     """Validate the whole recipe, then run it. Returns the report; raises GateFailed on a failed gate."""
     recipe = load_recipe(recipe_path)
     src = Path(src)
-    if not src.is_dir():
-        raise InputError("SRC must be a model folder", file=str(src))
-    loads_model = any(s.kind in ("quantize-kv", "eval") or s.options.get("method") == "aware" for s in recipe.steps)
-    ckpt = preflight(src, model_code=loads_model, require_weights=False)
-    require_valid_numbers(build_spec(ckpt.config), str(ckpt.config_path))
-    plan = plan_recipe(recipe, ckpt.config, ckpt.has_weights)
+    plan = _plan(recipe, src)
     echo(f"recipe {recipe.name} ({recipe.path}): {len(recipe.steps)} step(s)")
     for step, desc in zip(recipe.steps, plan):
         echo(f"  {step.index}. {step.kind}: {desc}")
@@ -274,19 +251,36 @@ def apply_recipe(recipe_path: str | Path, src: str | Path, dst: str | Path, *, d
                              f"(report: {failed_report})", file=str(recipe.path))
         _finish(ctx, dst, report, force=force)
     finally:
-        if keep_intermediate and work.exists():
-            from kvtool.io.staging import MARKER
-
-            (work / MARKER).unlink(missing_ok=True)
-            if kept.exists() and force:  # checked up front: --force was given to replace it
-                shutil.rmtree(kept)
-            if kept.exists():  # appeared while we worked: keep both, never delete it
-                kept = _unique(dst.parent, f"{dst.name}.intermediate", "")
-            os.replace(work, kept)
-            echo(f"intermediate folders kept in {kept}")
-        else:
-            shutil.rmtree(work, ignore_errors=True)
+        _dispose_work(work, kept if keep_intermediate else None, dst, force=force, echo=echo)
     return report
+
+
+def _plan(recipe: Recipe, src: Path) -> list[str]:
+    """The recipe's plan on SRC: every step's refusals, before any work."""
+    if not src.is_dir():
+        raise InputError("SRC must be a model folder", file=str(src))
+    # steps that load the source with transformers refuse checkpoint code up front, as their commands do first
+    # (a convert step's plan refuses it for a method that runs the model, where `kvtool convert` does)
+    loads_model = any(s.kind in ("quantize-kv", "eval") for s in recipe.steps)
+    ckpt = preflight(src, model_code=loads_model, require_weights=False)
+    require_valid_numbers(build_spec(ckpt.config), str(ckpt.config_path))
+    return plan_recipe(recipe, ckpt)
+
+
+def _dispose_work(work: Path, kept: Path | None, dst: Path, *, force: bool, echo: Callable[[str], None]) -> None:
+    """The work folder moves to `kept` (--keep-intermediate) or is removed."""
+    if kept is None or not work.exists():
+        shutil.rmtree(work, ignore_errors=True)
+        return
+    from kvtool.io.staging import MARKER
+
+    (work / MARKER).unlink(missing_ok=True)
+    if kept.exists() and force:  # checked up front: --force was given to replace it
+        shutil.rmtree(kept)
+    if kept.exists():  # appeared while we worked: keep both, never delete it
+        kept = _unique(dst.parent, f"{dst.name}.intermediate", "")
+    os.replace(work, kept)
+    echo(f"intermediate folders kept in {kept}")
 
 
 def _name_step_key(exc: KvtoolError, step: Step) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from kvtool.errors import InputError
 from kvtool.io.inputfile import not_regular
-from kvtool.recipes.load import load_recipe
+from kvtool.recipes.load import RecipeError, load_recipe
 from kvtool.rules import load_all
 from kvtool.rules.engine import ModelReport, select
 from kvtool.rules.registry import RULES, Finding, LintOptions
@@ -26,17 +26,11 @@ def lint_recipe_file(path: str) -> ModelReport:
     report = ModelReport(model=path, model_type="recipe")
     try:
         recipe = load_recipe(path)
-    except InputError as exc:
-        if "no such recipe file" in exc.message or "not UTF-8" in exc.message or "cannot read" in exc.message:
-            report.error = exc.line()
-            return report
-        line = None
-        msg = exc.message
-        if msg.startswith("line ") and ":" in msg:
-            head, msg = msg.split(":", 1)
-            line = int(head.split()[1])
-            msg = msg.strip()
-        report.findings.append(finding("KV961", msg, exc.field, line))
+    except RecipeError as exc:  # the recipe's content: a finding at its line (the error's fields, not its words)
+        report.findings.append(finding("KV961", exc.detail, exc.field, exc.lineno))
+        return report
+    except InputError as exc:  # the file itself (missing, unreadable, not UTF-8): nothing to lint
+        report.error = exc.line()
         return report
     for step in recipe.steps:
         for sec in (step.options, step.options.get("calibration")):

@@ -27,6 +27,17 @@ MAX_YAML_ALIASES = 100
 MAX_INT_CHARS = 100  # far past any count a recipe holds; well under Python's 4300-digit int() limit
 
 
+class RecipeError(InputError):
+    """A recipe that does not parse or validate (exit 2). `lineno` / `column` and `detail` are kept apart, so
+    recipe lint reports a finding from the fields instead of parsing the one-line message."""
+
+    def __init__(self, detail: str, *, file: str, field: str | None = None, lineno: int | None = None,
+                 column: int | None = None):
+        self.detail, self.lineno, self.column = detail, lineno, column
+        where = f"line {lineno}" + (f" column {column}" if column else "") + ": " if lineno else ""
+        super().__init__(where + detail, file=file, field=field)
+
+
 @dataclass(frozen=True)
 class Step:
     kind: str  # convert | rope | quantize-kv | lint | eval
@@ -110,15 +121,15 @@ def _schema_error(err, lines: _LineMap, file: str) -> InputError:
         if extra:
             key_path = path + (extra[0],)
             allowed = ", ".join(sorted(err.schema.get("properties", {})))
-            return InputError(f"line {lines.line(key_path)}: unknown key {extra[0]!r} (allowed: {allowed})",
-                              file=file, field=_dotted(key_path))
+            return RecipeError(f"unknown key {extra[0]!r} (allowed: {allowed})", lineno=lines.line(key_path),
+                               file=file, field=_dotted(key_path))
     if err.validator in ("oneOf", "anyOf") and err.context:
         msg = min(err.context, key=lambda e: len(e.message)).message
     if err.validator == "not" and path and isinstance(err.instance, dict):
         msg = "give either factor or target_context, not both"
     if err.validator in ("minProperties", "maxProperties") and len(path) == 2 and path[0] == "steps":
         msg = "each step is a mapping with exactly one key: convert, rope, quantize-kv, lint or eval"
-    return InputError(f"line {lines.line(path)}: {msg}", file=file, field=_dotted(path))
+    return RecipeError(msg, lineno=lines.line(path), file=file, field=_dotted(path))
 
 
 def load_recipe(path: str | Path) -> Recipe:
@@ -129,18 +140,18 @@ def load_recipe(path: str | Path) -> Recipe:
         node, data = _load_bounded(text, str(p))
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1} column {mark.column + 1}: " if mark else ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise InputError(f"{where}invalid YAML: {problem}", file=str(p)) from None
+        raise RecipeError(f"invalid YAML: {problem}", file=str(p), lineno=mark.line + 1 if mark else None,
+                          column=mark.column + 1 if mark else None) from None
     if node is None or not isinstance(data, dict):
-        raise InputError("a recipe must be a YAML mapping with `version` and `steps`", file=str(p))
+        raise RecipeError("a recipe must be a YAML mapping with `version` and `steps`", file=str(p))
     lines = _LineMap(node)
     if lines.duplicates:
         dpath, line = lines.duplicates[0]
-        raise InputError(f"line {line}: duplicate key {dpath[-1]!r}", file=str(p), field=_dotted(dpath))
+        raise RecipeError(f"duplicate key {dpath[-1]!r}", lineno=line, file=str(p), field=_dotted(dpath))
     bad = _nonfinite(data, ())
     if bad is not None:
-        raise InputError(f"line {lines.line(bad)}: .nan / .inf is not a usable number here", file=str(p),
+        raise RecipeError(".nan / .inf is not a usable number here", lineno=lines.line(bad), file=str(p),
                          field=_dotted(bad))
     errors = sorted(_validator().iter_errors(data), key=lambda e: (lines.line(tuple(e.absolute_path)), list(e.absolute_path)))
     if errors:
@@ -163,10 +174,10 @@ class _BoundedLoader(yaml.SafeLoader):
         if self.check_event(yaml.AliasEvent):
             self._aliases += 1
             if self._aliases > MAX_YAML_ALIASES:
-                raise InputError(f"more than {MAX_YAML_ALIASES} YAML aliases", file=self._file)
+                raise RecipeError(f"more than {MAX_YAML_ALIASES} YAML aliases", file=self._file)
         self._depth += 1
         if self._depth > MAX_YAML_DEPTH:
-            raise InputError(f"YAML nested more than {MAX_YAML_DEPTH} levels deep", file=self._file)
+            raise RecipeError(f"YAML nested more than {MAX_YAML_DEPTH} levels deep", file=self._file)
         try:
             return super().compose_node(parent, index)
         finally:
@@ -181,12 +192,12 @@ def _load_bounded(text: str, file: str) -> tuple[yaml.Node | None, object]:
         if node is None:
             return None, None
         if _expanded_size(node) > MAX_YAML_NODES:
-            raise InputError(f"YAML expands to more than {MAX_YAML_NODES} nodes (aliases repeat anchored "
+            raise RecipeError(f"YAML expands to more than {MAX_YAML_NODES} nodes (aliases repeat anchored "
                              f"content)", file=file)
         too_long = _first_long_integer(node)
         if too_long is not None:
-            raise InputError(f"line {too_long.start_mark.line + 1}: an integer with {len(too_long.value)} characters; "
-                             f"recipe numbers have at most {MAX_INT_CHARS}", file=file)
+            raise RecipeError(f"an integer with {len(too_long.value)} characters; recipe numbers have at most "
+                              f"{MAX_INT_CHARS}", lineno=too_long.start_mark.line + 1, file=file)
         return node, loader.construct_document(node)
     finally:
         loader.dispose()

@@ -1,9 +1,10 @@
 """Check a whole recipe against the source model before any work is done.
 
-Each step kind has a planner that checks its options against the model *as the previous steps
-leave it* (simulated on the config alone, no torch) and returns a one-line description of what
-it will do. An impossible step (groups not dividing the heads, RoPE on an ALiBi model, missing
-calibration text) is refused here, before the first tensor is read.
+Each step kind has a planner that calls the operation's own plan (the one its command calls, so a
+recipe never accepts what the command refuses) on the model *as the previous steps leave it*:
+the config they wrote and the tensors they planned, simulated without torch. It returns a
+one-line description of what the step will do. An impossible step (groups not dividing the heads,
+RoPE on an ALiBi model, missing calibration text) is refused here, before the first tensor is read.
 """
 
 from __future__ import annotations
@@ -14,18 +15,34 @@ from typing import Callable
 
 from kvtool.errors import KvtoolError, UsageError
 from kvtool.io.inputfile import not_regular
+from kvtool.model.checkpoint import Checkpoint
 from kvtool.recipes.load import Recipe, Step
-from kvtool.model.spec import build_spec
+
+# Built-in datasets a recipe step may name: offline only, so a recipe never waits on the network midway.
+RECIPE_DATASETS = ("pydoc",)
 
 
 @dataclass
 class PlanState:
+    ckpt: Checkpoint  # the source
     config: dict  # the config as the steps so far leave it
-    has_weights: bool
+    tensors: dict | None = None  # name -> dtype / shape as the steps so far leave them; None: the source's
     notes: list[str] = field(default_factory=list)
 
+    @property
+    def has_weights(self) -> bool:
+        return self.tensors is not None or self.ckpt.has_weights
 
-def _fail(recipe: Recipe, step: Step, message: str, cause: KvtoolError | None = None) -> UsageError:
+class StepRefused(UsageError):
+    """A recipe step the operation's plan refuses; `cause` is the operation's own error (its file, field and
+    options field), so a caller compares refusals without reading the message."""
+
+    def __init__(self, message: str, *, file: str, field: str, cause: KvtoolError | None = None):
+        super().__init__(message, file=file, field=field)
+        self.cause = cause
+
+
+def _fail(recipe: Recipe, step: Step, message: str, cause: KvtoolError | None = None) -> StepRefused:
     """The step's error, naming the recipe key when `cause` names an options field (steps[0].rope.factor)."""
     where = f"steps[{step.index - 1}].{step.kind}"
     if cause is not None and cause.option and not cause.field:
@@ -35,14 +52,25 @@ def _fail(recipe: Recipe, step: Step, message: str, cause: KvtoolError | None = 
         f = field_named(cls, cause.option) if cls is not None else None
         if f is not None and f.recipe_key:
             where += "." + f.recipe_key
-    return UsageError(f"line {step.line}: step {step.index} ({step.kind}): {message}", file=str(recipe.path),
-                      field=where)
+    return StepRefused(f"line {step.line}: step {step.index} ({step.kind}): {message}", file=str(recipe.path),
+                       field=where, cause=cause)
+
+
+def _refused(recipe: Recipe, step: Step, exc: KvtoolError) -> StepRefused:
+    """The operation's error at the step's line, still naming what the command names (a weights file, a
+    tensor, a config key); an options field is named by the step's key instead (StepRefused.field)."""
+    where = "".join(f"{part}: " for part in (exc.file, exc.field) if part)
+    return _fail(recipe, step, where + exc.message, exc)
 
 
 def _text_paths(recipe: Recipe, step: Step, section: dict | None, *, required: bool) -> None:
     section = section or {}
+    dataset = section.get("dataset")
+    if required and dataset is not None and section.get("text") is None and dataset not in RECIPE_DATASETS:
+        raise _fail(recipe, step, f"dataset {dataset!r} is not available offline in recipes; use "
+                                  f"{' / '.join(RECIPE_DATASETS)} or `text:` files")
     if section.get("text") is None:
-        if required and not section.get("dataset"):
+        if required and not dataset:
             raise _fail(recipe, step, "needs calibration text: set calibration.text (a file relative to the recipe)")
         return
     for t, path in recipe.text_files(section):
@@ -51,70 +79,96 @@ def _text_paths(recipe: Recipe, step: Step, section: dict | None, *, required: b
             raise _fail(recipe, step, f"text file {t!r} {why} (resolved to {path})")
 
 
-def plan_convert(recipe: Recipe, step: Step, state: PlanState) -> str:
-    spec = build_spec(state.config)
-    arch = spec.arch
-    if not arch.convert.get("supported"):
-        alt = arch.convert.get("alternative")
-        raise _fail(recipe, step, f"{spec.model_type or 'this model'} cannot be converted: {arch.convert.get('reason', 'unsupported')}"
-                    + (f" (alternative: {alt})" if alt else ""))
-    if not state.has_weights:
-        raise _fail(recipe, step, "the source has no safetensors weights to convert")
-    from kvtool.convert.config_edit import kv_field_is_boolean, rewrite_config
-    from kvtool.convert.driver import resolve_target
+def convert_options(options: dict, **given):
+    """ConvertOptions for a recipe's convert step (SRC / DST given by the caller)."""
+    from kvtool.options.convert import ConvertOptions
+    from kvtool.options.fields import from_recipe
 
-    h, kv = spec.num_heads, spec.num_kv_heads
-    if not h or not kv:
-        raise _fail(recipe, step, "cannot read the query / KV head counts from the config")
-    o = step.options
+    return from_recipe(ConvertOptions, options, **{"src": "", **given})
+
+
+def plan_convert(recipe: Recipe, step: Step, state: PlanState) -> str:
+    from kvtool.convert.driver import check_options, plan
+    from kvtool.options.convert import method_options
+
+    o = convert_options(step.options)
+    if o.method == "aware":
+        _text_paths(recipe, step, step.options.get("calibration"), required=True)
+        files = recipe.text_files(step.options.get("calibration"))
+        if files:
+            o.calib_text = str(files[0][1])  # the run joins several into one file
     try:
-        g = resolve_target(o["to"], o.get("groups") if o["to"] == "gqa" else None, h, kv,
-                           flag_field=kv_field_is_boolean(arch, spec.config))
-        if o.get("method") == "aware":
-            _text_paths(recipe, step, o.get("calibration"), required=True)
-        new_inner = rewrite_config(spec.config, arch, num_heads=h, new_kv_heads=g)
-    except UsageError as exc:
-        raise _fail(recipe, step, exc.message) from None
-    if spec.wrapper_key:
-        state.config[spec.wrapper_key] = new_inner
-    else:
-        state.config = new_inner
-    return f"{step.options['to']}: {kv} -> {g} KV heads ({step.options.get('method', 'mean')})"
+        # the command's order: the options and the merge method, then the model
+        shard_bytes, _ = check_options(o.max_shard_size, o.method, method_options(o))
+        p = plan(state.ckpt, to=o.to, groups=o.groups, method=o.method, dtype=o.dtype, max_shard_size=shard_bytes,
+                 config=state.config, tensors=state.tensors)
+    except KvtoolError as exc:
+        raise _refused(recipe, step, exc) from None
+    state.config = p.new_config
+    state.tensors = {t.name: t for t in p.outputs}
+    return f"{o.to}: {p.from_kv} -> {p.to_kv} KV heads ({o.method})"
+
+
+def rope_options(options: dict, recipe: Recipe, **given):
+    """RopeOptions for a recipe's rope step (file options resolved relative to the recipe)."""
+    from kvtool.options.fields import fields_of, from_recipe
+    from kvtool.options.rope import RopeOptions
+
+    o = from_recipe(RopeOptions, options, **{"src": "", **given})
+    for f in fields_of(RopeOptions):
+        v = getattr(o, f.name)
+        if f.base_type is float and isinstance(v, int) and not isinstance(v, bool):
+            setattr(o, f.name, float(v))  # as the command's typer option gives it: YAML `1` must write 1.0, not 1
+    for name in ("short_factor_file", "long_factor_file"):
+        if getattr(o, name) is not None:
+            setattr(o, name, str(recipe.resolve(getattr(o, name))))
+    return o
 
 
 def plan_rope(recipe: Recipe, step: Step, state: PlanState) -> str:
-    spec = build_spec(state.config)
-    if spec.position != "rope":
-        raise _fail(recipe, step, f"the model uses {spec.position} positions, not RoPE")
-    from kvtool.errors import InputError
-    from kvtool.recipes.apply import rope_options
-    from kvtool.rope.apply import plan_rope
+    from kvtool.rope.command import plan_change
 
     try:
-        state.config = plan_rope(spec, rope_options(step.options, recipe), source=str(recipe.path)).config
-    except (UsageError, InputError) as exc:
-        raise _fail(recipe, step, exc.message, exc) from None
+        p = plan_change(state.config, str(state.ckpt.config_path), rope_options(step.options, recipe))
+    except KvtoolError as exc:
+        raise _refused(recipe, step, exc) from None
+    state.config = p.config
     o = step.options
     size = f"factor {o['factor']}" if "factor" in o else (f"target context {o['target_context']}" if "target_context" in o else "")
     return f"{o['type']} {size}".strip()
 
 
 def plan_quantize_kv(recipe: Recipe, step: Step, state: PlanState) -> str:
-    spec = build_spec(state.config)
-    if not state.has_weights:
-        raise _fail(recipe, step, "the source has no safetensors weights to calibrate")
-    if spec.is_mla:
-        raise _fail(recipe, step, "MLA models cache a latent, not per-head K/V; FP8 KV scales for MLA are not supported")
-    _text_paths(recipe, step, step.options.get("calibration"), required=True)
     from kvtool.options.fields import from_recipe
     from kvtool.options.quantize_kv import QuantizeOptions
+    from kvtool.quantize.run import check_model  # no torch at import
 
+    _text_paths(recipe, step, step.options.get("calibration"), required=True)
+    try:
+        check_model(state.ckpt, config=state.config, tensors=state.tensors)
+    except KvtoolError as exc:
+        raise _refused(recipe, step, exc) from None
     o = from_recipe(QuantizeOptions, step.options, src="", dst="")
     return f"FP8 KV scales ({o.strategy}, observer {o.observer})"
 
 
 def plan_lint(recipe: Recipe, step: Step, state: PlanState) -> str:
+    from kvtool.rules.engine import check_selectors
+
+    try:  # a code that matches no rule: `kvtool lint --select` refuses it, so the step does
+        for key in ("select", "ignore"):
+            check_selectors(step.options.get(key) or (), option=key)
+    except KvtoolError as exc:
+        raise _refused(recipe, step, exc) from None
     return "lint" + (" --strict" if step.options.get("strict") else "")
+
+
+def eval_limits(options: dict) -> dict[str, float]:
+    """The eval step's gate limits, checked as `kvtool eval` checks its flags. A recipe gates only on the
+    thresholds it names (the command's 2% default is no recipe default)."""
+    from kvtool.eval.gate import parse_limits
+
+    return parse_limits(**(options.get("thresholds") or {}))  # the schema admits the gates' names only
 
 
 def plan_eval(recipe: Recipe, step: Step, state: PlanState) -> str:
@@ -122,6 +176,10 @@ def plan_eval(recipe: Recipe, step: Step, state: PlanState) -> str:
     if not o.get("text") and not o.get("dataset"):
         raise _fail(recipe, step, "needs `text` (file(s) relative to the recipe) or `dataset`")
     _text_paths(recipe, step, o, required=False)
+    try:
+        eval_limits(o)
+    except KvtoolError as exc:
+        raise _refused(recipe, step, exc) from None
     thresholds = o.get("thresholds") or {}
     return "eval against the source" + (f" (gates: {', '.join(f'{k}={v}' for k, v in thresholds.items())})" if thresholds else "")
 
@@ -135,7 +193,12 @@ PLANNERS: dict[str, Callable[[Recipe, Step, PlanState], str]] = {
 }
 
 
-def plan_recipe(recipe: Recipe, config: dict, has_weights: bool) -> list[str]:
-    """Descriptions of each step; raises UsageError naming the line of the first impossible step."""
-    state = PlanState(config=copy.deepcopy(config), has_weights=has_weights)
-    return [PLANNERS[step.kind](recipe, step, state) for step in recipe.steps]
+def plan_recipe(recipe: Recipe, ckpt: Checkpoint) -> list[str]:
+    """Descriptions of each step; raises StepRefused (a UsageError) naming the line of the first impossible step."""
+    return plan_steps(recipe, ckpt)[0]
+
+
+def plan_steps(recipe: Recipe, ckpt: Checkpoint) -> tuple[list[str], PlanState]:
+    """(descriptions, the model as the last step leaves it: config and tensors)."""
+    state = PlanState(ckpt=ckpt, config=copy.deepcopy(ckpt.config))
+    return [PLANNERS[step.kind](recipe, step, state) for step in recipe.steps], state

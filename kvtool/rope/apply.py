@@ -80,6 +80,7 @@ class Plan:
     factor: float
     notes: list[str] = field(default_factory=list)
     spec: ModelSpec | None = None  # spec of the new config
+    findings: list = field(default_factory=list)  # what `kvtool lint` reports for the new config
 
 
 def target_params(spec: ModelSpec, layer_type: str):

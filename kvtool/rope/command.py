@@ -15,7 +15,31 @@ from kvtool.model.numbers import require_valid_numbers
 from kvtool.model.spec import build_spec
 from kvtool.options.rope import RopeOptions
 from kvtool.rope import show as sh
-from kvtool.rope.apply import lint_findings, plan_rope, target_params
+from kvtool.rope.apply import Plan, lint_findings, plan_rope, target_params
+
+
+def plan_change(config: dict, source: str, a: RopeOptions) -> Plan:
+    """The RoPE change `kvtool rope` and a recipe's rope step make, with every refusal: the planner's and a
+    result that would fail `kvtool lint` where the input did not."""
+    spec = build_spec(config)
+    require_valid_numbers(spec, source)
+    plan = plan_rope(spec, a, source=source)
+    # the command lints its own output: refuse anything the edit made wrong
+    before = {(f.code, f.path) for f in lint_findings(config, source) if f.severity == "error"}
+    plan.findings = lint_findings(plan.config, source)
+    new_errors = [f for f in plan.findings if f.severity == "error" and (f.code, f.path) not in before]
+    if new_errors:
+        f = new_errors[0]
+        raise UsageError(f"refused: the result would fail `kvtool lint` with {f.code} {f.name}: {f.message}", file=source)
+    return plan
+
+
+def write(ckpt, plan: Plan, *, dst: str | Path | None = None, in_place: bool = False, link: bool = False) -> str:
+    """Apply a planned change: SRC's config.json rewritten (in_place) or DST written; returns what was written."""
+    text = dump_json_like(plan.config)
+    if in_place:
+        return _write_in_place(ckpt, text)
+    return _write_dst(ckpt, Path(dst), text, link=link)
 
 
 def run(a: RopeOptions, echo: Callable[[str], None] = print) -> int:
@@ -52,15 +76,7 @@ def run(a: RopeOptions, echo: Callable[[str], None] = print) -> int:
             echo(f"plot written to {a.plot}")
         return EXIT_OK
 
-    plan = plan_rope(spec, a, source=source)
-
-    # the command lints its own output: refuse anything the edit made wrong
-    before = {(f.code, f.path) for f in lint_findings(ckpt.config, source) if f.severity == "error"}
-    after = lint_findings(plan.config, source)
-    new_errors = [f for f in after if f.severity == "error" and (f.code, f.path) not in before]
-    if new_errors:
-        f = new_errors[0]
-        raise UsageError(f"refused: the result would fail `kvtool lint` with {f.code} {f.name}: {f.message}", file=source)
+    plan = plan_change(ckpt.config, source, a)
 
     key, rp = target_params(spec, a.layer_type)
     new_key, new_rp = target_params(plan.spec, a.layer_type)
@@ -78,15 +94,11 @@ def run(a: RopeOptions, echo: Callable[[str], None] = print) -> int:
     if not writes:
         echo(f"preview only (give DST or --in-place to write): {summary}")
         return EXIT_OK
-    text = dump_json_like(plan.config)
-    if a.in_place:
-        written = _write_in_place(ckpt, text)
-    else:
-        written = _write_dst(ckpt, Path(a.dst), text, link=a.link)
+    written = write(ckpt, plan, dst=a.dst, in_place=a.in_place, link=a.link)
     echo(f"rope: {summary}")
     for note in plan.notes:
         echo(f"  {note}")
-    for f in after:
+    for f in plan.findings:
         if f.code.startswith("KV2") and f.severity != "info":
             echo(f"  note: {f.code} [{f.severity}] {f.message}")
     echo(f"  {written}")

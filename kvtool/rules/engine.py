@@ -32,6 +32,19 @@ class ModelReport:
         return d
 
 
+def check_selectors(selectors, *, field: str | None = None, option: str | None = None) -> None:
+    """A selector that matches no rule is a typo: refuse it rather than silently check nothing
+    (`kvtool lint --select/--ignore` and a recipe's lint step)."""
+    from kvtool.errors import UsageError
+    from kvtool.rules.registry import REDIRECTS, RULES
+
+    load_all()
+    known = list(RULES) + list(REDIRECTS)
+    for sel in selectors:
+        if not any(code.startswith(sel) for code in known):
+            raise UsageError(f"{sel!r} matches no rule code (`kvtool rules` lists them)", field=field, option=option)
+
+
 def lint_one(source: str, options: LintOptions, *, names: tuple[str, ...] = ()) -> ModelReport:
     """Lint one model (folder, config.json, hub id). Per-file ignores match `source`, any of `names` (what the
     caller calls the model: a recipe's lint step names the recipe's input model) and each finding's file.

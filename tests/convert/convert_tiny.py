@@ -34,19 +34,22 @@ ARCHS: dict[str, dict] = {
 KV_KEY = {"falcon": "num_kv_heads", "gpt_bigcode": "multi_query"}
 
 
+def config_kwargs(model_type: str, kv_heads: int) -> dict:
+    """The config fields `build` gives transformers (no torch): also the configs the plan-parity corpus adds."""
+    if model_type == "gpt_bigcode":
+        return dict(n_embd=64, n_layer=2, n_head=4, n_inner=64, vocab_size=128, n_positions=256,
+                    bos_token_id=1, eos_token_id=2, multi_query=kv_heads == 1, tie_word_embeddings=False)
+    kw = {**_COMMON, **ARCHS[model_type]}
+    kw[KV_KEY.get(model_type, "num_key_value_heads")] = kv_heads
+    return kw
+
+
 def build(model_type: str, folder: Path, *, kv_heads: int, seed: int = 0, dtype=None) -> Path:
     """Save a random tiny `model_type` with `kv_heads` KV heads (of 4 query heads) to `folder`."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    kw = dict(_COMMON)
-    if model_type == "gpt_bigcode":
-        kw = dict(n_embd=64, n_layer=2, n_head=4, n_inner=64, vocab_size=128, n_positions=256,
-                  bos_token_id=1, eos_token_id=2, multi_query=kv_heads == 1, tie_word_embeddings=False)
-    else:
-        kw.update(ARCHS[model_type])
-        kw[KV_KEY.get(model_type, "num_key_value_heads")] = kv_heads
-    cfg = AutoConfig.for_model(model_type, **kw)
+    cfg = AutoConfig.for_model(model_type, **config_kwargs(model_type, kv_heads))
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(cfg)
     with torch.no_grad():  # non-trivial norms and biases, so pooling them is visible

@@ -61,13 +61,16 @@ def test_a_recipe_naming_an_unregistered_method_is_refused(tmp_path):
 
 
 def test_a_recipe_error_names_the_steps_key(tmp_path, tiny_llama_config):
+    from kvtest import write_config
+    from kvtool.model.preflight import preflight
     from kvtool.recipes.load import load_recipe
     from kvtool.recipes.plan import plan_recipe
 
+    write_config(tmp_path / "src", tiny_llama_config)
     p = tmp_path / "r.yaml"
     p.write_text("version: 1\nsteps:\n  - lint: {}\n  - rope: {type: yarn, factor: 2, layer_type: sliding_attention}\n")
     with pytest.raises(UsageError) as exc:
-        plan_recipe(load_recipe(p), tiny_llama_config, has_weights=False)
+        plan_recipe(load_recipe(p), preflight(tmp_path / "src", require_weights=False))
     assert exc.value.field == "steps[1].rope.layer_type"
     assert "line 4: step 2 (rope):" in exc.value.message and "no 'sliding_attention' layers" in exc.value.message
 

@@ -7,15 +7,15 @@ import json
 import numpy as np
 import pytest
 
-from kvtest import write_config, write_safetensors
+from kvtest import write_checkpoint, write_config
 from kvtool.cli import main
 
 
 @pytest.fixture
 def tiny_model(tmp_path, tiny_llama_config):
     d = tmp_path / "src"
-    write_config(d, tiny_llama_config)
-    write_safetensors(d / "model.safetensors", {
+    # the attention weights too: a recipe's convert plan refuses what `kvtool convert` refuses
+    write_checkpoint(d, tiny_llama_config, dtype="float32", extra={
         "model.embed_tokens.weight": np.zeros((128, 64), np.float32),
         "lm_head.weight": np.zeros((128, 64), np.float32),
     })

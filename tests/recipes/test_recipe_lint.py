@@ -45,6 +45,27 @@ def test_shipped_recipes_lint_clean(capsys):
     assert main(["lint", *recipes]) == 0
 
 
+def test_a_schema_message_quoting_file_error_words_is_still_a_kv961_finding(tmp_path, capsys):
+    """Lint reads the error's fields, not its words: a value that reads "cannot read" is a schema finding."""
+    p = tmp_path / "r.yaml"
+    p.write_text("version: 1\nsteps:\n  - lint: {select: ['cannot read no such recipe file']}\n")
+    code, model = _lint_json(p, capsys)
+    assert code == 1 and model.get("error") is None
+    (f,) = model["findings"]
+    assert (f["code"], f["line"], f["path"]) == ("KV961", 3, "steps[0].lint.select[0]")
+    assert f["message"].startswith("'cannot read no such recipe file' does not match")
+
+
+def test_invalid_yaml_is_a_finding_at_its_line_and_a_missing_file_an_error(tmp_path, capsys):
+    p = tmp_path / "r.yaml"
+    p.write_text("version: 1\nsteps:\n  - lint: {select: [KV1}\n")
+    code, model = _lint_json(p, capsys)
+    (f,) = model["findings"]
+    assert (f["code"], f["line"]) == ("KV961", 3) and f["message"].startswith("invalid YAML: ")
+    code, model = _lint_json(tmp_path / "missing.yaml", capsys)
+    assert code == 2 and model["error"].endswith("missing.yaml: no such file") and model["findings"] == []
+
+
 def test_per_file_ignores_apply_to_recipe_files(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "r.yaml").write_text("version: 1\nsteps:\n  - convert:\n      to: gqa\n      metod: aware\n")
