@@ -134,7 +134,8 @@ def test_eval_json_stays_clean_with_progress(smollm2_path, tmp_path):
                        capture_output=True, text=True, env=env, timeout=600)
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout)["tokens"] == 63  # stdout is exactly the JSON document
-    assert "loading " in p.stderr and "eval  63/63 tok  100%" in p.stderr
+    # a model folder is evaluated one decoder layer at a time (kvtool.eval.layerwise): opening it, then the tokens
+    assert "opening " in p.stderr and "eval (layer by layer)  63/63 tok  100%" in p.stderr
 
 
 def test_an_error_inside_a_task_ends_its_line_and_stops_the_ticker(monkeypatch):

@@ -9,7 +9,7 @@ from kvtool.registry import Registry
 
 
 def test_register_get_names_in_order():
-    reg = Registry("widget", field="--widget")
+    reg = Registry("widget", option="widget")
 
     @reg.register("b")
     def b():
@@ -21,12 +21,12 @@ def test_register_get_names_in_order():
 
 
 def test_unknown_name_is_one_line_listing_the_known_names():
-    reg = Registry("widget", field="--widget")
+    reg = Registry("widget", option="widget")
     reg.add("x", 1)
     reg.add("y", 2)
     with pytest.raises(UsageError) as exc:
         reg.get("z")
-    assert exc.value.line() == "--widget: unknown widget 'z'; choose from x, y"
+    assert exc.value.option == "widget" and exc.value.line() == "widget: unknown widget 'z'; choose from x, y"
     custom = Registry("rule", unknown="unknown {kind} {name!r}; `kvtool rules` lists them", choices=lambda: [])
     with pytest.raises(UsageError, match=r"unknown rule 'KV1'; `kvtool rules` lists them"):
         custom.get("KV1")

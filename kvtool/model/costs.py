@@ -146,10 +146,19 @@ def for_checkpoint(source) -> Shape:
     return shape_of(build_spec(ckpt.config), ckpt.tensors)
 
 
+SEGMENT_BYTES = 512 * 2**20  # hidden states one forward path keeps per segment of windows (kvtool.eval.layerwise)
+LAYER_WORK_BYTES = 64 * 2**20  # one layer's temporaries and the logit chunks, at the default window
+
+
 def evaluate(shape: Shape, tokens: int, models: int = 1) -> Estimate:
-    """Perplexity of `models` models (candidate, and baseline when given), loaded whole in fp32 on CPU."""
+    """Perplexity of `models` models (candidate, and baseline when given) in float32 on CPU, one decoder layer
+    at a time (kvtool.eval.layerwise): the time is the whole-model cost measured by the bench (the layer-by-
+    layer path costs 4-6% more CPU, docs/memory.md); the memory is one layer, the LM heads of all models
+    (their logits are compared side by side) and each model's hidden states of the tokens, whatever the depth."""
     c = coefficients()["eval"]
     per_model = (shape.params * c["s_per_param"]  # loading, in float32
                  + tokens * (shape.layers * shape.layer_params + shape.vocab * shape.hidden) * c["s_per_param_token"])
-    peak = c["rss_base_bytes"] + c["rss_per_param"] * shape.params * models
+    resident = 4 * (shape.layer_params + models * shape.vocab * shape.hidden)
+    peak = (c["rss_base_bytes"] + resident + models * min(4 * tokens * shape.hidden, SEGMENT_BYTES)
+            + LAYER_WORK_BYTES)
     return Estimate(peak, c["startup_s"] + models * per_model)

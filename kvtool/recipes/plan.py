@@ -104,9 +104,13 @@ def plan_convert(recipe: Recipe, step: Step, state: PlanState) -> str:
                  config=state.config, tensors=state.tensors)
     except KvtoolError as exc:
         raise _refused(recipe, step, exc) from None
+    from kvtool.convert.methods import get_method
+    from kvtool.convert.report import estimate
+
+    est = estimate(p, get_method(o.method, **method_options(o)))  # on the model as the previous steps leave it
     state.config = p.new_config
     state.tensors = {t.name: t for t in p.outputs}
-    return f"{o.to}: {p.from_kv} -> {p.to_kv} KV heads ({o.method})"
+    return f"{o.to}: {p.from_kv} -> {p.to_kv} KV heads ({o.method})" + _estimate_note(est)
 
 
 def rope_options(options: dict, recipe: Recipe, **given):
@@ -149,7 +153,11 @@ def plan_quantize_kv(recipe: Recipe, step: Step, state: PlanState) -> str:
     except KvtoolError as exc:
         raise _refused(recipe, step, exc) from None
     o = from_recipe(QuantizeOptions, step.options, src="", dst="")
-    return f"FP8 KV scales ({o.strategy}, observer {o.observer})"
+    from kvtool.model import costs
+
+    # a recipe's quantize-kv step writes no quality report: its eval step measures
+    est = costs.quantize_kv(_shape(state), o.calib_tokens)
+    return f"FP8 KV scales ({o.strategy}, observer {o.observer})" + _estimate_note(est)
 
 
 def plan_lint(recipe: Recipe, step: Step, state: PlanState) -> str:
@@ -181,7 +189,39 @@ def plan_eval(recipe: Recipe, step: Step, state: PlanState) -> str:
     except KvtoolError as exc:
         raise _refused(recipe, step, exc) from None
     thresholds = o.get("thresholds") or {}
-    return "eval against the source" + (f" (gates: {', '.join(f'{k}={v}' for k, v in thresholds.items())})" if thresholds else "")
+    from kvtool.model import costs
+
+    est = costs.evaluate(_shape(state), _eval_tokens(recipe, o), models=2)
+    return ("eval against the source" + (f" (gates: {', '.join(f'{k}={v}' for k, v in thresholds.items())})" if thresholds else "")
+            + _estimate_note(est))
+
+
+def _eval_tokens(recipe: Recipe, options: dict) -> int:
+    """Tokens the eval step scores: max_tokens, else its text's characters / 4 (no tokenizer is loaded for a
+    plan), as `kvtool eval --dry-run` counts them; a hub dataset without max_tokens counts as 4096."""
+    files = recipe.text_files(options)
+    if files:
+        chars = sum(path.stat().st_size for _, path in files if path.is_file())
+    elif not options.get("dataset") or options.get("dataset") == "pydoc":
+        from kvtool.datasets import evaluation_text
+
+        chars = len(evaluation_text())
+    else:
+        chars = 4 * 4096
+    in_text = max(2, chars // 4)
+    return min(int(options["max_tokens"]), in_text) if options.get("max_tokens") else in_text
+
+
+def _shape(state: PlanState):
+    """The cost model's view of the model as the previous steps leave it (config and planned tensors)."""
+    from kvtool.model import costs
+    from kvtool.model.spec import build_spec
+
+    return costs.shape_of(build_spec(state.config), state.tensors or state.ckpt.tensors)
+
+
+def _estimate_note(est) -> str:
+    return f"; estimate {est.line()}" if est is not None else ""
 
 
 PLANNERS: dict[str, Callable[[Recipe, Step, PlanState], str]] = {

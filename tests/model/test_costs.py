@@ -52,7 +52,8 @@ def test_eval_by_hand():
     e = costs.evaluate(S8B, 1000, models=2)
     per_model = S8B.params * c["s_per_param"] + 1000 * (32 * S8B.layer_params + 128256 * 4096) * c["s_per_param_token"]
     assert e.cpu_seconds == pytest.approx(c["startup_s"] + 2 * per_model)
-    assert e.peak_bytes == pytest.approx(c["rss_base_bytes"] + c["rss_per_param"] * S8B.params * 2)
+    resident = 4 * (S8B.layer_params + 2 * 128256 * 4096) + 2 * 4 * 1000 * 4096 + costs.LAYER_WORK_BYTES
+    assert e.peak_bytes == pytest.approx(c["rss_base_bytes"] + resident)
 
 
 @pytest.mark.parametrize("layers", [2, 32, 80])
@@ -64,7 +65,7 @@ def test_time_grows_with_layers_and_tokens_and_calibration_memory_does_not_grow_
         assert f(shallow, 1024).cpu_seconds > f(shallow, 512).cpu_seconds
     assert costs.convert_aware(deep, 512, 256).peak_bytes == costs.convert_aware(shallow, 512, 256).peak_bytes
     assert costs.quantize_kv(deep, 512).peak_bytes == costs.quantize_kv(shallow, 512).peak_bytes
-    assert costs.evaluate(deep, 512).peak_bytes > costs.evaluate(shallow, 512).peak_bytes
+    assert costs.evaluate(deep, 512).peak_bytes == costs.evaluate(shallow, 512).peak_bytes  # layer by layer
     assert costs.convert_mean(deep).cpu_seconds > costs.convert_mean(shallow).cpu_seconds
 
 
