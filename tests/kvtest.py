@@ -82,3 +82,15 @@ def running_kv_amax(model, batches) -> dict:
         for ids in batches:
             model(input_ids=ids, use_cache=False)
     return seen
+
+
+def unique_tables():
+    """One architecture table per model_type (aliases such as wrappers share a table)."""
+    from kvtool.model.architectures import all_architectures
+
+    seen, out = set(), []
+    for arch in all_architectures().values():
+        if arch.model_type not in seen:
+            seen.add(arch.model_type)
+            out.append(arch)
+    return out

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+from kvtest import unique_tables
 
 from kvtool.model.architectures import (
     _validate, all_architectures, all_wrappers, fit_weight_names, lookup, renamed,
@@ -25,16 +26,7 @@ ISSUE_TYPES = (  # issue 2's list plus the assignment's
 )
 
 
-def _tables():
-    seen, out = set(), []
-    for arch in all_architectures().values():
-        if arch.model_type not in seen:
-            seen.add(arch.model_type)
-            out.append(arch)
-    return out
-
-
-TABLES = _tables()
+TABLES = unique_tables()
 
 
 # --- loading and strictness ------------------------------------------------------------------

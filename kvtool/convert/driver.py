@@ -25,7 +25,6 @@ from kvtool.convert.config_edit import dump_config, kv_field_is_boolean, rewrite
 from kvtool.errors import InputError, UsageError
 from kvtool.io.writer import PlannedTensor
 from kvtool.io.jsonfile import load_json_object
-from kvtool.model.numbers import require_valid_numbers
 from kvtool.model.spec import ModelSpec, build_spec, get_path
 
 # --dtype choices -> safetensors dtype (None: keep what is stored) and the config's dtype name.
@@ -237,15 +236,8 @@ def plan(ckpt: Checkpoint, *, to: str, groups: int | None = None, method: str = 
     A recipe plans a step on the model as its earlier steps leave it: `config` (default: the checkpoint's)
     and `tensors` (name -> dtype / shape; default: the checkpoint's headers)."""
     out_dtype = check_dtype(dtype)
-    config = ckpt.config if config is None else config
+    config, tensors, spec = ckpt.planned(config, tensors)
     config_file = str(ckpt.config_path)
-    if tensors is None:
-        if not ckpt.has_weights:  # what preflight refuses when weights are required
-            ckpt.require_pulled_weights()
-            raise InputError("no safetensors weights in the model folder", file=str(ckpt.root or ckpt.config_path))
-        tensors = ckpt.tensors
-    spec = build_spec(config)
-    require_valid_numbers(spec, config_file)
     arch = spec.arch
     _refuse_unsupported(arch, spec, config, config_file)
     H, KV, hd, L = spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.num_layers

@@ -68,6 +68,23 @@ class Checkpoint:
 
             refuse_pointers(self.lfs_pointers, self.source)
 
+    def planned(self, config: dict | None = None, tensors: dict | None = None):
+        """(config, tensors, spec) a plan works on: the checkpoint's, or those a recipe's earlier steps leave.
+        Refuses, as every command that reads tensors does, a folder without weights (or with LFS pointers)
+        and numbers outside kvtool.model.numbers' bounds."""
+        from kvtool.model.numbers import require_valid_numbers
+        from kvtool.model.spec import build_spec
+
+        config = self.config if config is None else config
+        if tensors is None:
+            if not self.has_weights:  # what preflight refuses when weights are required
+                self.require_pulled_weights()
+                raise InputError("no safetensors weights in the model folder", file=str(self.root or self.config_path))
+            tensors = self.tensors
+        spec = build_spec(config)
+        require_valid_numbers(spec, str(self.config_path))
+        return config, tensors, spec
+
     def display(self, path: Path | None) -> str:
         """A path as users gave it (relative to the model folder when inside it)."""
         if path is None:

@@ -88,19 +88,10 @@ def check_model(ckpt, *, config: dict | None = None, tensors: dict | None = None
     """The model-side refusals of quantize-kv (torch-free), on the checkpoint or, for a recipe step, on the
     config and tensors its earlier steps leave. Returns the spec."""
     from kvtool.model.architectures import is_known
-    from kvtool.model.numbers import require_valid_numbers
-    from kvtool.model.spec import build_spec
     from kvtool.model.kv_scale_names import is_kv_scale
 
-    config = ckpt.config if config is None else config
+    config, tensors, spec = ckpt.planned(config, tensors)
     where = str(ckpt.config_path)
-    if tensors is None:
-        if not ckpt.has_weights:  # what preflight refuses when weights are required
-            ckpt.require_pulled_weights()
-            raise InputError("no safetensors weights in the model folder", file=str(ckpt.root or ckpt.config_path))
-        tensors = ckpt.tensors
-    spec = build_spec(config)
-    require_valid_numbers(spec, where)
     if not is_known(spec.model_type):
         raise InputError(f"model_type {spec.model_type!r} has no architecture table; kvtool cannot name its "
                          "attention modules", file=where, field="model_type")

@@ -13,10 +13,10 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from kvtest import unique_tables
 
 pytestmark = pytest.mark.oracle
 
-from kvtool.model.architectures import all_architectures
 from kvtool.model.layer_types import ALIASES
 from kvtool.model.spec import build_spec
 
@@ -54,16 +54,7 @@ transformers = pytest.importorskip("transformers")
 from transformers import CONFIG_MAPPING  # noqa: E402
 
 
-def _tables():
-    seen, out = set(), []
-    for arch in all_architectures().values():
-        if arch.model_type not in seen:
-            seen.add(arch.model_type)
-            out.append(arch)
-    return out
-
-
-TABLES = _tables()
+TABLES = unique_tables()
 TF_TABLES = [a for a in TABLES if a.model_type in CONFIG_MAPPING]
 
 
