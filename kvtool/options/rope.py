@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
+from kvtool.model.rope.types import applicable_types
 from kvtool.options.fields import argument, operation, option
 
 
 def rope_types() -> list[str]:
     """The RoPE types `kvtool rope` writes (the type table's applicable kinds)."""
-    from kvtool.model.rope.types import applicable_types
-
     return applicable_types()
 
 LAYOUTS = ("both", "legacy", "v5")
@@ -19,7 +18,7 @@ class RopeOptions:
     src: str = argument(help="Model folder, config.json, or hub id (hub: --show only).")
     dst: str | None = argument(None, help="Output folder (new config.json, other files copied); required unless "
                                           "--in-place or --show (preview).")
-    type: str | None = option(None, choices=rope_types, recipe_required=True, help="linear | dynamic | yarn | longrope | llama3")
+    type: str | None = option(None, choices=rope_types, recipe_required=True, help=" | ".join(applicable_types()))
     factor: float | None = option(None, minimum=1, help="Scaling factor (>= 1).")
     target_context: int | None = option(None, minimum=1, help="Target context N: factor = N / original length.")
     original_max_position_embeddings: int | None = option(None, minimum=1,
