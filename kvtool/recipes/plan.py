@@ -144,11 +144,14 @@ def plan_rope(recipe: Recipe, step: Step, state: PlanState) -> str:
 
 def plan_quantize_kv(recipe: Recipe, step: Step, state: PlanState) -> str:
     from kvtool.options.fields import from_recipe
-    from kvtool.options.quantize_kv import QuantizeOptions
+    from kvtool.options.quantize_kv import DEFAULT_OBSERVER, QuantizeOptions
     from kvtool.quantize.run import check_model  # no torch at import
 
+    from kvtool.quantize.observer_specs import parse_spec  # the command's observer check, torch-free
+
     _text_paths(recipe, step, step.options.get("calibration"), required=True)
-    try:
+    try:  # in the command's order: the options, then the model
+        parse_spec(step.options.get("observer") or DEFAULT_OBSERVER)
         check_model(state.ckpt, config=state.config, tensors=state.tensors)
     except KvtoolError as exc:
         raise _refused(recipe, step, exc) from None
