@@ -94,16 +94,13 @@ def run_convert_step(ctx: RunContext, step: Step) -> StepResult:
 
 
 def run_lint_step(ctx: RunContext, step: Step) -> StepResult:
-    from kvtool.rules.config_file import find_pyproject, load_settings
-    from kvtool.rules.engine import lint_one
-    from kvtool.rules.registry import LintOptions, Selection
+    from kvtool.rules.run import apply, plan, recipe_settings, recipe_step_options
 
     o = step.options
-    # [tool.kvtool.per-file-ignores] as `kvtool lint` reads it (nearest pyproject.toml), on the recipe's input model
-    ignores = load_settings(find_pyproject()).per_file_ignores
-    opts = LintOptions(selection=Selection(select=tuple(o.get("select") or ("KV",)), ignore=tuple(o.get("ignore") or ())),
-                       strict=bool(o.get("strict")), per_file_ignores=ignores)
-    rep = lint_one(str(ctx.current), opts, names=(str(ctx.src),))
+    # `kvtool lint`'s plan on the recipe's input model, named as the recipe's source for per-file ignores
+    lint = plan(recipe_step_options(o, str(ctx.current)), recipe_settings(), names=(str(ctx.src),))
+    opts = lint.engine
+    rep = apply(lint)[0]
     failing = rep.failing(opts.strict) if not rep.error else []
     details = {"error": rep.error, "findings": [f.as_dict() for f in rep.findings],
                "counts": {s: sum(1 for f in rep.findings if f.severity == s) for s in ("error", "warning", "info")}}

@@ -164,11 +164,10 @@ def plan_quantize_kv(recipe: Recipe, step: Step, state: PlanState) -> str:
 
 
 def plan_lint(recipe: Recipe, step: Step, state: PlanState) -> str:
-    from kvtool.rules.engine import check_selectors
+    from kvtool.rules.run import plan, recipe_settings, recipe_step_options
 
-    try:  # a code that matches no rule: `kvtool lint --select` refuses it, so the step does
-        for key in ("select", "ignore"):
-            check_selectors(step.options.get(key) or (), option=key)
+    try:  # `kvtool lint`'s plan: a code that matches no rule is refused as the command refuses it
+        plan(recipe_step_options(step.options), recipe_settings())
     except KvtoolError as exc:
         raise _refused(recipe, step, exc) from None
     return "lint" + (" --strict" if step.options.get("strict") else "")

@@ -202,6 +202,21 @@ def test_a_bad_observer_is_refused_by_the_dry_runs_alike_without_torch(tmp_path)
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize(("step", "flags"), [("{select: [KV999]}", ["--select", "KV999"]),
+                                             ("{select: [KV1], ignore: [KV1, KV9999]}", ["--select", "KV1", "--ignore",
+                                                                                      "KV1,KV9999"]),
+                                             ("{select: [KV1], strict: true}", ["--select", "KV1", "--strict"])])
+def test_lint_steps_refuse_as_the_command_does(step, flags, tmp_path, capsys):
+    """`kvtool lint` and a recipe's lint step share kvtool.rules.run.plan: an unknown code, the same line."""
+    src = write_checkpoint(tmp_path / "src", CORPUS["smollm2-360m"], shaped=False)
+    rc = main(["lint", str(src), "--isolated", *flags])
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("kvtool: error: ")]
+    command = lines[0] if rc == 2 else None
+    r = tmp_path / "r.yaml"
+    r.write_text(f"version: 1\nsteps:\n  - lint: {step}\n")
+    assert _recipe(r, src, tmp_path / "out") == command
+
+
 def test_the_corpus_exercises_both_verdicts_of_every_kind(tmp_path, capsys):
     """Guards the parity test against a corpus where everything is refused (or accepted) for a dull reason."""
     assert len(CORPUS) >= 80
