@@ -173,12 +173,15 @@ def plan_lint(recipe: Recipe, step: Step, state: PlanState) -> str:
     return "lint" + (" --strict" if step.options.get("strict") else "")
 
 
-def eval_limits(options: dict) -> dict[str, float]:
-    """The eval step's gate limits, checked as `kvtool eval` checks its flags. A recipe gates only on the
-    thresholds it names (the command's 2% default is no recipe default)."""
-    from kvtool.eval.gate import parse_limits
+def eval_plan(recipe: Recipe, options: dict, *, model: str, baseline: str, **kw):
+    """`kvtool eval`'s plan of an eval step. A recipe gates only on the thresholds it names (the command's 2%
+    default is no recipe default)."""
+    from kvtool.eval.run import plan
+    from kvtool.options.eval import EvalOptions
+    from kvtool.options.fields import from_recipe
 
-    return parse_limits(**(options.get("thresholds") or {}))  # the schema admits the gates' names only
+    o = from_recipe(EvalOptions, options, model=model, baseline=baseline)
+    return plan(model, o, gates=options.get("thresholds") or {}, **kw)  # the schema admits the gates' names only
 
 
 def plan_eval(recipe: Recipe, step: Step, state: PlanState) -> str:
@@ -186,16 +189,14 @@ def plan_eval(recipe: Recipe, step: Step, state: PlanState) -> str:
     if not o.get("text") and not o.get("dataset"):
         raise _fail(recipe, step, "needs `text` (file(s) relative to the recipe) or `dataset`")
     _text_paths(recipe, step, o, required=False)
-    try:
-        eval_limits(o)
+    try:  # the model is the one the earlier steps plan: its shape, not a folder; the text is read when run
+        p = eval_plan(recipe, o, model="", baseline=str(state.ckpt.config_path.parent), texts=None,
+                      tokens=_eval_tokens(recipe, o), shape=_shape(state))
     except KvtoolError as exc:
         raise _refused(recipe, step, exc) from None
     thresholds = o.get("thresholds") or {}
-    from kvtool.model import costs
-
-    est = costs.evaluate(_shape(state), _eval_tokens(recipe, o), models=2)
     return ("eval against the source" + (f" (gates: {', '.join(f'{k}={v}' for k, v in thresholds.items())})" if thresholds else "")
-            + _estimate_note(est))
+            + _estimate_note(p.estimate()))
 
 
 def _eval_tokens(recipe: Recipe, options: dict) -> int:

@@ -217,6 +217,29 @@ def test_lint_steps_refuse_as_the_command_does(step, flags, tmp_path, capsys):
     assert _recipe(r, src, tmp_path / "out") == command
 
 
+HUGE = "9" * 400 + "%"  # overflows to infinity
+
+
+@pytest.mark.parametrize(("step", "flags", "refusal"), [
+    ("{dataset: pydoc, max_length: 64, stride: 32}", ["--max-length", "64", "--stride", "32"], None),
+    ("{dataset: pydoc, max_length: 64, stride: 64}", ["--max-length", "64", "--stride", "64"], "--stride: must be"),
+    ("{dataset: pydoc, max_tokens: 1}", ["--max-tokens", "1"], "--max-tokens: must be at least 2"),
+    (f"{{dataset: pydoc, thresholds: {{max_ppl_increase: '{HUGE}'}}}}", ["--max-ppl-increase", HUGE],
+     "is not a finite number >= 0"),
+    ("{dataset: pydoc, thresholds: {max_ppl_increase: '2%', min_top1: 0.9}}",
+     ["--max-ppl-increase", "2%", "--min-top1", "0.9"], None),
+])
+def test_eval_steps_refuse_as_the_command_does(step, flags, refusal, tmp_path, capsys):
+    """`kvtool eval MODEL --baseline SRC --dry-run` and a recipe's eval step share kvtool.eval.run.plan: the
+    window, token and gate refusals, the same line; no torch either way."""
+    src = write_checkpoint(tmp_path / "src", CORPUS["smollm2-360m"], shaped=False)
+    command = _command(["eval", str(src), "--baseline", str(src), "--dataset", "pydoc", *flags, "--dry-run"], capsys)
+    r = tmp_path / "r.yaml"
+    assert (command is None) == (refusal is None) and (refusal is None or refusal in command), command
+    r.write_text(f"version: 1\nsteps:\n  - eval: {step}\n")
+    assert _recipe(r, src, tmp_path / "out") == command
+
+
 def test_the_corpus_exercises_both_verdicts_of_every_kind(tmp_path, capsys):
     """Guards the parity test against a corpus where everything is refused (or accepted) for a dull reason."""
     assert len(CORPUS) >= 80
