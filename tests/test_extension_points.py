@@ -88,7 +88,7 @@ def test_every_rule_has_its_page(capsys):
         assert rc == 0 and out.startswith(f"{code} ({rule.name})")
 
 
-@pytest.mark.torch  # quantize-kv's option check imports the observers, which are torch code
+@pytest.mark.torch  # quantize-kv without --dry-run requires torch before its option checks
 def test_every_observer_is_accepted_by_quantize_kv(tmp_path, capsys):
     from kvtool.quantize.observers import OBSERVERS, usage
 

@@ -10,46 +10,25 @@ import typer
 from kvtool import progress as kv_progress
 from kvtool.commands.options_cli import command
 from kvtool.deps import require_torch
-from kvtool.errors import EXIT_FINDINGS, EXIT_OK, UsageError
-from kvtool.options.eval import FORMATS, EvalOptions
+from kvtool.errors import EXIT_FINDINGS, EXIT_OK
+from kvtool.options.eval import EvalOptions
 
 
 def register(app: typer.Typer) -> None:
     @command(app, EvalOptions, help="Perplexity of MODEL and, against --baseline, PPL ratio, KL divergence and "
                                     "top-1 agreement on the same tokens; exit 1 when a gate fails.")
     def eval_cmd(o: EvalOptions) -> int:
-        from kvtool.datasets import read_texts
-        from kvtool.eval.gate import parse_limits
+        from kvtool.eval.run import apply, plan, render_plan
 
-        if o.format not in FORMATS:
-            raise UsageError(f"unknown format {o.format!r}; use text or json", option="format")
-        off = o.max_ppl_increase.strip().lower() in ("off", "none", "")
-        gates = parse_limits(None if off else o.max_ppl_increase, o.max_kld, o.min_top1)
-        if o.baseline is None:
-            explicit = [g for g in gates if g != "max_ppl_increase"]
-            if explicit:
-                raise UsageError("compares against a baseline; give --baseline", option=explicit[0])
-            gates = {}  # the default PPL gate needs a baseline; without one, PPL alone
-        texts, text_name = read_texts(o.text, o.dataset)
-        max_memory = None
-        if o.max_memory is not None:
-            from kvtool.eval.api import parse_max_memory  # torch-free: parses only
-
-            max_memory = parse_max_memory(o.max_memory)
-        from kvtool.model.preflight import check_loadable
-
-        check_loadable(o.model, o.baseline)  # refuse a bad folder before torch and transformers are imported
+        p = plan(o.model, o)
         if o.dry_run:
-            typer.echo(render_plan(o.model, o.baseline, texts, o.max_tokens), nl=False)
+            typer.echo(render_plan(p), nl=False)
             return EXIT_OK
         require_torch("kvtool eval")
         with kv_progress.session(o.progress):
             with kv_progress.task("starting (importing torch and transformers)"):
-                from kvtool.eval.api import evaluate
-            report = evaluate(o.model, o.baseline, texts=texts, text_name=text_name, max_length=o.max_length,
-                              stride=o.stride, max_tokens=o.max_tokens, device=o.device, dtype=o.dtype,
-                              kv_cache_dtype=o.kv_cache_dtype, kv_scales=o.kv_scales, batch_size=o.batch_size,
-                              device_map=o.device_map, max_memory=max_memory, gates=gates)
+                from kvtool.eval.api import evaluate  # noqa: F401  (the import is the task)
+            report = apply(p)
         if o.format == "json":
             typer.echo(json.dumps(_finite(report.as_dict()), indent=2, sort_keys=True))
         else:
@@ -70,26 +49,6 @@ def _finite(obj):
     if isinstance(obj, list):
         return [_finite(v) for v in obj]
     return obj
-
-
-def render_plan(model: str, baseline: str | None, texts: list[str] | None, max_tokens: int | None) -> str:
-    """--dry-run: the estimated cost (kvtool.model.costs). Without --max-tokens the token count is
-    estimated as characters / 4 (no tokenizer is loaded)."""
-    from kvtool.model import costs
-
-    if texts is None:
-        from kvtool.datasets import evaluation_text
-
-        texts = [evaluation_text()]
-    in_text = max(2, sum(len(t) for t in texts) // 4)
-    tokens = min(max_tokens, in_text) if max_tokens else in_text
-    shape = costs.for_checkpoint(model)
-    est = costs.evaluate(shape, tokens, models=2 if baseline else 1)
-    about = "" if max_tokens and max_tokens <= in_text else "~"
-    return (f"kvtool eval plan: {model}" + (f" against {baseline}" if baseline else "") + "\n"
-            f"  tokens       {about}{tokens} through {shape.layers} layers"
-            + (", candidate and baseline" if baseline else "") + "\n"
-            f"  estimate     {est.line()}\n")
 
 
 def render_text(r) -> str:

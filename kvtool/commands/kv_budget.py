@@ -5,9 +5,8 @@ from __future__ import annotations
 import typer
 
 from kvtool.commands.options_cli import command
-from kvtool.errors import EXIT_FINDINGS, EXIT_OK, UsageError
-from kvtool.model.numbers import QUANTITY_BOUNDS, show
-from kvtool.options.kv_budget import FORMATS, KvBudgetOptions
+from kvtool.errors import EXIT_FINDINGS, EXIT_OK
+from kvtool.options.kv_budget import KvBudgetOptions
 
 
 def register(app: typer.Typer) -> None:
@@ -16,67 +15,14 @@ def register(app: typer.Typer) -> None:
         "allocator sizes them. Exit 1 when the model or the asked batch does not fit, or vLLM would refuse the "
         "tensor-parallel size; 2 on bad input."))
     def kv_budget(o: KvBudgetOptions) -> int:
-        from kvtool.budget import variants
-        from kvtool.budget.budget import BudgetOptions, compute
-        from kvtool.budget.gpus import resolve
         from kvtool.budget.report import render_json, render_text
-        from pathlib import Path
+        from kvtool.budget.run import apply, plan
 
-        from kvtool.model.checkpoint import open_checkpoint
-        from kvtool.model.kvcache import KV_CACHE_DTYPES
-        from kvtool.model.numbers import require_valid_numbers
-        from kvtool.model.spec import build_spec
-        from kvtool.units import parse_size
-
-        if o.format not in FORMATS:
-            raise UsageError(f"unknown format {o.format!r}; choose text or json", option="format")
-        if o.kv_cache_dtype not in KV_CACHE_DTYPES:
-            raise UsageError(f"unknown KV-cache dtype {o.kv_cache_dtype!r}; choose from {', '.join(KV_CACHE_DTYPES)}",
-                             option="kv_cache_dtype")
-        tokens = QUANTITY_BOUNDS["max_position"].high  # the config bound on a context length
-        _positive(o.max_model_len, "max_model_len", tokens)
-        _positive(o.batch, "batch", 1 << 30)
-        _positive(o.block_size, "block_size", 1 << 20)
-        _positive(o.tensor_parallel_size, "tensor_parallel_size", QUANTITY_BOUNDS["num_heads"].high)
-        _positive(o.max_num_batched_tokens, "max_num_batched_tokens", tokens)
-        if not 0 < o.gpu_memory_utilization <= 1:
-            raise UsageError(f"{o.gpu_memory_utilization:g} is not in (0, 1]", option="gpu_memory_utilization")
-        reserve_bytes = 0
-        if o.reserve is not None:
-            try:
-                reserve_bytes = parse_size(o.reserve)
-            except ValueError as exc:
-                raise UsageError(str(exc), option="reserve") from None
-        gpu = resolve(o.gpu_memory) if o.gpu_memory is not None else None
-        if (o.reserve is not None or o.gpu_memory_utilization != 0.9) and gpu is None:
-            raise UsageError("--reserve and --gpu-memory-utilization need --gpu-memory", option="gpu_memory")
-
-        if Path(o.model).is_dir():  # header sizes come from the weights: refuse any a reader would refuse
-            from kvtool.model.preflight import preflight
-
-            ckpt = preflight(o.model, read_side_files=False, require_weights=False)
-        else:
-            ckpt = open_checkpoint(o.model, read_side_files=False)
-        spec = build_spec(ckpt.config)
-        require_valid_numbers(spec, str(ckpt.config_path))
-        opts = BudgetOptions(
-            max_model_len=o.max_model_len, batch=o.batch or 1, batch_given=o.batch is not None,
-            kv_cache_dtype=o.kv_cache_dtype, block_size=o.block_size, tensor_parallel_size=o.tensor_parallel_size,
-            gpu=gpu, gpu_memory_utilization=o.gpu_memory_utilization, reserve_bytes=reserve_bytes,
-            max_num_batched_tokens=o.max_num_batched_tokens, hybrid_kv_cache=not o.disable_hybrid_kv_cache_manager,
-            what_if=tuple(variants.parse(o.what_if, num_heads=spec.num_heads, is_mla=spec.is_mla)),
-        )
-        b = compute(ckpt, spec, opts)
+        p = plan(o)
+        b = apply(p)
         if o.plot:
             from kvtool.budget.plot import write_plot
 
-            write_plot(spec, b, o.plot)
+            write_plot(p.spec, b, o.plot)
         typer.echo(render_json(b) if o.format == "json" else render_text(b), nl=False)
         return EXIT_FINDINGS if b.problems else EXIT_OK
-
-
-def _positive(value: int | None, name: str, high: int) -> None:
-    if value is not None and value < 1:
-        raise UsageError(f"must be at least 1, got {value}", option=name)
-    if value is not None and value > high:
-        raise UsageError(f"must be at most {high:,}, got {show(value)}", option=name)

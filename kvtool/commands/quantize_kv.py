@@ -20,6 +20,9 @@ def register(app: typer.Typer) -> None:
         check_loadable(opts.src)  # refuse a bad folder before check_options imports torch
         if opts.dry_run:
             from kvtool.quantize.report import render_plan
+            from kvtool.quantize.run import check_options  # torch-free: the run's option refusals, before torch
+
+            check_options(opts)
 
             typer.echo(render_plan(opts.src, opts.dst, opts.calib_tokens, 0 if opts.no_eval else opts.eval_tokens),
                        nl=False)

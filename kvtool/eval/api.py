@@ -33,7 +33,7 @@ from typing import Any, Mapping, Sequence
 from kvtool import progress as kv_progress
 from kvtool.errors import InputError, UsageError
 from kvtool.eval.gate import GateResult, check
-from kvtool.eval.windows import batches, check_window, windows
+from kvtool.eval.windows import batches, windows
 
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "off")
 KV_SCALE_SOURCES = ("checkpoint", "one")
@@ -160,16 +160,10 @@ def evaluate_many(candidates: Sequence[Candidate | Any], baseline=None, *, texts
                              option="kv_cache_dtype")
         if isinstance(c.kv_scales, str) and c.kv_scales not in KV_SCALE_SOURCES:
             raise UsageError(f"unknown value {c.kv_scales!r}; use {' or '.join(KV_SCALE_SOURCES)}", option="kv_scales")
-    stride = stride if stride is not None else max(1, max_length // 2)
-    check_window(max_length, stride)
-    if max_tokens is not None and max_tokens < 2:
-        raise UsageError(f"must be at least 2, got {max_tokens}", option="max_tokens")
-    if batch_size is not None and batch_size < 1:
-        raise UsageError(f"must be at least 1, got {batch_size}", option="batch_size")
+    from kvtool.eval.run import check_settings  # the command's plan makes the same checks
 
-    if max_memory and not device_map:
-        raise UsageError("goes with --device-map (it bounds what accelerate places on each device)",
-                         option="max_memory")
+    stride = check_settings(max_length=max_length, stride=stride, max_tokens=max_tokens, batch_size=batch_size,
+                            max_memory=max_memory, device_map=device_map)
     specs = ([baseline] if baseline is not None else []) + [c.model for c in cands]
     use_layerwise = _layerwise(layerwise, specs, device_map)
     dev = pick_device(device) if not device_map else None

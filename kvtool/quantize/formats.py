@@ -7,22 +7,30 @@ format is what a calibrated scale maps the observed maximum onto.
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from kvtool.errors import UsageError
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)
 class Fp8Format:
     name: str
-    dtype: torch.dtype
+    torch_dtype: str  # the torch dtype's name: the table is read before torch is imported (--dry-run checks)
     max: float  # largest finite value
     vllm_cache_dtype: str  # what to pass as --kv-cache-dtype
 
+    @property
+    def dtype(self):
+        import torch
+
+        return getattr(torch, self.torch_dtype)
+
 
 FORMATS: dict[str, Fp8Format] = {
-    "e4m3": Fp8Format("e4m3", torch.float8_e4m3fn, 448.0, "fp8_e4m3"),
+    "e4m3": Fp8Format("e4m3", "float8_e4m3fn", 448.0, "fp8_e4m3"),
 }
 
 

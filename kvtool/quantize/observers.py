@@ -1,6 +1,7 @@
 """Observers: what turns the K or V tensors one layer wrote into its cache into an FP8 scale.
 
-One registration path (`@register(name)` adds to `OBSERVERS`, a kvtool.registry.Registry), looked up with
+One registry (`OBSERVERS`, kvtool.quantize.observer_specs: the spec check, torch-free); the built-ins below are
+declared there by class name, an extension registers with `@register(name)`; looked up with
 `make_observer("name[:arg]", ...)`, as llm-compressor registers its observers. Each observer sees every
 calibration batch of one layer and one role (K or V), shaped [batch, kv_heads, seq, head_dim], and returns a float32 scale of
 shape [1] (strategy "tensor") or [kv_heads] (strategy "attn_head").
@@ -40,16 +41,13 @@ Observers that need the values keep them for one layer only (calibration runs la
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
-from kvtool.errors import UsageError
 from kvtool.quantize.formats import Fp8Format, roundtrip
-from kvtool.registry import Registry
-
-DEFAULT_OBSERVER = "absmax-pow2:2"
+from kvtool.quantize.observer_specs import (DEFAULT_OBSERVER, OBSERVERS, ObserverEntry, canonical,  # noqa: F401
+                                            declare, parse_spec, usage)
 
 
 class Observer:
@@ -106,51 +104,16 @@ def _finite_positive(s: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.isfinite(s) & (s > 0), s, torch.ones_like(s))
 
 
-@dataclass(frozen=True)
-class ObserverEntry:
-    name: str
-    cls: type
-    arg: str | None  # what the ":arg" means, None when the observer takes none
-    default_arg: float | None
-    check: Callable[[float], bool] | None
-    help: str
-
-
-# --observer NAME[:ARG] -> ObserverEntry; the observers below register themselves.
-OBSERVERS: Registry[ObserverEntry] = Registry("observer", option="observer", choices=lambda: usage())
-
-
 def register(name: str, *, arg: str | None = None, default: float | None = None,
              check: Callable[[float], bool] | None = None, help: str = ""):
     """Class decorator: make an observer available as --observer NAME[:ARG]."""
 
     def deco(cls):
-        OBSERVERS.add(name, ObserverEntry(name, cls, arg, default, check, help))
+        declare(name, cls, arg=arg, default=default, check=check, help=help)
         cls.name = name
         return cls
 
     return deco
-
-
-def parse_spec(spec: str) -> tuple[ObserverEntry, float | None]:
-    """'percentile:99.9' -> (entry, 99.9); a one-line UsageError for anything else."""
-    name, _, raw = (spec or "").strip().partition(":")
-    entry = OBSERVERS.get(name, None)
-    if entry is None:
-        raise UsageError(OBSERVERS.unknown_message(spec), option="observer")
-    if not raw:
-        if entry.arg is not None and entry.default_arg is None:
-            raise UsageError(f"observer {name!r} needs a value: {name}:{entry.arg}", option="observer")
-        return entry, entry.default_arg
-    if entry.arg is None:
-        raise UsageError(f"observer {name!r} takes no value (got {spec!r})", option="observer")
-    try:
-        value = float(raw)
-    except ValueError:
-        raise UsageError(f"observer {name!r}: {entry.arg} must be a number, got {raw!r}", option="observer") from None
-    if entry.check is not None and not entry.check(value):
-        raise UsageError(f"observer {name!r}: {entry.arg} {value:g} is out of range ({entry.help})", option="observer")
-    return entry, value
 
 
 def make_observer(spec: str, *, num_heads: int, per_head: bool, fmt: Fp8Format) -> Observer:
@@ -158,28 +121,15 @@ def make_observer(spec: str, *, num_heads: int, per_head: bool, fmt: Fp8Format) 
     return entry.cls(num_heads, per_head, fmt, value)
 
 
-def canonical(spec: str) -> str:
-    """The spec with its default argument spelled out ('absmax' -> 'absmax:1')."""
-    entry, value = parse_spec(spec)
-    return entry.name if value is None else f"{entry.name}:{value:g}"
-
-
-def usage() -> list[str]:
-    return [e.name if e.arg is None else f"{e.name}:{e.arg}" if e.default_arg is None else f"{e.name}[:{e.arg}]"
-            for e in OBSERVERS.values()]
-
-
 # --- observers -------------------------------------------------------------------------------
-@register("absmax", arg="H", default=1.0, check=lambda h: 1.0 <= h <= 448.0,
-          help="headroom factor, 1 <= H <= 448; scale = H * amax / fmax")
 class AbsMaxObserver(Observer):
+    name = "absmax"
     def _scale(self) -> torch.Tensor:
         return self.amax() * float(self.arg or 1.0) / self.fmt.max
 
 
-@register("absmax-pow2", arg="H", default=2.0, check=lambda h: 1.0 <= h <= 448.0,
-          help="headroom factor, 1 <= H <= 448; scale = H * amax / fmax rounded up to a power of two")
 class AbsMaxPow2Observer(Observer):
+    name = "absmax-pow2"
     def _scale(self) -> torch.Tensor:
         s = self.amax() * float(self.arg or 2.0) / self.fmt.max
         return torch.exp2(torch.ceil(torch.log2(s.clamp_min(torch.finfo(torch.float32).tiny))))
@@ -202,8 +152,8 @@ class _ValuesObserver(Observer):
         return v if self.per_head else v.reshape(1, -1)
 
 
-@register("percentile", arg="P", check=lambda p: 50.0 <= p <= 100.0, help="50 <= P <= 100")
 class PercentileObserver(_ValuesObserver):
+    name = "percentile"
     def _scale(self) -> torch.Tensor:
         v = self.groups()
         n = v.shape[1]
@@ -212,8 +162,8 @@ class PercentileObserver(_ValuesObserver):
         return v.kthvalue(k, dim=1).values / self.fmt.max
 
 
-@register("mse", help="minimise FP8 quantization MSE")
 class MseObserver(_ValuesObserver):
+    name = "mse"
     SHRINK = torch.arange(0, 80) / 100.0  # candidate scales amax/fmax * (1 - shrink)
 
     def _scale(self) -> torch.Tensor:
@@ -230,10 +180,8 @@ class MseObserver(_ValuesObserver):
         return best
 
 
-@register("attn-out", arg="H", default=2.0, check=lambda h: 1.0 <= h <= 448.0,
-          help="headroom factor, 1 <= H <= 448; the scale in [H, 2H) * amax / fmax whose attention output "
-               "is closest to the unquantized one")
 class AttentionOutputObserver(Observer):
+    name = "attn-out"
     """Picks the FP8 grid by the layer's attention output: candidates H * amax / fmax * 2^(j/8),
     j = 0..7 (eight offsets of e4m3's grid within one octave), after the power of two absmax-pow2:H
     takes (tried first, so it wins ties). Every candidate keeps the headroom: nothing up to H times

@@ -35,9 +35,10 @@ def read_texts(files: list[str], option: str) -> list[str]:
 
 
 def check_options(opts: QuantizeOptions) -> None:
-    from kvtool.quantize.calibrate import STRATEGIES
+    """The option checks that need no checkpoint; torch-free (`--dry-run` runs them too)."""
+    from kvtool.options.quantize_kv import STRATEGIES
     from kvtool.quantize.formats import get_format
-    from kvtool.quantize.observers import parse_spec
+    from kvtool.quantize.observer_specs import parse_spec
 
     from kvtool.datasets import check_calibration_source
 
@@ -129,7 +130,7 @@ def plan(src: str, dst: str, opts: QuantizeOptions) -> QuantizePlan:
     from kvtool.model.preflight import preflight
     from kvtool.io.staging import check_destination
     from kvtool.quantize.config import with_kv_cache_scheme
-    from kvtool.quantize.observers import parse_spec
+    from kvtool.quantize.observer_specs import parse_spec
 
     check_options(opts)
     src_path = Path(src)
@@ -160,7 +161,7 @@ def apply(p: QuantizePlan, *, log=print) -> QuantizeResult:
     from kvtool.runtime.layerwise import describe, open_layerwise, release_free_memory
     from kvtool.quantize.calibrate import calibrate_layers
     from kvtool.quantize.formats import get_format
-    from kvtool.quantize.observers import canonical
+    from kvtool.quantize.observer_specs import canonical
     from kvtool.quantize.write import scale_tensors, write_output
     from kvtool.runtime.torch_utils import load_tokenizer, pick_device, pick_dtype
 

@@ -94,16 +94,13 @@ def run_convert_step(ctx: RunContext, step: Step) -> StepResult:
 
 
 def run_lint_step(ctx: RunContext, step: Step) -> StepResult:
-    from kvtool.rules.config_file import find_pyproject, load_settings
-    from kvtool.rules.engine import lint_one
-    from kvtool.rules.registry import LintOptions, Selection
+    from kvtool.rules.run import apply, plan, recipe_settings, recipe_step_options
 
     o = step.options
-    # [tool.kvtool.per-file-ignores] as `kvtool lint` reads it (nearest pyproject.toml), on the recipe's input model
-    ignores = load_settings(find_pyproject()).per_file_ignores
-    opts = LintOptions(selection=Selection(select=tuple(o.get("select") or ("KV",)), ignore=tuple(o.get("ignore") or ())),
-                       strict=bool(o.get("strict")), per_file_ignores=ignores)
-    rep = lint_one(str(ctx.current), opts, names=(str(ctx.src),))
+    # `kvtool lint`'s plan on the recipe's input model, named as the recipe's source for per-file ignores
+    lint = plan(recipe_step_options(o, str(ctx.current)), recipe_settings(), names=(str(ctx.src),))
+    opts = lint.engine
+    rep = apply(lint)[0]
     failing = rep.failing(opts.strict) if not rep.error else []
     details = {"error": rep.error, "findings": [f.as_dict() for f in rep.findings],
                "counts": {s: sum(1 for f in rep.findings if f.severity == s) for s in ("error", "warning", "info")}}
@@ -143,19 +140,16 @@ def run_quantize_kv_step(ctx: RunContext, step: Step) -> StepResult:
 
 
 def run_eval_step(ctx: RunContext, step: Step) -> StepResult:
-    from kvtool.eval.api import evaluate
     from kvtool.datasets import read_texts
-    from kvtool.options.eval import EvalOptions
-    from kvtool.options.fields import from_recipe
-    from kvtool.recipes.plan import eval_limits
+    from kvtool.eval.run import apply
+    from kvtool.recipes.plan import eval_plan
 
-    o = from_recipe(EvalOptions, step.options, model=str(ctx.current), baseline=str(ctx.src))
     files = [str(path) for _, path in ctx.recipe.text_files(step.options)] or None
-    texts, text_name = read_texts(files, o.dataset)
-    gates = eval_limits(step.options)
-    report = evaluate(o.model, baseline=o.baseline, texts=texts, text_name=text_name, max_length=o.max_length,
-                      stride=o.stride, max_tokens=o.max_tokens, device=_device(ctx), kv_cache_dtype=o.kv_cache_dtype,
-                      gates=gates, progress=ctx.progress)
+    texts, text_name = read_texts(files, step.options.get("dataset"))
+    # `kvtool eval`'s plan and apply: the refusals plan_eval made, now on the written model
+    p = eval_plan(ctx.recipe, step.options, model=str(ctx.current), baseline=str(ctx.src), texts=texts,
+                  text_name=text_name)
+    report = apply(p, device=_device(ctx), progress=ctx.progress)
     d = report.as_dict()
     return StepResult(step.index, step.kind, dict(step.options), None, passed=report.passed,
                       details={"metrics": d, "gates": [g.line() for g in report.gates],

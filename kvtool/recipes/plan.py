@@ -144,11 +144,14 @@ def plan_rope(recipe: Recipe, step: Step, state: PlanState) -> str:
 
 def plan_quantize_kv(recipe: Recipe, step: Step, state: PlanState) -> str:
     from kvtool.options.fields import from_recipe
-    from kvtool.options.quantize_kv import QuantizeOptions
+    from kvtool.options.quantize_kv import DEFAULT_OBSERVER, QuantizeOptions
     from kvtool.quantize.run import check_model  # no torch at import
 
+    from kvtool.quantize.observer_specs import parse_spec  # the command's observer check, torch-free
+
     _text_paths(recipe, step, step.options.get("calibration"), required=True)
-    try:
+    try:  # in the command's order: the options, then the model
+        parse_spec(step.options.get("observer") or DEFAULT_OBSERVER)
         check_model(state.ckpt, config=state.config, tensors=state.tensors)
     except KvtoolError as exc:
         raise _refused(recipe, step, exc) from None
@@ -161,22 +164,24 @@ def plan_quantize_kv(recipe: Recipe, step: Step, state: PlanState) -> str:
 
 
 def plan_lint(recipe: Recipe, step: Step, state: PlanState) -> str:
-    from kvtool.rules.engine import check_selectors
+    from kvtool.rules.run import plan, recipe_settings, recipe_step_options
 
-    try:  # a code that matches no rule: `kvtool lint --select` refuses it, so the step does
-        for key in ("select", "ignore"):
-            check_selectors(step.options.get(key) or (), option=key)
+    try:  # `kvtool lint`'s plan: a code that matches no rule is refused as the command refuses it
+        plan(recipe_step_options(step.options), recipe_settings())
     except KvtoolError as exc:
         raise _refused(recipe, step, exc) from None
     return "lint" + (" --strict" if step.options.get("strict") else "")
 
 
-def eval_limits(options: dict) -> dict[str, float]:
-    """The eval step's gate limits, checked as `kvtool eval` checks its flags. A recipe gates only on the
-    thresholds it names (the command's 2% default is no recipe default)."""
-    from kvtool.eval.gate import parse_limits
+def eval_plan(recipe: Recipe, options: dict, *, model: str, baseline: str, **kw):
+    """`kvtool eval`'s plan of an eval step. A recipe gates only on the thresholds it names (the command's 2%
+    default is no recipe default)."""
+    from kvtool.eval.run import plan
+    from kvtool.options.eval import EvalOptions
+    from kvtool.options.fields import from_recipe
 
-    return parse_limits(**(options.get("thresholds") or {}))  # the schema admits the gates' names only
+    o = from_recipe(EvalOptions, options, model=model, baseline=baseline)
+    return plan(model, o, gates=options.get("thresholds") or {}, **kw)  # the schema admits the gates' names only
 
 
 def plan_eval(recipe: Recipe, step: Step, state: PlanState) -> str:
@@ -184,16 +189,14 @@ def plan_eval(recipe: Recipe, step: Step, state: PlanState) -> str:
     if not o.get("text") and not o.get("dataset"):
         raise _fail(recipe, step, "needs `text` (file(s) relative to the recipe) or `dataset`")
     _text_paths(recipe, step, o, required=False)
-    try:
-        eval_limits(o)
+    try:  # the model is the one the earlier steps plan: its shape, not a folder; the text is read when run
+        p = eval_plan(recipe, o, model="", baseline=str(state.ckpt.config_path.parent), texts=None,
+                      tokens=_eval_tokens(recipe, o), shape=_shape(state))
     except KvtoolError as exc:
         raise _refused(recipe, step, exc) from None
     thresholds = o.get("thresholds") or {}
-    from kvtool.model import costs
-
-    est = costs.evaluate(_shape(state), _eval_tokens(recipe, o), models=2)
     return ("eval against the source" + (f" (gates: {', '.join(f'{k}={v}' for k, v in thresholds.items())})" if thresholds else "")
-            + _estimate_note(est))
+            + _estimate_note(p.estimate()))
 
 
 def _eval_tokens(recipe: Recipe, options: dict) -> int:

@@ -32,7 +32,8 @@ class ModelReport:
         return d
 
 
-def check_selectors(selectors, *, field: str | None = None, option: str | None = None) -> None:
+def check_selectors(selectors, *, file: str | None = None, field: str | None = None,
+                    option: str | None = None) -> None:
     """A selector that matches no rule is a typo: refuse it rather than silently check nothing
     (`kvtool lint --select/--ignore` and a recipe's lint step)."""
     from kvtool.errors import UsageError
@@ -42,7 +43,8 @@ def check_selectors(selectors, *, field: str | None = None, option: str | None =
     known = list(RULES) + list(REDIRECTS)
     for sel in selectors:
         if not any(code.startswith(sel) for code in known):
-            raise UsageError(f"{sel!r} matches no rule code (`kvtool rules` lists them)", field=field, option=option)
+            raise UsageError(f"{sel!r} matches no rule code (`kvtool rules` lists them)", file=file, field=field,
+                             option=option)
 
 
 def lint_one(source: str, options: LintOptions, *, names: tuple[str, ...] = ()) -> ModelReport:

@@ -153,30 +153,91 @@ def test_recipe_steps_accept_and_refuse_as_the_commands_do(name, tmp_path, recip
 
 
 def test_quantize_kv_steps_refuse_as_the_command_does(tmp_path):
-    """quantize-kv's plan (what the command runs before loading a model; its option checks import torch)
-    against the recipe step's, over the whole corpus: the same verdict and error line."""
-    pytest.importorskip("torch")
+    """quantize-kv's plan (what the command runs before loading a model; torch-free) against the recipe
+    step's, over the whole corpus: the same verdict and error line (an out-of-range observer included)."""
+    from kvtool.model.preflight import check_loadable
     from kvtool.options.quantize_kv import QuantizeOptions
     from kvtool.quantize.run import plan
 
     cases = [("{calibration: {dataset: pydoc}}", {}),
              ("{strategy: attn_head, observer: 'absmax:1', calibration: {dataset: pydoc}}",
-              {"strategy": "attn_head", "observer": "absmax:1"})]
+              {"strategy": "attn_head", "observer": "absmax:1"}),
+             ("{observer: 'percentile:200', calibration: {dataset: pydoc}}", {"observer": "percentile:200"})]
     verdicts = set()
     for name, config in sorted(CORPUS.items()):
         src = write_checkpoint(tmp_path / name, config, shaped=False)
         for i, (step, kw) in enumerate(cases):
             try:
                 dst = str(tmp_path / f"{name}.q{i}")
+                check_loadable(src)  # as `kvtool quantize-kv` does first: the folder, then the options
                 plan(str(src), dst, QuantizeOptions(src=str(src), dst=dst, **kw))
                 command = None
             except KvtoolError as exc:
-                command = f"kvtool: error: {exc.line()}"
+                command = _as_command_says(exc, "quantize-kv")
             r = tmp_path / f"q{i}.yaml"
             r.write_text(f"version: 1\nsteps:\n  - quantize-kv: {step}\n")
             assert _recipe(r, src, tmp_path / "out") == command, (name, step)
             verdicts.add(command is None)
     assert verdicts == {True, False}
+
+
+def test_a_bad_observer_is_refused_by_the_dry_runs_alike_without_torch(tmp_path):
+    """`kvtool quantize-kv SRC --dry-run --observer percentile:200` and `kvtool apply --dry-run` of the same
+    step print the same error line (the recipe's at its step), in a fresh interpreter that never imports torch."""
+    import subprocess
+
+    src = write_checkpoint(tmp_path / "src", CORPUS["smollm2-360m"], shaped=False)
+    r = tmp_path / "r.yaml"
+    r.write_text("version: 1\nsteps:\n  - quantize-kv: {observer: 'percentile:200', calibration: {dataset: pydoc}}\n")
+    code = ("import sys\nfrom kvtool.cli import main\nrc = main(sys.argv[1:])\n"
+            "assert 'torch' not in sys.modules and 'transformers' not in sys.modules, 'torch imported'\n"
+            "sys.exit(rc)\n")
+    line = "observer 'percentile': P 200 is out of range (50 <= P <= 100)"
+    cmd = subprocess.run([sys.executable, "-c", code, "quantize-kv", str(src), "--dry-run", "--observer",
+                          "percentile:200"], capture_output=True, text=True, timeout=120)
+    assert cmd.returncode == 2 and cmd.stderr == f"kvtool: error: --observer: {line}\n", cmd.stderr
+    rec = subprocess.run([sys.executable, "-c", code, "apply", str(r), str(src), str(tmp_path / "out"),
+                          "--dry-run"], capture_output=True, text=True, timeout=120)
+    assert rec.returncode == 2 and line in rec.stderr and rec.stderr.count("\n") == 1, rec.stderr
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(("step", "flags"), [("{select: [KV999]}", ["--select", "KV999"]),
+                                             ("{select: [KV1], ignore: [KV1, KV9999]}", ["--select", "KV1", "--ignore",
+                                                                                      "KV1,KV9999"]),
+                                             ("{select: [KV1], strict: true}", ["--select", "KV1", "--strict"])])
+def test_lint_steps_refuse_as_the_command_does(step, flags, tmp_path, capsys):
+    """`kvtool lint` and a recipe's lint step share kvtool.rules.run.plan: an unknown code, the same line."""
+    src = write_checkpoint(tmp_path / "src", CORPUS["smollm2-360m"], shaped=False)
+    rc = main(["lint", str(src), "--isolated", *flags])
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("kvtool: error: ")]
+    command = lines[0] if rc == 2 else None
+    r = tmp_path / "r.yaml"
+    r.write_text(f"version: 1\nsteps:\n  - lint: {step}\n")
+    assert _recipe(r, src, tmp_path / "out") == command
+
+
+HUGE = "9" * 400 + "%"  # overflows to infinity
+
+
+@pytest.mark.parametrize(("step", "flags", "refusal"), [
+    ("{dataset: pydoc, max_length: 64, stride: 32}", ["--max-length", "64", "--stride", "32"], None),
+    ("{dataset: pydoc, max_length: 64, stride: 64}", ["--max-length", "64", "--stride", "64"], "--stride: must be"),
+    ("{dataset: pydoc, max_tokens: 1}", ["--max-tokens", "1"], "--max-tokens: must be at least 2"),
+    (f"{{dataset: pydoc, thresholds: {{max_ppl_increase: '{HUGE}'}}}}", ["--max-ppl-increase", HUGE],
+     "is not a finite number >= 0"),
+    ("{dataset: pydoc, thresholds: {max_ppl_increase: '2%', min_top1: 0.9}}",
+     ["--max-ppl-increase", "2%", "--min-top1", "0.9"], None),
+])
+def test_eval_steps_refuse_as_the_command_does(step, flags, refusal, tmp_path, capsys):
+    """`kvtool eval MODEL --baseline SRC --dry-run` and a recipe's eval step share kvtool.eval.run.plan: the
+    window, token and gate refusals, the same line; no torch either way."""
+    src = write_checkpoint(tmp_path / "src", CORPUS["smollm2-360m"], shaped=False)
+    command = _command(["eval", str(src), "--baseline", str(src), "--dataset", "pydoc", *flags, "--dry-run"], capsys)
+    r = tmp_path / "r.yaml"
+    assert (command is None) == (refusal is None) and (refusal is None or refusal in command), command
+    r.write_text(f"version: 1\nsteps:\n  - eval: {step}\n")
+    assert _recipe(r, src, tmp_path / "out") == command
 
 
 def test_the_corpus_exercises_both_verdicts_of_every_kind(tmp_path, capsys):

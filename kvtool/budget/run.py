@@ -1,0 +1,85 @@
+"""`kvtool kv-budget` as a library: `plan` checks the options and opens the checkpoint (config + headers, no
+torch), `apply` computes the budget. The command only parses, calls and prints."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvtool.errors import UsageError
+from kvtool.model.numbers import QUANTITY_BOUNDS, show
+from kvtool.options.kv_budget import FORMATS, KvBudgetOptions
+
+
+@dataclass(frozen=True)
+class BudgetPlan:
+    ckpt: object  # kvtool.model.checkpoint.Checkpoint
+    spec: object  # kvtool.model.spec.ModelSpec
+    options: object  # kvtool.budget.budget.BudgetOptions
+
+
+def plan(o: KvBudgetOptions) -> BudgetPlan:
+    """Every refusal (exit 2) before anything is computed: the options, then the checkpoint."""
+    from pathlib import Path
+
+    from kvtool.budget import variants
+    from kvtool.budget.budget import BudgetOptions
+    from kvtool.budget.gpus import resolve
+    from kvtool.model.checkpoint import open_checkpoint
+    from kvtool.model.kvcache import KV_CACHE_DTYPES
+    from kvtool.model.numbers import require_valid_numbers
+    from kvtool.model.spec import build_spec
+    from kvtool.units import parse_size
+
+    if o.format not in FORMATS:
+        raise UsageError(f"unknown format {o.format!r}; choose text or json", option="format")
+    if o.kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise UsageError(f"unknown KV-cache dtype {o.kv_cache_dtype!r}; choose from {', '.join(KV_CACHE_DTYPES)}",
+                         option="kv_cache_dtype")
+    tokens = QUANTITY_BOUNDS["max_position"].high  # the config bound on a context length
+    _positive(o.max_model_len, "max_model_len", tokens)
+    _positive(o.batch, "batch", 1 << 30)
+    _positive(o.block_size, "block_size", 1 << 20)
+    _positive(o.tensor_parallel_size, "tensor_parallel_size", QUANTITY_BOUNDS["num_heads"].high)
+    _positive(o.max_num_batched_tokens, "max_num_batched_tokens", tokens)
+    if not 0 < o.gpu_memory_utilization <= 1:
+        raise UsageError(f"{o.gpu_memory_utilization:g} is not in (0, 1]", option="gpu_memory_utilization")
+    reserve_bytes = 0
+    if o.reserve is not None:
+        try:
+            reserve_bytes = parse_size(o.reserve)
+        except ValueError as exc:
+            raise UsageError(str(exc), option="reserve") from None
+    gpu = resolve(o.gpu_memory) if o.gpu_memory is not None else None
+    if (o.reserve is not None or o.gpu_memory_utilization != 0.9) and gpu is None:
+        raise UsageError("--reserve and --gpu-memory-utilization need --gpu-memory", option="gpu_memory")
+
+    if Path(o.model).is_dir():  # header sizes come from the weights: refuse any a reader would refuse
+        from kvtool.model.preflight import preflight
+
+        ckpt = preflight(o.model, read_side_files=False, require_weights=False)
+    else:
+        ckpt = open_checkpoint(o.model, read_side_files=False)
+    spec = build_spec(ckpt.config)
+    require_valid_numbers(spec, str(ckpt.config_path))
+    opts = BudgetOptions(
+        max_model_len=o.max_model_len, batch=o.batch or 1, batch_given=o.batch is not None,
+        kv_cache_dtype=o.kv_cache_dtype, block_size=o.block_size, tensor_parallel_size=o.tensor_parallel_size,
+        gpu=gpu, gpu_memory_utilization=o.gpu_memory_utilization, reserve_bytes=reserve_bytes,
+        max_num_batched_tokens=o.max_num_batched_tokens, hybrid_kv_cache=not o.disable_hybrid_kv_cache_manager,
+        what_if=tuple(variants.parse(o.what_if, num_heads=spec.num_heads, is_mla=spec.is_mla)),
+    )
+    return BudgetPlan(ckpt=ckpt, spec=spec, options=opts)
+
+
+def apply(p: BudgetPlan):
+    """The kvtool.budget.budget.Budget of a plan (its `problems`: what does not fit or vLLM would refuse)."""
+    from kvtool.budget.budget import compute
+
+    return compute(p.ckpt, p.spec, p.options)
+
+
+def _positive(value: int | None, name: str, high: int) -> None:
+    if value is not None and value < 1:
+        raise UsageError(f"must be at least 1, got {value}", option=name)
+    if value is not None and value > high:
+        raise UsageError(f"must be at most {high:,}, got {show(value)}", option=name)

@@ -1,0 +1,130 @@
+"""`kvtool eval` as a library: `plan` makes every refusal that needs no model (the text, the gate limits, the
+window, batch and memory options, the model folders) and holds what will be evaluated and its estimated cost;
+`apply` evaluates. The command (its --dry-run prints the plan) and a recipe's eval step call both."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+from kvtool.errors import UsageError
+from kvtool.options.eval import FORMATS, EvalOptions
+
+READ = object()  # plan(texts=READ): read the options' --text / --dataset
+
+
+@dataclass(frozen=True)
+class EvalPlan:
+    model: str
+    baseline: str | None
+    options: EvalOptions
+    texts: list[str] | None  # None: the built-in evaluation text
+    text_name: str | None
+    gates: dict[str, float]
+    max_memory: dict | None
+    tokens: int  # tokens scored: max_tokens, else the text's characters / 4 (no tokenizer is loaded)
+    tokens_exact: bool  # False: the characters / 4 estimate
+    shape: object = None  # kvtool.model.costs shape of the model; None: read from `model` when estimated
+
+    def model_shape(self):
+        from kvtool.model import costs
+
+        return self.shape if self.shape is not None else costs.for_checkpoint(self.model)
+
+    def estimate(self, shape=None):
+        """kvtool.model.costs.evaluate: peak memory and time, candidate (and baseline) layer by layer."""
+        from kvtool.model import costs
+
+        return costs.evaluate(shape or self.model_shape(), self.tokens, models=2 if self.baseline else 1)
+
+
+def gate_limits(o: EvalOptions) -> dict[str, float]:
+    """The command's gates: --max-ppl-increase (2% by default, 'off' disables) and the others, all against
+    --baseline; without one, PPL alone (an explicit baseline gate is refused)."""
+    from kvtool.eval.gate import parse_limits
+
+    off = o.max_ppl_increase.strip().lower() in ("off", "none", "")
+    gates = parse_limits(None if off else o.max_ppl_increase, o.max_kld, o.min_top1)
+    if o.baseline is None:
+        explicit = [g for g in gates if g != "max_ppl_increase"]
+        if explicit:
+            raise UsageError("compares against a baseline; give --baseline", option=explicit[0])
+        return {}  # the default PPL gate needs a baseline
+    return gates
+
+
+def check_settings(*, max_length: int, stride: int | None, max_tokens: int | None, batch_size: int | None,
+                   max_memory, device_map) -> int:
+    """The window / batch / memory options (kvtool.eval.api.evaluate_many checks them so too); the stride."""
+    from kvtool.eval.windows import check_window
+
+    stride = stride if stride is not None else max(1, max_length // 2)
+    check_window(max_length, stride)
+    if max_tokens is not None and max_tokens < 2:
+        raise UsageError(f"must be at least 2, got {max_tokens}", option="max_tokens")
+    if batch_size is not None and batch_size < 1:
+        raise UsageError(f"must be at least 1, got {batch_size}", option="batch_size")
+    if max_memory and not device_map:
+        raise UsageError("goes with --device-map (it bounds what accelerate places on each device)",
+                         option="max_memory")
+    return stride
+
+
+def plan(model: str, o: EvalOptions, *, texts=READ, text_name: str | None = None,
+         gates: Mapping | None = None, tokens: int | None = None, shape=None) -> EvalPlan:
+    """Refusals in the command's order (exit 2). texts: READ reads o.text / o.dataset, else the texts themselves
+    (None: the built-in one). gates: limits by name (parsed here, a recipe's thresholds); None: the command's
+    (gate_limits). tokens / shape: a recipe's estimate of a model its earlier steps have not written yet (the
+    folders are then not opened)."""
+    from kvtool.eval.api import KV_CACHE_DTYPES, KV_SCALE_SOURCES, parse_max_memory
+    from kvtool.eval.gate import parse_limits
+
+    if o.format not in FORMATS:
+        raise UsageError(f"unknown format {o.format!r}; use text or json", option="format")
+    limits = gate_limits(o) if gates is None else parse_limits(**gates)
+    if texts is READ:
+        from kvtool.datasets import read_texts
+
+        texts, text_name = read_texts(o.text, o.dataset)
+    max_memory = parse_max_memory(o.max_memory) if o.max_memory is not None else None
+    if o.kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise UsageError(f"unknown value {o.kv_cache_dtype!r}; use {', '.join(KV_CACHE_DTYPES)}",
+                         option="kv_cache_dtype")
+    if o.kv_scales not in KV_SCALE_SOURCES:
+        raise UsageError(f"unknown value {o.kv_scales!r}; use {' or '.join(KV_SCALE_SOURCES)}", option="kv_scales")
+    check_settings(max_length=o.max_length, stride=o.stride, max_tokens=o.max_tokens, batch_size=o.batch_size,
+                   max_memory=max_memory, device_map=o.device_map)
+    if shape is None:
+        from kvtool.model.preflight import check_loadable
+
+        check_loadable(model, o.baseline)  # refuse a bad folder before torch and transformers are imported
+    exact = tokens is not None
+    if tokens is None:
+        from kvtool.datasets import evaluation_text
+
+        in_text = max(2, sum(len(t) for t in (texts if texts is not None else [evaluation_text()])) // 4)
+        exact = bool(o.max_tokens) and o.max_tokens <= in_text
+        tokens = min(o.max_tokens, in_text) if o.max_tokens else in_text
+    return EvalPlan(model=model, baseline=o.baseline, options=o, texts=texts, text_name=text_name, gates=limits,
+                    max_memory=max_memory, tokens=tokens, tokens_exact=exact, shape=shape)
+
+
+def apply(p: EvalPlan, *, device: str | None = None, progress: bool | None = None):
+    """Evaluate a plan: the kvtool.eval.api.EvalReport (gates applied). Imports torch."""
+    from kvtool.eval.api import evaluate
+
+    o = p.options
+    return evaluate(p.model, p.baseline, texts=p.texts, text_name=p.text_name, max_length=o.max_length,
+                    stride=o.stride, max_tokens=o.max_tokens, device=device or o.device, dtype=o.dtype,
+                    kv_cache_dtype=o.kv_cache_dtype, kv_scales=o.kv_scales, batch_size=o.batch_size,
+                    device_map=o.device_map, max_memory=p.max_memory, gates=p.gates, progress=progress)
+
+
+def render_plan(p: EvalPlan) -> str:
+    """--dry-run: what will be evaluated and its estimated cost (kvtool.model.costs)."""
+    shape = p.model_shape()
+    about = "" if p.tokens_exact else "~"
+    return (f"kvtool eval plan: {p.model}" + (f" against {p.baseline}" if p.baseline else "") + "\n"
+            f"  tokens       {about}{p.tokens} through {shape.layers} layers"
+            + (", candidate and baseline" if p.baseline else "") + "\n"
+            f"  estimate     {p.estimate(shape).line()}\n")
