@@ -56,7 +56,13 @@ def _start(args: list, *, when: str | None, dst: Path, ready: Path) -> subproces
     argv = [sys.executable, "-c", PAUSED_KVTOOL] if when else [sys.executable, "-m", "kvtool"]
     env = _env(T_READY=str(ready), T_WHEN=when or "", T_DST_NAME=dst.name)
     return subprocess.Popen([*argv, *map(str, args)], env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE)
+                            stderr=subprocess.PIPE, preexec_fn=_interruptible)
+
+
+def _interruptible() -> None:
+    """The child takes SIGINT as a terminal's Ctrl-C delivers it: a test run started in the background of a
+    shell without job control inherits SIGINT ignored, and Python (like kvtool) keeps an inherited ignore."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _wait_for(pred, proc: subprocess.Popen, what: str) -> None:
