@@ -160,7 +160,7 @@ def evaluate_many(candidates: Sequence[Candidate | Any], baseline=None, *, texts
                              option="kv_cache_dtype")
         if isinstance(c.kv_scales, str) and c.kv_scales not in KV_SCALE_SOURCES:
             raise UsageError(f"unknown value {c.kv_scales!r}; use {' or '.join(KV_SCALE_SOURCES)}", option="kv_scales")
-    from kvtool.eval.run import check_settings  # the command's plan makes the same checks
+    from kvtool.eval.windows import check_settings  # the command's plan makes the same checks
 
     stride = check_settings(max_length=max_length, stride=stride, max_tokens=max_tokens, batch_size=batch_size,
                             max_memory=max_memory, device_map=device_map)

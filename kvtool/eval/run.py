@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from kvtool.errors import UsageError
+from kvtool.eval.windows import check_settings
 from kvtool.options.eval import FORMATS, EvalOptions
 
 READ = object()  # plan(texts=READ): read the options' --text / --dataset
@@ -51,23 +52,6 @@ def gate_limits(o: EvalOptions) -> dict[str, float]:
             raise UsageError("compares against a baseline; give --baseline", option=explicit[0])
         return {}  # the default PPL gate needs a baseline
     return gates
-
-
-def check_settings(*, max_length: int, stride: int | None, max_tokens: int | None, batch_size: int | None,
-                   max_memory, device_map) -> int:
-    """The window / batch / memory options (kvtool.eval.api.evaluate_many checks them so too); the stride."""
-    from kvtool.eval.windows import check_window
-
-    stride = stride if stride is not None else max(1, max_length // 2)
-    check_window(max_length, stride)
-    if max_tokens is not None and max_tokens < 2:
-        raise UsageError(f"must be at least 2, got {max_tokens}", option="max_tokens")
-    if batch_size is not None and batch_size < 1:
-        raise UsageError(f"must be at least 1, got {batch_size}", option="batch_size")
-    if max_memory and not device_map:
-        raise UsageError("goes with --device-map (it bounds what accelerate places on each device)",
-                         option="max_memory")
-    return stride
 
 
 def plan(model: str, o: EvalOptions, *, texts=READ, text_name: str | None = None,

@@ -66,3 +66,19 @@ def batches(ws: list[Window], batch_size: int) -> Iterator[list[Window]]:
         group.append(w)
     if group:
         yield group
+
+
+def check_settings(*, max_length: int, stride: int | None, max_tokens: int | None, batch_size: int | None,
+                   max_memory, device_map) -> int:
+    """The window / batch / memory options `kvtool eval`'s plan and kvtool.eval.api.evaluate_many both check;
+    returns the stride."""
+    stride = stride if stride is not None else max(1, max_length // 2)
+    check_window(max_length, stride)
+    if max_tokens is not None and max_tokens < 2:
+        raise UsageError(f"must be at least 2, got {max_tokens}", option="max_tokens")
+    if batch_size is not None and batch_size < 1:
+        raise UsageError(f"must be at least 1, got {batch_size}", option="batch_size")
+    if max_memory and not device_map:
+        raise UsageError("goes with --device-map (it bounds what accelerate places on each device)",
+                         option="max_memory")
+    return stride
