@@ -15,7 +15,6 @@ from kvtool.model.architectures import (
 from kvtool.errors import InputError
 from kvtool.model.spec import build_spec
 
-CONFIGS = Path(__file__).resolve().parent / "data" / "configs"
 ISSUE_TYPES = (  # issue 2's list plus the assignment's
     "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3_text",
     "phi", "phi3", "deepseek_v2", "deepseek_v3", "falcon", "gpt2", "gpt_neox", "bloom", "mpt", "starcoder2",

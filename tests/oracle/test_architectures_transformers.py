@@ -21,14 +21,6 @@ from kvtool.model.layer_types import ALIASES
 from kvtool.model.spec import build_spec
 
 CONFIGS = Path(__file__).resolve().parents[1] / "data" / "configs"
-ISSUE_TYPES = (  # issue 2's list plus the assignment's
-    "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3_text",
-    "phi", "phi3", "deepseek_v2", "deepseek_v3", "falcon", "gpt2", "gpt_neox", "bloom", "mpt", "starcoder2",
-    "gpt_bigcode", "olmo", "olmo2", "olmo3", "internlm2", "cohere", "cohere2", "granite", "exaone", "exaone4",
-    "minicpm", "gpt_oss", "smollm3", "gptj", "opt", "dbrx", "stablelm", "llama4_text", "nemotron_h",
-    "qwen3_5_text", "qwen3_next", "glm4_moe", "kimi_k2", "deepseek_v32", "glm_moe_dsa", "minimax_m2", "mimo",
-    "qwen3_vl_text",
-)
 # Tables whose weight names are the hub checkpoints', which transformers renames at load
 # (transformers/conversion_mapping.py): the module-name test cannot compare them.
 HUB_NAMES = {"exaone": "transformer.h.* / attn.attention.* (remote-code names)", "nemotron_h": "backbone.*"}
