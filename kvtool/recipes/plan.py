@@ -99,15 +99,14 @@ def plan_convert(recipe: Recipe, step: Step, state: PlanState) -> str:
             o.calib_text = str(files[0][1])  # the run joins several into one file
     try:
         # the command's order: the options and the merge method, then the model
-        shard_bytes, _ = check_options(o.max_shard_size, o.method, method_options(o))
+        shard_bytes, method_obj = check_options(o.max_shard_size, o.method, method_options(o))
         p = plan(state.ckpt, to=o.to, groups=o.groups, method=o.method, dtype=o.dtype, max_shard_size=shard_bytes,
                  config=state.config, tensors=state.tensors)
     except KvtoolError as exc:
         raise _refused(recipe, step, exc) from None
-    from kvtool.convert.methods import get_method
     from kvtool.convert.report import estimate
 
-    est = estimate(p, get_method(o.method, **method_options(o)))  # on the model as the previous steps leave it
+    est = estimate(p, method_obj)  # on the model as the previous steps leave it
     state.config = p.new_config
     state.tensors = {t.name: t for t in p.outputs}
     return f"{o.to}: {p.from_kv} -> {p.to_kv} KV heads ({o.method})" + _estimate_note(est)
