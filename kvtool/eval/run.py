@@ -54,6 +54,15 @@ def gate_limits(o: EvalOptions) -> dict[str, float]:
     return gates
 
 
+def planned_tokens(chars: int, max_tokens: int | None) -> tuple[int, bool]:
+    """(tokens scored, whether that is exact) for a plan: no tokenizer is loaded, so a text counts as
+    characters / 4 tokens; max_tokens below that is exact."""
+    in_text = max(2, chars // 4)
+    if max_tokens:
+        return min(max_tokens, in_text), max_tokens <= in_text
+    return in_text, False
+
+
 def plan(model: str, o: EvalOptions, *, texts=READ, text_name: str | None = None,
          gates: Mapping | None = None, tokens: int | None = None, shape=None) -> EvalPlan:
     """Refusals in the command's order (exit 2). texts: READ reads o.text / o.dataset, else the texts themselves
@@ -86,9 +95,8 @@ def plan(model: str, o: EvalOptions, *, texts=READ, text_name: str | None = None
     if tokens is None:
         from kvtool.datasets import evaluation_text
 
-        in_text = max(2, sum(len(t) for t in (texts if texts is not None else [evaluation_text()])) // 4)
-        exact = bool(o.max_tokens) and o.max_tokens <= in_text
-        tokens = min(o.max_tokens, in_text) if o.max_tokens else in_text
+        tokens, exact = planned_tokens(sum(len(t) for t in (texts if texts is not None else [evaluation_text()])),
+                                       o.max_tokens)
     return EvalPlan(model=model, baseline=o.baseline, options=o, texts=texts, text_name=text_name, gates=limits,
                     max_memory=max_memory, tokens=tokens, tokens_exact=exact, shape=shape)
 

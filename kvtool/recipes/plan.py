@@ -210,8 +210,9 @@ def _eval_tokens(recipe: Recipe, options: dict) -> int:
         chars = len(evaluation_text())
     else:
         chars = 4 * 4096
-    in_text = max(2, chars // 4)
-    return min(int(options["max_tokens"]), in_text) if options.get("max_tokens") else in_text
+    from kvtool.eval.run import planned_tokens
+
+    return planned_tokens(chars, options.get("max_tokens"))[0]
 
 
 def _shape(state: PlanState):
