@@ -8,7 +8,8 @@ and peak RSS of the process):
   naive   (--naive) transformers from_pretrained -> mean-pool k_proj / v_proj -> save_pretrained
 Steady state (issue 18): right after a checkpoint is written, the kernel writes dirty pages back and
 `cp` slows 3x, so the bench syncs, makes one warm-up copy (every tool then reads from the page cache),
-and syncs again after every run (untimed) before the next. Tools alternate, --repeat runs each
+and syncs again after every run (untimed) before the next. kvtool runs from bytecode, as an installed
+package does (one untimed --dry-run writes it to a scratch PYTHONPYCACHEPREFIX first). Tools alternate, --repeat runs each
 (default 5); min and median wall, median CPU and the largest peak RSS are reported, and the ratio
 cp / kvtool of the medians. Goals: kvtool >= 0.7x of cp (issue 18); naive: >= 3x faster and <= 1/4
 the peak memory (issue 4). Say how busy the machine was: the load average is printed.
@@ -110,9 +111,11 @@ def make_checkpoint(folder: Path, layers: int, hidden: int, heads: int, inter: i
 
 
 def timed(cmd: list[str], env: dict | None = None, cwd: str | None = None) -> tuple[float, int, float]:
-    """(wall seconds, peak RSS bytes, CPU seconds user + system) of one fresh process (/usr/bin/time -v)."""
+    """(wall seconds, peak RSS bytes, CPU seconds user + system) of one fresh process (/usr/bin/time -v).
+
+    `env` replaces the environment when given."""
     proc = subprocess.run(["/usr/bin/time", "-v", *cmd], capture_output=True, text=True,
-                          env={**os.environ, **env} if env else None, cwd=cwd)
+                          env=env, cwd=cwd)
     if proc.returncode != 0:
         raise SystemExit(f"command failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stderr[-2000:]}")
     wall = re.search(r"Elapsed \(wall clock\) time.*: (?:(\d+):)?(\d+):([\d.]+)", proc.stderr)
@@ -160,13 +163,19 @@ def main() -> int:
             "cp": lambda d: ["cp", "-r", str(src), str(d)],
             "kvtool": lambda d: [x if x is not None else str(d) for x in kvtool],
         }
-        envs = {}
+        # Python runs from bytecode as in an installed package: a PYTHONDONTWRITEBYTECODE=1 shell would
+        # otherwise make every run compile kvtool from source (~40 ms), which no installed kvtool does.
+        py_env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+        py_env["PYTHONPYCACHEPREFIX"] = str(base / "pycache")
+        envs = {"kvtool": py_env, "naive": py_env}
         if args.ref:
             tools["kvtool@ref"] = tools["kvtool"]
             # `python -m` puts the working directory first on sys.path: run the reference from its checkout
-            envs["kvtool@ref"] = {"PYTHONPATH": str(Path(args.ref).resolve())}
+            envs["kvtool@ref"] = {**py_env, "PYTHONPATH": str(Path(args.ref).resolve())}
         if args.naive:
             tools["naive"] = lambda d: [sys.executable, str(naive_py), str(src), str(d), str(args.groups)]
+        for name in [t for t in tools if t.startswith("kvtool")]:  # writes the bytecode, untimed
+            timed([*tools[name](base / "warm"), "--dry-run"], envs[name], args.ref if name == "kvtool@ref" else None)
         os.sync()
         timed(tools["cp"](base / "warm"))  # warm the page cache for everyone
         shutil.rmtree(base / "warm")
@@ -207,7 +216,7 @@ def main() -> int:
     finally:
         if args.keep:
             for p in base.iterdir():
-                shutil.rmtree(p) if p.is_dir() else p.unlink()
+                shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
             base.rmdir()
         else:
             shutil.rmtree(base, ignore_errors=True)

@@ -446,7 +446,10 @@ def run_convert(plan: ConvertPlan, dst: str | Path, *, method_obj=None, force: b
         with staged_output(dst, force=force, protect=[plan.src]) as tmp:
             bar = kv_progress.task("convert", total=reader.total_bytes, scale="bytes", enabled=progress)
             try:
-                with ShardWriter(tmp, plan.max_shard_size, meta, plan=plan.outputs, background_copies=True) as writer:
+                kept = {t.name: reader.byte_range(t.name)[1] for t in plan.outputs
+                        if (t.dtype, t.shape) == (reader.info(t.name).dtype, tuple(reader.info(t.name).shape))}
+                with ShardWriter(tmp, plan.max_shard_size, meta, plan=plan.outputs, background_copies=True,
+                                 copy_offsets=kept) as writer:
                     done: set[str] = set()
 
                     def wrote(n: str) -> None:

@@ -170,3 +170,102 @@ def test_a_failed_background_copy_is_raised_by_finalize(tmp_path):
                 w.copy_from(n, path, off + 10**9, nb)  # past the end of the source file
             w.finalize()
     assert w._copier is None  # the copy thread was stopped before the files were closed
+
+
+def _big_source(tmp_path):
+    """A source file whose tensors start at offsets unlike the ones a fresh header would give them."""
+    from safetensors.torch import save_file
+
+    g = torch.Generator().manual_seed(1)
+    ts = {f"t{i}.weight": torch.randn(64, 1024 + 8 * i, generator=g).to(torch.bfloat16) for i in range(3)}
+    src_dir = tmp_path / "src"
+    src_dir.mkdir()
+    save_file(ts, src_dir / "model.safetensors", metadata={"padding": "x" * 333})
+    return src_dir, ts
+
+
+def test_copy_offsets_pad_the_header_so_copied_tensors_are_page_congruent_with_their_source(tmp_path):
+    src_dir, ts = _big_source(tmp_path)
+    with CheckpointReader(src_dir) as r:
+        names = sorted(r.names(), key=lambda n: r.byte_range(n)[1])
+        offsets = {n: r.byte_range(n)[1] for n in names}
+        results = {}
+        for hint in (False, True):
+            out = tmp_path / f"out-{hint}"
+            out.mkdir()
+            with ShardWriter(out, plan=_plan({n: ts[n] for n in names}), background_copies=True,
+                             copy_offsets=offsets if hint else None) as w:
+                for n in names:
+                    w.copy_from(n, *r.byte_range(n))
+                results[hint] = w.finalize()
+    with CheckpointReader(tmp_path / "out-True") as hinted, CheckpointReader(tmp_path / "out-False") as plain:
+        for n in names:
+            assert (hinted.byte_range(n)[1] - offsets[n]) % 4096 == 0
+            assert hinted.byte_range(n)[1] % 8 == 0
+        assert any((plain.byte_range(n)[1] - offsets[n]) % 4096 for n in names)  # the padding made the difference
+    back = load_file(tmp_path / "out-True" / "model.safetensors")  # the safetensors library accepts the padding
+    assert all(torch.equal(back[n], t) for n, t in ts.items())
+    with safe_open(tmp_path / "out-True" / "model.safetensors", "pt") as f:
+        assert f.metadata()["format"] == "pt"
+
+
+def test_a_page_congruent_copy_starts_with_a_short_copy_to_a_64k_boundary(tmp_path, monkeypatch):
+    import os
+
+    import kvtool.io.writer as writer_mod
+
+    src = tmp_path / "src.bin"
+    data = os.urandom(300_000)
+    src.write_bytes(data)
+    calls = []
+    real = os.copy_file_range
+
+    def spy(fi, fo, count, off_in, off_out):
+        calls.append((count, off_in, off_out))
+        return real(fi, fo, count, off_in, off_out)
+
+    monkeypatch.setattr(writer_mod.os, "copy_file_range", spy)
+    dst = tmp_path / "dst.bin"
+    for src_off, dst_off, first_end in ((4096 + 40, 40, 65536), (4096 + 40, 48, None)):
+        calls.clear()
+        fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        try:
+            writer_mod._copy_file(str(src), fd, src_off, dst_off, 200_000)
+        finally:
+            os.close(fd)
+        assert dst.read_bytes()[dst_off:] == data[src_off:src_off + 200_000]
+        if first_end is None:  # not page-congruent: one plain copy
+            assert calls[0] == (200_000, src_off, dst_off)
+        else:
+            assert calls[0][2] + calls[0][0] == first_end and calls[1][2] == first_end
+
+
+@pytest.mark.parametrize("code,raised", [("ENOSPC", True), ("EOPNOTSUPP", False)])
+def test_planned_shards_are_preallocated_and_a_full_disk_fails_at_once(tmp_path, monkeypatch, code, raised):
+    import errno
+    import os
+
+    import kvtool.io.writer as writer_mod
+
+    seen = []
+
+    def fallocate(fd, offset, length):
+        seen.append(length)
+        raise OSError(getattr(errno, code), os.strerror(getattr(errno, code)))
+
+    monkeypatch.setattr(writer_mod.os, "posix_fallocate", fallocate)
+    ts = _tensors()
+    w = ShardWriter(tmp_path, plan=_plan(ts))
+    first = next(iter(ts))
+    if raised:
+        with pytest.raises(OSError) as exc:
+            w.add(first, ts[first])
+        assert exc.value.errno == errno.ENOSPC
+        w.abort()
+    else:  # a file system without fallocate: written all the same
+        for n, t in ts.items():
+            w.add(n, t)
+        res = w.finalize()
+        back = load_file(tmp_path / res.files[0])
+        assert all(torch.equal(back[n], t) for n, t in ts.items())
+        assert seen == [os.path.getsize(tmp_path / res.files[0])]  # the shard's whole size, asked up front

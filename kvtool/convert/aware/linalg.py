@@ -12,6 +12,21 @@ def augmented_covariance(x: torch.Tensor) -> torch.Tensor:
     return (xa.T @ xa) / xa.shape[0]
 
 
+def shrink_covariance(cov: torch.Tensor, alpha: float) -> torch.Tensor:
+    """(1 - alpha) C + alpha (tr C / D) I on the input block of an augmented covariance (bias row kept).
+
+    Directions the calibration text never excites get weight: text of another genre uses them."""
+    if not alpha:
+        return cov
+    d = cov.shape[0] - 1
+    out = cov.clone()
+    block = cov[:d, :d]
+    out[:d, :d] = (1 - alpha) * block + alpha * block.diagonal().mean() * torch.eye(d, dtype=cov.dtype,
+                                                                                        device=cov.device)
+    out[:d, d], out[d, :d] = (1 - alpha) * cov[:d, d], (1 - alpha) * cov[d, :d]
+    return out
+
+
 def augment(w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
     """[rows, hidden] weight and optional bias -> [rows, hidden + 1] float64."""
     w = w.to(torch.float64)

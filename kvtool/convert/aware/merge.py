@@ -10,7 +10,7 @@ import torch
 from kvtool.convert.aware.attention import LayerInputs, Proj, head_contexts
 from kvtool.convert.aware.grouping import head_similarity, kv_order, permute_heads, similarity_groups
 from kvtool.convert.aware.keys import merge_keys
-from kvtool.convert.aware.linalg import augment, augmented_covariance
+from kvtool.convert.aware.linalg import augment, augmented_covariance, shrink_covariance
 from kvtool.convert.aware.refine import refine
 from kvtool.convert.aware.values import merge_values, refit_o
 
@@ -25,6 +25,7 @@ class MergeSettings:
     o_ridge: float | None = 2.0  # None: keep the folded o_proj (no least-squares refit)
     refine_steps: int = 0
     refine_holdout: int = 0  # > 1: every k-th calibration sequence picks the refinement step (refine.refine)
+    cov_shrink: float = 0.0  # weight of the isotropic prior in the input covariance of the key / value merges
 
 
 @dataclass
@@ -52,7 +53,7 @@ def merge_layer(inp: LayerInputs, src: Proj, s: MergeSettings,
     # Attention passes run in float32 (they dominate the time); the solves run in float64.
     x32 = LayerInputs(inp.x.to(torch.float32), inp.cos.to(torch.float32), inp.sin.to(torch.float32), inp.scaling,
                       inp.sliding_window, inp.softcap)
-    cov = augmented_covariance(inp.x)
+    cov = shrink_covariance(augmented_covariance(inp.x), s.cov_shrink)
     rotary = inp.cos.shape[-1]
     ctx_src = head_contexts(x32, src.to(torch.float32), H, hd).to(torch.float64)
     o_target = ctx_src @ src.o.T  # original layer output without the o bias

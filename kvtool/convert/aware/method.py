@@ -20,7 +20,8 @@ if TYPE_CHECKING:
 
 GROUPINGS = ("contiguous", "similarity")
 DEFAULTS = {"calib_text": None, "calib_dataset": None, "calib_tokens": 4096, "refine_steps": 0,
-            "grouping": "contiguous", "seq_len": None, "o_ridge": 2.0, "layerwise": True, "refine_holdout": 0}
+            "grouping": "contiguous", "seq_len": None, "o_ridge": 2.0, "layerwise": True, "refine_holdout": 0,
+            "cov_shrink": 0.0}
 # Calibration sequence length when not given. Measured on SmolLM2 MQA (4096 tokens, 2047 held-out tokens in
 # windows of 1024): the closed-form merge is best on short sequences (more sequence starts: 3.43x at 256, 3.75x
 # at 512), refinement on long ones, whose attention spans what serving sees (64 steps: 2.17x at 256, 2.06x at
@@ -74,6 +75,9 @@ class AwareMerge(MergeMethod):
                                  option=name)
         if not isinstance(s["refine_holdout"], int) or isinstance(s["refine_holdout"], bool) or s["refine_holdout"] < 0:
             raise UsageError(f"refine_holdout must be an integer >= 0, got {s['refine_holdout']!r}", option="method_opt")
+        if isinstance(s["cov_shrink"], bool) or not isinstance(s["cov_shrink"], (int, float)) or not (
+                0 <= s["cov_shrink"] <= 1):
+            raise UsageError(f"cov_shrink must be a number from 0 to 1, got {s['cov_shrink']!r}", option="method_opt")
         if not isinstance(s["layerwise"], bool):
             raise UsageError(f"layerwise must be true or false, got {s['layerwise']!r}", option="method_opt")
         self._merged: MergedLayers | None = None
@@ -125,7 +129,7 @@ class AwareMerge(MergeMethod):
             settings = MergeSettings(num_heads=spec.num_heads, num_kv_heads=spec.num_kv_heads,
                                      groups=job.target_groups, head_dim=spec.head_dim, grouping=s["grouping"],
                                      o_ridge=s["o_ridge"], refine_steps=s["refine_steps"],
-                                     refine_holdout=s["refine_holdout"])
+                                     refine_holdout=s["refine_holdout"], cov_shrink=float(s["cov_shrink"]))
             reports = {}
             bar.set_note(f"building the model, {ids.numel()} calibration tokens")
             with sigterm_as_interrupt(), open_layerwise(job.src, device=device, dtype=torch.float32,
@@ -158,7 +162,7 @@ class AwareMerge(MergeMethod):
             "calib_text": label, "calib_text_sha256": hashlib.sha256(text.encode("utf-8")).hexdigest(),
             "calib_ids_sha256": hashlib.sha256(ids.numpy().astype("<i8").tobytes()).hexdigest(),
             "calib_tokens": int(ids.numel()), "seq_len": int(ids.shape[1]), "refine_steps": s["refine_steps"],
-            "grouping": s["grouping"], "o_ridge": s["o_ridge"],
+            "grouping": s["grouping"], "o_ridge": s["o_ridge"], "cov_shrink": s["cov_shrink"],
             **({"refine_holdout": s["refine_holdout"],
                 "refine_best_steps": [reports[k].best_step for k in sorted(reports)]} if s["refine_holdout"] else {}),
             "kv_order": {str(k): r.order for k, r in sorted(reports.items()) if r.order != sorted(r.order)},
