@@ -28,6 +28,7 @@ MODEL_WRITTEN = "self"
 # --calib-dataset choices: name -> the sources it mixes, in equal shares of the calibration tokens. A source is
 # the built-in text, a `datasets` corpus's train split (network, `pip install datasets`) or MODEL_WRITTEN.
 CALIBRATION_MIXES = {
+    "mixed": ("pydoc", "devil", "jargon"),
     "pydoc": ("pydoc",),
     "self": (MODEL_WRITTEN,),
     "pydoc+self": ("pydoc", MODEL_WRITTEN),
@@ -35,6 +36,11 @@ CALIBRATION_MIXES = {
     "wikitext103": ("wikitext103",),
 }
 CALIBRATION_DATASETS = tuple(CALIBRATION_MIXES)
+# --method aware's --calib-dataset when none is given: of the sources measured it generalizes best to text
+# unlike its own (issue 17, docs/convert-quality.md). quantize-kv and eval keep pydoc.
+MERGE_CALIBRATION = "mixed"
+# mixes that need neither the network nor the model: what a recipe's convert step may name
+OFFLINE_MIXES = tuple(name for name, parts in CALIBRATION_MIXES.items() if set(parts) <= {"pydoc", "devil", "jargon"})
 CALIBRATION_LABEL = "builtin:pydoc_data.topics (calibration part)"
 
 
@@ -89,10 +95,30 @@ def calibration_parts(dataset: str | None, option: str = "calib_dataset") -> tup
     return CALIBRATION_MIXES[name]
 
 
+# Public-domain prose of other genres than pydoc, shipped in kvtool/data/calibration (gzip, ~90 KB of text each):
+# 253 entries of Ambrose Bierce's The Devil's Dictionary (1911) and 134 prose entries of the Jargon File 4.4.7
+# (2003), from Debian's dict-devil and dict-jargon, a seeded sample reflowed into paragraphs (how: docs/
+# convert-quality.md). Calibrating on them with pydoc generalizes better to text unlike any of the three (issue 17).
+PACKAGED_TEXTS = {
+    "devil": ("devils_dictionary.txt.gz", "builtin:The Devil's Dictionary (Ambrose Bierce, 1911; sample)"),
+    "jargon": ("jargon_file.txt.gz", "builtin:The Jargon File 4.4.7 (sample)"),
+}
+
+
+@lru_cache(maxsize=None)
+def packaged_text(source: str) -> str:
+    import gzip
+
+    name = PACKAGED_TEXTS[source][0]
+    return gzip.decompress((Path(__file__).parent / "data" / "calibration" / name).read_bytes()).decode("utf-8")
+
+
 def source_text(source: str, option: str = "calib_dataset") -> tuple[str, str]:
     """(text, label) of one text source of a mix (not MODEL_WRITTEN, which needs the model)."""
     if source == BUILTIN:
         return calibration_text(), CALIBRATION_LABEL
+    if source in PACKAGED_TEXTS:
+        return packaged_text(source), PACKAGED_TEXTS[source][1]
     from dataclasses import replace
 
     return load_hub(replace(DATASETS[source], split="train"), source, option), f"{source} (train split)"

@@ -71,3 +71,25 @@ def test_mixes_name_their_sources_and_model_written_text_needs_the_model():
     with pytest.raises(UsageError, match="only convert --method aware") as info:
         calibration_texts("pydoc+self")  # quantize-kv has no model to write it
     assert info.value.option == "calib_dataset"
+
+
+def test_the_mixed_dataset_is_pydoc_and_two_packaged_public_domain_texts():
+    from kvtool.datasets import CALIBRATION_MIXES, MERGE_CALIBRATION, OFFLINE_MIXES, PACKAGED_TEXTS, packaged_text
+
+    assert MERGE_CALIBRATION == "mixed" and CALIBRATION_MIXES["mixed"] == ("pydoc", "devil", "jargon")
+    texts, label = calibration_texts("mixed")
+    assert texts[0] == calibration_text() and texts[1:] == [packaged_text("devil"), packaged_text("jargon")]
+    assert "Devil's Dictionary" in label and "Jargon File" in label
+    assert "ABASEMENT" not in texts[1][:200]  # a seeded sample, not the alphabet's first entries
+    for source in PACKAGED_TEXTS:
+        text = packaged_text(source)
+        assert 80_000 < len(text) < 120_000 and "\ufffd" not in text
+        assert "00-database" not in text and "{" not in text  # dictd headers and cross-reference braces are gone
+    assert set(OFFLINE_MIXES) == {"mixed", "pydoc"}  # no network, no model: what recipes may name
+
+
+def test_every_mix_names_known_sources():
+    from kvtool.datasets import CALIBRATION_MIXES, DATASETS, MODEL_WRITTEN, PACKAGED_TEXTS
+
+    for parts in CALIBRATION_MIXES.values():
+        assert set(parts) <= {"pydoc", MODEL_WRITTEN, *PACKAGED_TEXTS, *DATASETS}

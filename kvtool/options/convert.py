@@ -42,7 +42,8 @@ class ConvertOptions:
     max_kld: float | None = option(None, recipe=False, help="--eval gate: fail above this mean KL divergence.")
     progress: bool | None = option(None, negatable=True, recipe=False, help=FLAG_HELP)
     calib_dataset: str | None = option(None, recipe="calibration.dataset", schema={"type": "string", "minLength": 1},
-                                       help="--method aware: pydoc (built-in, offline; the default) | self | pydoc+self "
+                                       help="--method aware: mixed (the default: pydoc, The Devil's Dictionary and the "
+                                            "Jargon File, built-in, offline) | pydoc (built-in) | self | pydoc+self "
                                             "(text the model writes itself, offline) | wikitext2 | wikitext103 "
                                             "(train split; need `datasets`).")
     calib_text: str | None = option(None, recipe="calibration.text", schema=TEXT_FILES,

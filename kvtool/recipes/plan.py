@@ -63,12 +63,13 @@ def _refused(recipe: Recipe, step: Step, exc: KvtoolError) -> StepRefused:
     return _fail(recipe, step, where + exc.message, exc)
 
 
-def _text_paths(recipe: Recipe, step: Step, section: dict | None, *, required: bool) -> None:
+def _text_paths(recipe: Recipe, step: Step, section: dict | None, *, required: bool,
+                datasets: tuple[str, ...] = RECIPE_DATASETS) -> None:
     section = section or {}
     dataset = section.get("dataset")
-    if required and dataset is not None and section.get("text") is None and dataset not in RECIPE_DATASETS:
+    if required and dataset is not None and section.get("text") is None and dataset not in datasets:
         raise _fail(recipe, step, f"dataset {dataset!r} is not available offline in recipes; use "
-                                  f"{' / '.join(RECIPE_DATASETS)} or `text:` files")
+                                  f"{' / '.join(datasets)} or `text:` files")
     if section.get("text") is None:
         if required and not dataset:
             raise _fail(recipe, step, "needs calibration text: set calibration.text (a file relative to the recipe)")
@@ -93,7 +94,9 @@ def plan_convert(recipe: Recipe, step: Step, state: PlanState) -> str:
 
     o = convert_options(step.options)
     if o.method == "aware":
-        _text_paths(recipe, step, step.options.get("calibration"), required=True)
+        from kvtool.datasets import OFFLINE_MIXES
+
+        _text_paths(recipe, step, step.options.get("calibration"), required=True, datasets=OFFLINE_MIXES)
         files = recipe.text_files(step.options.get("calibration"))
         if files:
             o.calib_text = str(files[0][1])  # the run joins several into one file

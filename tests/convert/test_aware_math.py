@@ -118,3 +118,59 @@ def test_early_stopping_keeps_the_best_held_out_step():
     ok, _, _ = refine(inp, start, target, num_heads=H, head_dim=HD, steps=24, holdout_every=2, check_every=4,
                       stats=(good := {}))
     assert good["best_step"] > 0 and good["holdout_best"] < good["holdout_start"]
+
+
+def test_covariance_shrinkage_is_the_mixture_with_an_isotropic_prior():
+    from kvtool.convert.aware.linalg import augmented_covariance, shrink_covariance
+
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(256, D, generator=g, dtype=torch.float64) * torch.linspace(0.01, 3, D, dtype=torch.float64) + 0.5
+    cov = augmented_covariance(x)
+    assert shrink_covariance(cov, 0.0) is cov
+    alpha = 0.25
+    s = shrink_covariance(cov, alpha)
+    mu = cov[:D, :D].diagonal().mean()
+    # E over the mixture (1 - alpha) data + alpha N(0, mu I) of [x, 1][x, 1]^T
+    prior = torch.zeros_like(cov)
+    prior[:D, :D] = mu * torch.eye(D, dtype=cov.dtype)
+    prior[D, D] = 1.0
+    assert torch.allclose(s, (1 - alpha) * cov + alpha * prior)
+    assert torch.linalg.eigvalsh(s).min() > 0  # still a covariance; directions the data never excites gain weight
+    assert torch.linalg.eigvalsh(s[:D, :D]).min() >= alpha * mu * (1 - 1e-9)
+
+
+def test_shrinkage_reaches_the_layer_merge():
+    inp, g = _inputs()
+    src = Proj(q=torch.randn(H * HD, D, generator=g, dtype=torch.float64),
+               k=torch.randn(KV * HD, D, generator=g, dtype=torch.float64),
+               v=torch.randn(KV * HD, D, generator=g, dtype=torch.float64),
+               o=torch.randn(D, H * HD, generator=g, dtype=torch.float64))
+    base = MergeSettings(num_heads=H, num_kv_heads=KV, groups=1, head_dim=HD, o_ridge=None)
+    plain, _ = merge_layer(inp, src, base)
+    shrunk, _ = merge_layer(inp, src, MergeSettings(**{**vars(base), "cov_shrink": 0.5}))
+    assert not torch.allclose(plain.k, shrunk.k)
+
+
+def test_refinement_regularised_toward_the_merge_stays_closer_to_it():
+    from kvtool.convert.aware.refine import refine
+
+    inp, start, target = _refine_case()
+
+    def distance(p):
+        return sum(float((getattr(p, f) - getattr(start, f)).pow(2).sum() / getattr(start, f).pow(2).sum())
+                   for f in ("q", "k", "v", "o"))
+
+    free, before, after_free = refine(inp, start, target, num_heads=H, head_dim=HD, steps=30)
+    pulled, _, after_pulled = refine(inp, start, target, num_heads=H, head_dim=HD, steps=30, reg=10.0)
+    assert after_free < before and after_pulled < before
+    assert distance(pulled) < 0.5 * distance(free)
+    assert after_free <= after_pulled  # the pull costs calibration fit, which is what it is for
+
+
+@pytest.mark.parametrize("value", [-1, "x", True])
+def test_refine_reg_refusals(value):
+    from kvtool.convert.aware.method import AwareMerge
+    from kvtool.errors import UsageError
+
+    with pytest.raises(UsageError, match="refine_reg must be a number >= 0"):
+        AwareMerge(refine_reg=value)

@@ -58,12 +58,22 @@ def test_convert_device_serves_calibration_and_eval(monkeypatch, eval_flag, uses
 
 
 def test_calibration_defaults_to_the_builtin_dataset():
-    from kvtool.convert.aware.calibration import read_text
-    from kvtool.datasets import CALIBRATION_LABEL, calibration_text
+    from kvtool.convert.aware.calibration import calibration_sources, read_text
+    from kvtool.datasets import CALIBRATION_LABEL, calibration_text, calibration_texts
 
     assert AwareMerge().settings["calib_dataset"] is None  # no --calib-text needed
-    assert read_text(None, None) == (calibration_text(), CALIBRATION_LABEL)
     assert read_text(None, "pydoc") == (calibration_text(), CALIBRATION_LABEL)
+    # the merge's default is the mixed dataset, one source per genre (equal shares of the sequences)
+    assert [s.text for s in calibration_sources(None, None)] == calibration_texts("mixed")[0]
+    assert [s.text for s in calibration_sources(None, "pydoc")] == [calibration_text()]
+
+
+@pytest.mark.parametrize("value", [-0.1, 1.5, "a", True])
+def test_cov_shrink_is_a_share_from_0_to_1(value):
+    assert AwareMerge(cov_shrink=0.05).settings["cov_shrink"] == 0.05
+    with pytest.raises(UsageError, match="cov_shrink must be a number from 0 to 1") as exc:
+        AwareMerge(cov_shrink=value)
+    assert exc.value.option == "method_opt"
 
 
 @pytest.mark.parametrize("opts, needle", [({"calib_dataset": "wikitext9"}, "unknown dataset 'wikitext9'"),

@@ -93,3 +93,12 @@ def test_convert_with_self_written_calibration(tiny, tmp_path):
     assert details["calib_tokens"] == 64 and details["self_written"]["rows"] == 2
     assert details["self_written"]["sampling"] == vars(Sampling())
     assert "written by the model" in details["calib_text"] and "pydoc" in details["calib_text"]
+
+
+def test_shares_of_a_mix_and_who_gets_none():
+    from kvtool.convert.aware.calibration import calibration_shares
+
+    assert calibration_shares(3, 4096, 256) == [6, 5, 5]
+    assert calibration_shares(3, 4096, 1024) == [2, 1, 1]
+    assert calibration_shares(3, 256, 256) == [1, 0, 0]  # one sequence: the first source only
+    assert sum(calibration_shares(3, 8192, 256)) == 32

@@ -21,7 +21,8 @@ def test_smollm2_mqa_aware_beats_mean_pooling_by_far(smollm2_path, tmp_path):
 
     aware, mean = tmp_path / "aware", tmp_path / "mean"
     common = ["--to", "mqa", "--no-eval", "--no-progress"]
-    assert main(["convert", str(smollm2_path), str(aware), *common, "--method", "aware", "--calib-tokens", "1024"]) == 0
+    assert main(["convert", str(smollm2_path), str(aware), *common, "--method", "aware", "--calib-tokens", "1024",
+                 "--calib-dataset", "pydoc"]) == 0  # 4 sequences: all from the evaluation text's source
     assert main(["convert", str(smollm2_path), str(mean), *common]) == 0
     _, info = AutoModelForCausalLM.from_pretrained(aware, output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"]

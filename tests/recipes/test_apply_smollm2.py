@@ -47,3 +47,18 @@ def test_too_tight_gate_exits_1_and_leaves_no_dst(tmp_path, smollm2_path, capsys
     assert not dst.exists()
     failed = json.loads((tmp_path / "out.kvtool-failed.json").read_text())
     assert failed["steps"][0]["details"]["metrics"]["kld_mean"] > 0
+
+
+def test_a_convert_step_calibrates_on_the_mixed_dataset_as_the_command_does(tmp_path, smollm2_path, capsys):
+    r = tmp_path / "mixed.yaml"
+    r.write_text("version: 1\nsteps:\n  - convert:\n      to: mqa\n      method: aware\n"
+                 "      calibration: {dataset: mixed, tokens: 768}\n")
+    assert main(["apply", str(r), str(smollm2_path), str(tmp_path / "out")]) == 0, capsys.readouterr().err
+    assert main(["convert", str(smollm2_path), str(tmp_path / "cli"), "--to", "mqa", "--method", "aware",
+                 "--calib-tokens", "768", "--no-eval", "--no-progress"]) == 0  # the default dataset is the mix
+    details = [json.loads((tmp_path / d / "kvtool.json").read_text())["method_details"] for d in ("out", "cli")]
+    for d in details:
+        assert d["calib_text"].split(" + ")[1:] == ["builtin:The Devil's Dictionary (Ambrose Bierce, 1911; sample)",
+                                                    "builtin:The Jargon File 4.4.7 (sample)"]
+    assert details[0]["calib_ids_sha256"] == details[1]["calib_ids_sha256"]  # the same tokens
+    assert (tmp_path / "out" / "model.safetensors").read_bytes() == (tmp_path / "cli" / "model.safetensors").read_bytes()

@@ -68,6 +68,8 @@ CONVERT = [
     ("{to: mqa, refine_steps: 2}", ["--to", "mqa", "--refine-steps", "2"]),
     ("{to: mqa, method: aware, calibration: {dataset: pydoc}}",
      ["--to", "mqa", "--method", "aware", "--calib-dataset", "pydoc"]),
+    ("{to: mqa, method: aware, calibration: {dataset: mixed}}",
+     ["--to", "mqa", "--method", "aware", "--calib-dataset", "mixed"]),
     ("{to: gqa, groups: 2, method: aware, refine_steps: 2, grouping: similarity, calibration: {dataset: pydoc, "
      "tokens: 64, seq_len: 32}}", ["--to", "gqa", "--groups", "2", "--method", "aware", "--refine-steps", "2",
                                    "--grouping", "similarity", "--calib-tokens", "64", "--seq-len", "32"]),

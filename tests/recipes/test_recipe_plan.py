@@ -136,6 +136,20 @@ def test_calibration_dataset_not_offline_is_refused_before_any_work(tmp_path, ti
         plan_recipe(r, _source(tmp_path, tiny_llama_config))
 
 
+@pytest.mark.parametrize("step, refused", [
+    ("convert: {to: mqa, method: aware, calibration: {dataset: mixed}}", False),  # a built-in mix: offline
+    ("convert: {to: mqa, method: aware, calibration: {dataset: pydoc+self}}", True),  # needs the model written text
+    ("quantize-kv: {calibration: {dataset: mixed}}", True),  # quantize-kv calibrates on pydoc or files
+])
+def test_offline_calibration_datasets_depend_on_the_step(tmp_path, tiny_llama_config, step, refused):
+    r = _recipe(tmp_path, f"  - {step}\n")
+    if refused:
+        with pytest.raises(UsageError, match="is not available offline in recipes"):
+            plan_recipe(r, _source(tmp_path, tiny_llama_config))
+    else:
+        assert "2 -> 1 KV heads" in plan_recipe(r, _source(tmp_path, tiny_llama_config))[0]
+
+
 def test_quantize_kv_refusals_are_the_commands(tmp_path, tiny_llama_config):
     """A source already carrying KV scales: quantize-kv's own check refuses it in the plan (no torch)."""
     d = tmp_path / "s"

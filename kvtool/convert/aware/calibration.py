@@ -129,14 +129,20 @@ class Source:
 
 
 def calibration_sources(path: str | Path | None, dataset: str | None = None) -> list[Source]:
-    """--calib-text, else the parts of the --calib-dataset (default: the built-in pydoc calibration part)."""
+    """--calib-text, else the parts of the --calib-dataset (default: kvtool.datasets.MERGE_CALIBRATION)."""
     if path is not None:
         text, label = read_text(path)
         return [Source(text, label)]
-    from kvtool.datasets import MODEL_WRITTEN, calibration_parts, source_text
+    from kvtool.datasets import MERGE_CALIBRATION, MODEL_WRITTEN, calibration_parts, source_text
 
     return [Source(None, "written by the model itself (kvtool.convert.aware.selftext)") if part == MODEL_WRITTEN
-            else Source(*source_text(part)) for part in calibration_parts(dataset)]
+            else Source(*source_text(part)) for part in calibration_parts(dataset or MERGE_CALIBRATION)]
+
+
+def calibration_shares(k: int, tokens: int, seq_len: int) -> list[int]:
+    """Sequences each of k sources gives: equal shares of tokens // seq_len, the first ones get the remainder."""
+    rows = max(1, tokens // max(min(seq_len, tokens), 1))
+    return [rows // k + (1 if i < rows % k else 0) for i in range(k)]
 
 
 def calibration_batch(tokenizer, sources: list[Source], tokens: int, seq_len: int,
@@ -144,11 +150,8 @@ def calibration_batch(tokenizer, sources: list[Source], tokens: int, seq_len: in
     """[n, seq_len] ids, the sources in equal shares of whole sequences (the first ones get the remainder).
     A text source gives its first tokens (calibration_ids); write(rows, seq_len) the model-written ones."""
     seq_len = min(seq_len, tokens)
-    rows = max(1, tokens // max(seq_len, 1))
-    k = len(sources)
-    shares = [rows // k + (1 if i < rows % k else 0) for i in range(k)]
     parts = []
-    for src, n in zip(sources, shares):
+    for src, n in zip(sources, calibration_shares(len(sources), tokens, seq_len)):
         if n == 0:
             continue
         if src.text is None:

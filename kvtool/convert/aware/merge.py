@@ -25,6 +25,7 @@ class MergeSettings:
     o_ridge: float | None = 2.0  # None: keep the folded o_proj (no least-squares refit)
     refine_steps: int = 0
     refine_holdout: int = 0  # > 1: every k-th calibration sequence picks the refinement step (refine.refine)
+    refine_reg: float = 0.0  # pull of the refinement toward the closed-form merge (refine.refine's reg)
     cov_shrink: float = 0.0  # weight of the isotropic prior in the input covariance of the key / value merges
 
 
@@ -82,7 +83,7 @@ def merge_layer(inp: LayerInputs, src: Proj, s: MergeSettings,
         target = o_target if src.o_bias is None else o_target + src.o_bias
         stats: dict = {}
         new, _, _ = refine(x32, new, target.to(torch.float32), num_heads=H, head_dim=hd, steps=s.refine_steps,
-                           holdout_every=s.refine_holdout, on_step=on_step, stats=stats)
+                           holdout_every=s.refine_holdout, on_step=on_step, stats=stats, reg=s.refine_reg)
         best_step = stats.get("best_step")
         new = new.to(torch.float64)
         # refinement moved q/k/v: re-solve o_proj on all calibration tokens for the new contexts

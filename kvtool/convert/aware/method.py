@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 GROUPINGS = ("contiguous", "similarity")
 DEFAULTS = {"calib_text": None, "calib_dataset": None, "calib_tokens": 4096, "refine_steps": 0,
             "grouping": "contiguous", "seq_len": None, "o_ridge": 2.0, "layerwise": True, "refine_holdout": 0,
-            "cov_shrink": 0.0}
+            "cov_shrink": 0.0, "refine_reg": 0.0}
 # Calibration sequence length when not given. Measured on SmolLM2 MQA (4096 tokens, 2047 held-out tokens in
 # windows of 1024): the closed-form merge is best on short sequences (more sequence starts: 3.43x at 256, 3.75x
 # at 512), refinement on long ones, whose attention spans what serving sees (64 steps: 2.17x at 256, 2.06x at
@@ -78,6 +78,8 @@ class AwareMerge(MergeMethod):
         if isinstance(s["cov_shrink"], bool) or not isinstance(s["cov_shrink"], (int, float)) or not (
                 0 <= s["cov_shrink"] <= 1):
             raise UsageError(f"cov_shrink must be a number from 0 to 1, got {s['cov_shrink']!r}", option="method_opt")
+        if isinstance(s["refine_reg"], bool) or not isinstance(s["refine_reg"], (int, float)) or s["refine_reg"] < 0:
+            raise UsageError(f"refine_reg must be a number >= 0, got {s['refine_reg']!r}", option="method_opt")
         if not isinstance(s["layerwise"], bool):
             raise UsageError(f"layerwise must be true or false, got {s['layerwise']!r}", option="method_opt")
         self._merged: MergedLayers | None = None
@@ -99,7 +101,8 @@ class AwareMerge(MergeMethod):
             bar.set_note("importing torch and transformers")
             import torch
 
-            from kvtool.convert.aware.calibration import calibration_batch, calibration_sources, run_layerwise
+            from kvtool.convert.aware.calibration import (calibration_batch, calibration_sources, calibration_shares,
+                                                          run_layerwise)
             from kvtool.convert.aware.merge import MergeSettings, merge_layer
             from kvtool.runtime.layerwise import describe, open_layerwise, release_free_memory
             from kvtool.runtime.torch_utils import load_tokenizer
@@ -121,6 +124,9 @@ class AwareMerge(MergeMethod):
                 return out
 
             ids = calibration_batch(tokenizer, sources, s["calib_tokens"], s["seq_len"], write)
+            # the provenance names the sources that gave sequences (a short calibration may not reach all of them)
+            sources = [src for src, n in zip(sources, calibration_shares(len(sources), s["calib_tokens"],
+                                                                         s["seq_len"])) if n]
             text = "\n\n".join(src.text for src in sources if src.text is not None)
             label = " + ".join(src.label for src in sources)
             del tokenizer
@@ -129,7 +135,8 @@ class AwareMerge(MergeMethod):
             settings = MergeSettings(num_heads=spec.num_heads, num_kv_heads=spec.num_kv_heads,
                                      groups=job.target_groups, head_dim=spec.head_dim, grouping=s["grouping"],
                                      o_ridge=s["o_ridge"], refine_steps=s["refine_steps"],
-                                     refine_holdout=s["refine_holdout"], cov_shrink=float(s["cov_shrink"]))
+                                     refine_holdout=s["refine_holdout"], cov_shrink=float(s["cov_shrink"]),
+                                     refine_reg=float(s["refine_reg"]))
             reports = {}
             bar.set_note(f"building the model, {ids.numel()} calibration tokens")
             with sigterm_as_interrupt(), open_layerwise(job.src, device=device, dtype=torch.float32,
@@ -163,6 +170,7 @@ class AwareMerge(MergeMethod):
             "calib_ids_sha256": hashlib.sha256(ids.numpy().astype("<i8").tobytes()).hexdigest(),
             "calib_tokens": int(ids.numel()), "seq_len": int(ids.shape[1]), "refine_steps": s["refine_steps"],
             "grouping": s["grouping"], "o_ridge": s["o_ridge"], "cov_shrink": s["cov_shrink"],
+            **({"refine_reg": s["refine_reg"]} if s["refine_reg"] else {}),
             **({"refine_holdout": s["refine_holdout"],
                 "refine_best_steps": [reports[k].best_step for k in sorted(reports)]} if s["refine_holdout"] else {}),
             "kv_order": {str(k): r.order for k, r in sorted(reports.items()) if r.order != sorted(r.order)},

@@ -15,7 +15,7 @@ from kvtool.convert.aware.attention import PROJ_FIELDS, LayerInputs, Proj, atten
 
 
 def refine(inp: LayerInputs, start: Proj, target: torch.Tensor, *, num_heads: int, head_dim: int, steps: int,
-           lr: float = 5e-3, batch: int = 1, holdout_every: int = 0, check_every: int = 8,
+           lr: float = 5e-3, batch: int = 1, holdout_every: int = 0, check_every: int = 8, reg: float = 0.0,
            on_step: Callable[[], None] | None = None, stats: dict | None = None) -> tuple[Proj, float, float]:
     """Returns (refined projections, loss before, loss after on all calibration sequences).
     on_step(): called after each optimizer step (progress).
@@ -28,6 +28,9 @@ def refine(inp: LayerInputs, start: Proj, target: torch.Tensor, *, num_heads: in
     is measured every check_every steps, and the projections of the best check (the start included) are
     returned: refinement stops where it starts fitting what the held-out sequences do not share. stats
     (when given) receives best_step, holdout_start and holdout_best.
+
+    reg > 0 adds reg * sum over the tensors of ||p - p_start||^2 / ||p_start||^2 to each step's loss: a pull
+    toward the closed-form merge, which uses only second moments of the calibration text.
     """
     params = {f: getattr(start, f).detach().to(torch.float32).clone().requires_grad_(True)
               for f in PROJ_FIELDS if getattr(start, f) is not None}
@@ -58,12 +61,17 @@ def refine(inp: LayerInputs, start: Proj, target: torch.Tensor, *, num_heads: in
     best_step, best_held = 0, held_loss() if held else None
     start_held = best_held
     best = {f: t.detach().clone() for f, t in params.items()}
+    anchor = {f: t.detach().clone() for f, t in params.items()}
+    scale = {f: t.pow(2).sum().clamp_min(1e-30) for f, t in anchor.items()}
     with torch.enable_grad():
         for step in range(steps):
             j = (step * batch) % len(train)
             rows = torch.tensor([train[(j + b) % len(train)] for b in range(min(batch, len(train)))])
             opt.zero_grad(set_to_none=True)
-            loss_of(params, rows).backward()
+            loss = loss_of(params, rows)
+            if reg:
+                loss = loss + reg * sum((params[f] - anchor[f]).pow(2).sum() / scale[f] for f in params)
+            loss.backward()
             opt.step()
             if on_step is not None:
                 on_step()
