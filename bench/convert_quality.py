@@ -4,10 +4,10 @@ Prints one markdown table: model x target KV heads x method -> PPL ratio to the 
 error), mean KLD and top-1 agreement against the original, on two held-out texts: the same source as the
 default calibration (the evaluation part of kvtool's built-in pydoc text) and English prose of another genre
 (`bench/other_texts.py`: Austen's *Persuasion* by default, never used for calibration or tuning; the licence
-texts, `--other licenses`, were the dev text of issue 17), and conversion wall and CPU seconds.
+texts, `--other licenses` and `--other fortunes`, were the dev texts of issue 17), and conversion wall and CPU seconds.
 
     python bench/convert_quality.py [--calib-tokens 4096] [--refine-steps 64] [--eval-tokens 4096] \
-        [--calib-dataset NAME] [--other persuasion|licenses|FILE] [--gqa-only]
+        [--calib-dataset NAME] [--other persuasion|licenses|fortunes|FILE] [--gqa-only]
 
 Cases: SmolLM2-135M 3 -> 1 KV heads (MQA); SmolLM2 expanded to MHA (9 KV heads, exact) and merged
 back to 3 (the duplicate heads must be found again) and to 1.
@@ -49,7 +49,7 @@ def main() -> int:
     ap.add_argument("--refine-steps", type=int, default=64)
     ap.add_argument("--eval-tokens", type=int, default=4096)
     ap.add_argument("--calib-dataset", default=None, help="--calib-dataset of the aware conversions (default: kvtool's)")
-    ap.add_argument("--other", default="persuasion", help="other-genre text: persuasion, licenses or a file")
+    ap.add_argument("--other", default="persuasion", help="other-genre text: persuasion, licenses, fortunes or a file")
     ap.add_argument("--gqa-only", action="store_true", help="only SmolLM2 3 -> 1 (the MHA cases are exact checks)")
     ap.add_argument("--window", type=int, default=1024)
     ap.add_argument("--work", type=Path, default=None, help="folder for the converted models (default: temporary)")

@@ -3,6 +3,8 @@
 - dev (every tuning decision, issue 17): the licence texts of /usr/share/common-licenses (Debian's
   base-files, on every Debian system): Apache-2.0, Artistic, BSD, CC0-1.0, GFDL-1.3, GPL-3, LGPL-2.1,
   MPL-2.0, in that order (legal prose; 127 KB, ~28k tokens).
+- dev 2 (tuning decisions, issue 17's second round): the quotations of Debian's fortunes-min and fortunes
+  (/usr/share/games/fortunes, the non-offensive files), entries shuffled with seed 0 (~2.5 MB).
 - eval (reported, never used for calibration or tuning): Jane Austen, *Persuasion* (1818; public domain,
   Project Gutenberg's text) as shipped by Debian's r-cran-janeaustenr (MIT) in the R data file
   janeaustenr/data/Rdata.rdb (467 KB, ~110k tokens). Read here with a small reader of R's
@@ -10,7 +12,7 @@
   taken from /usr/lib/R/site-library (after `apt-get install r-cran-janeaustenr`) or from the .deb
   (`apt-get download r-cran-janeaustenr`; unpacked with dpkg -x into the cache folder).
 
-    python bench/other_texts.py FOLDER      # writes FOLDER/licenses.txt and FOLDER/persuasion.txt
+    python bench/other_texts.py FOLDER      # writes FOLDER/licenses.txt, fortunes.txt and persuasion.txt
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from pathlib import Path
 LICENSES = ("Apache-2.0", "Artistic", "BSD", "CC0-1.0", "GFDL-1.3", "GPL-3", "LGPL-2.1", "MPL-2.0")
 LICENSE_DIR = Path("/usr/share/common-licenses")
 AUSTEN_PACKAGE = "r-cran-janeaustenr"
+FORTUNES_PACKAGES = ("fortunes-min", "fortunes")  # fortunes-min holds the `fortunes` file itself
 AUSTEN_DATA = "usr/lib/R/site-library/janeaustenr/data"
 
 
@@ -119,13 +122,42 @@ def austen_data_dir(cache: Path) -> Path:
     return cache / AUSTEN_DATA
 
 
+def fortunes_text(cache: Path) -> str:
+    """Debian's fortunes-min + fortunes quotations (the files but *.dat / *.u8), entries shuffled with seed 0."""
+    import os
+    import random
+
+    data = Path("/usr/share/games/fortunes")
+    if not (data / "wisdom").exists():
+        data = cache / "usr/share/games/fortunes"
+        if not (data / "wisdom").exists():
+            cache.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryDirectory() as tmp:
+                for pkg in FORTUNES_PACKAGES:
+                    subprocess.run(["apt-get", "download", pkg], cwd=tmp, check=True, capture_output=True)
+                    (deb,) = glob.glob(f"{tmp}/{pkg}_*.deb")
+                    subprocess.run(["dpkg", "-x", deb, str(cache)], check=True)
+    entries = []
+    for f in sorted(glob.glob(str(data / "*"))):
+        if f.endswith((".dat", ".u8")) or not os.path.isfile(f) or "off" in f:
+            continue
+        text = open(f, encoding="utf-8", errors="replace").read()
+        entries += [e.strip() for e in text.split("\n%\n") if e.strip()]
+    random.Random(0).shuffle(entries)
+    return "\n\n".join(entries)
+
+
 def write_texts(folder: str | Path) -> dict[str, Path]:
-    """FOLDER/licenses.txt (dev) and FOLDER/persuasion.txt (eval); existing files are kept."""
+    """FOLDER/licenses.txt (dev), FOLDER/fortunes.txt (dev 2) and FOLDER/persuasion.txt (eval); existing files
+    are kept."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    paths = {"licenses": folder / "licenses.txt", "persuasion": folder / "persuasion.txt"}
+    paths = {"licenses": folder / "licenses.txt", "fortunes": folder / "fortunes.txt",
+             "persuasion": folder / "persuasion.txt"}
     if not paths["licenses"].exists():
         paths["licenses"].write_text(licenses_text(), encoding="utf-8")
+    if not paths["fortunes"].exists():
+        paths["fortunes"].write_text(fortunes_text(folder / "deb"), encoding="utf-8")
     if not paths["persuasion"].exists():
         novels = austen_novels(austen_data_dir(folder / "deb"))
         paths["persuasion"].write_text(novels["persuasion"], encoding="utf-8")
