@@ -78,6 +78,10 @@ class MergeMethod:
                              option="method")
         self.options = dict(options)
 
+    def summary(self) -> str:
+        """One line for the plan: what this method will do (by default the first line of its docstring)."""
+        return (type(self).__doc__ or self.name).strip().splitlines()[0].rstrip(".")
+
     def prepare(self, job: MergeJob) -> None:
         """Called once before streaming; default: nothing to prepare."""
 

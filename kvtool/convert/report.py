@@ -46,8 +46,7 @@ def estimate(plan, method_obj=None, eval_tokens: int | None = None):
 
 def render_plan(plan, dst, method_obj=None, eval_tokens: int | None = None) -> str:
     H, a, b = plan.num_heads, plan.from_kv, plan.to_kv
-    how = {"pool": "mean of each group's K/V heads (approximate without retraining)" if plan.method == "mean"
-           else f"method {plan.method!r}",
+    how = {"pool": method_obj.summary() if method_obj is not None else f"method {plan.method!r}",
            "expand": "each KV head repeated (exact: same outputs)",
            "unchanged": "same KV-head count (identity)"}[plan.direction]
     lines = [

@@ -83,3 +83,20 @@ def test_calibration_source_refusals(opts, needle):
         AwareMerge(**opts)
     assert exc.value.option == "calib_dataset"
 
+
+
+def test_the_plan_says_what_the_calibration_will_be():
+    assert AwareMerge().summary() == ("calibrated merge on 4096 tokens of mixed (pydoc + devil + jargon) in sequences "
+                                      "of 256, training-free")
+    assert AwareMerge(calib_dataset="pydoc", refine_steps=8).summary() == (
+        "calibrated merge on 4096 tokens of pydoc in sequences of 1024, 8 refinement steps per layer")
+    assert "of notes.txt in sequences" in AwareMerge(calib_text="notes.txt", calib_tokens=512).summary()
+
+
+def test_the_dry_run_plan_shows_the_method_summary(tmp_path, capsys, tiny_llama_config):
+    from kvtest import write_checkpoint
+
+    write_checkpoint(tmp_path / "src", tiny_llama_config)
+    assert main(["convert", str(tmp_path / "src"), str(tmp_path / "dst"), "--to", "mqa", "--method", "aware",
+                 "--calib-tokens", "512", "--dry-run"]) == 0
+    assert "  method       aware: calibrated merge on 512 tokens of mixed (pydoc + devil + jargon)" in capsys.readouterr().out

@@ -180,6 +180,19 @@ class AwareMerge(MergeMethod):
             "calibration_model": held,
         }
 
+    def summary(self) -> str:
+        from kvtool.datasets import CALIBRATION_MIXES, MERGE_CALIBRATION
+
+        s = self.settings
+        if s["calib_text"]:
+            source = str(s["calib_text"])
+        else:
+            name = s["calib_dataset"] or MERGE_CALIBRATION
+            source = f"{name} ({' + '.join(CALIBRATION_MIXES[name])})" if len(CALIBRATION_MIXES[name]) > 1 else name
+        refine = f", {s['refine_steps']} refinement steps per layer" if s["refine_steps"] else ", training-free"
+        return (f"calibrated merge on {s['calib_tokens']} tokens of {source} in sequences of {s['seq_len']}"
+                f"{refine}")
+
     def merge_layer(self, layer: int, w: "AttentionWeights") -> "AttentionWeights":
         if w.target_groups >= w.num_kv_heads:
             from kvtool.convert.pooling import mean_pool
