@@ -39,8 +39,6 @@ CALIBRATION_DATASETS = tuple(CALIBRATION_MIXES)
 # --method aware's --calib-dataset when none is given: of the sources measured it generalizes best to text
 # unlike its own (issue 17, docs/convert-quality.md). quantize-kv and eval keep pydoc.
 MERGE_CALIBRATION = "mixed"
-# mixes that need neither the network nor the model: what a recipe's convert step may name
-OFFLINE_MIXES = tuple(name for name, parts in CALIBRATION_MIXES.items() if set(parts) <= {"pydoc", "devil", "jargon"})
 CALIBRATION_LABEL = "builtin:pydoc_data.topics (calibration part)"
 
 
@@ -103,6 +101,10 @@ PACKAGED_TEXTS = {
     "devil": ("devils_dictionary.txt.gz", "builtin:The Devil's Dictionary (Ambrose Bierce, 1911; sample)"),
     "jargon": ("jargon_file.txt.gz", "builtin:The Jargon File 4.4.7 (sample)"),
 }
+
+
+# mixes that need neither the network nor the model: what a recipe's convert step may name
+OFFLINE_MIXES = tuple(name for name, parts in CALIBRATION_MIXES.items() if set(parts) <= {BUILTIN, *PACKAGED_TEXTS})
 
 
 @lru_cache(maxsize=None)

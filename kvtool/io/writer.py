@@ -11,7 +11,8 @@ copy_file_range). With `background_copies`, those copies run on one worker threa
 computes the tensors that change (the copy releases the GIL), and runs of tensors that are
 contiguous in both files are joined into one copy. Planned shards are preallocated (a full disk
 fails at once, and ext4 copies into allocated extents faster). A checkpoint converts at about copy
-speed (issue 18; a second copy thread measured no faster on 2 cores). Failures of a background copy are raised by `finalize`.
+speed (issue 18; a second copy thread measured no faster on 2 cores). Failures of a background copy
+are raised by `finalize`.
 
 Files are `model.safetensors` when there is one shard, else `model-0000i-of-0000n.safetensors`
 plus `model.safetensors.index.json` ({"metadata": {"total_parameters", "total_size"}, "weight_map"},
