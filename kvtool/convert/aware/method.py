@@ -75,11 +75,11 @@ class AwareMerge(MergeMethod):
                                  option=name)
         if not isinstance(s["refine_holdout"], int) or isinstance(s["refine_holdout"], bool) or s["refine_holdout"] < 0:
             raise UsageError(f"refine_holdout must be an integer >= 0, got {s['refine_holdout']!r}", option="method_opt")
-        if isinstance(s["cov_shrink"], bool) or not isinstance(s["cov_shrink"], (int, float)) or not (
-                0 <= s["cov_shrink"] <= 1):
-            raise UsageError(f"cov_shrink must be a number from 0 to 1, got {s['cov_shrink']!r}", option="method_opt")
-        if isinstance(s["refine_reg"], bool) or not isinstance(s["refine_reg"], (int, float)) or s["refine_reg"] < 0:
-            raise UsageError(f"refine_reg must be a number >= 0, got {s['refine_reg']!r}", option="method_opt")
+        for name, low, high in (("cov_shrink", 0, 1), ("refine_reg", 0, None)):  # --method-opt numbers
+            v = s[name]
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or v < low or (high is not None and v > high):
+                bound = f"from {low} to {high}" if high is not None else f">= {low}"
+                raise UsageError(f"{name} must be a number {bound}, got {v!r}", option="method_opt")
         if not isinstance(s["layerwise"], bool):
             raise UsageError(f"layerwise must be true or false, got {s['layerwise']!r}", option="method_opt")
         self._merged: MergedLayers | None = None
