@@ -94,3 +94,17 @@ def unique_tables():
             seen.add(arch.model_type)
             out.append(arch)
     return out
+
+
+def unprefixed_copy(src: Path, dst: Path) -> Path:
+    """A copy of the single-file checkpoint src whose tensors lack the "model." prefix: transformers' llama loader
+    maps such names, kvtool cannot read them by name. config.json and the tokenizer files come along."""
+    from safetensors.torch import load_file, save_file
+
+    dst.mkdir(parents=True)
+    tensors = load_file(str(src / "model.safetensors"))
+    save_file({k.removeprefix("model."): v for k, v in tensors.items()}, str(dst / "model.safetensors"),
+              metadata={"format": "pt"})
+    for f in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        (dst / f).write_bytes((src / f).read_bytes())
+    return dst

@@ -153,17 +153,10 @@ def test_loaded_modules_and_device_maps_run_whole(four_layers, smollm2_tokenizer
 
 
 def test_renamed_tensors_fall_back_to_the_whole_model_and_say_so(tmp_path, smollm2_path, smollm2_tokenizer):
-    from safetensors.torch import load_file, save_file
+    from kvtest import unprefixed_copy
 
     src = _tiny(tmp_path / "src", smollm2_path, len(smollm2_tokenizer))
-    renamed = tmp_path / "renamed"
-    renamed.mkdir()
-    tensors = load_file(str(src / "model.safetensors"))
-    # transformers' llama loader maps a checkpoint without the "model." prefix; kvtool cannot read it by name
-    save_file({k.removeprefix("model."): v for k, v in tensors.items()}, str(renamed / "model.safetensors"),
-              metadata={"format": "pt"})
-    for f in ("config.json", "tokenizer.json", "tokenizer_config.json"):
-        (renamed / f).write_bytes((src / f).read_bytes())
+    renamed = unprefixed_copy(src, tmp_path / "renamed")
     kw = dict(max_length=L, stride=S, max_tokens=N, device=DEVICE, dtype="fp32")
     r = evaluate(renamed, src, **kw)
     assert r.memory["mode"] == "layerwise+whole_model" and "module's name" in r.memory["note"]

@@ -109,17 +109,10 @@ def test_cli_refuses_in_one_line_before_loading(tiny_llama_path):
 
 
 def test_a_fallback_to_the_whole_model_is_checked_and_names_device_map(tmp_path, tiny_llama_path, monkeypatch):
-    from safetensors.torch import load_file, save_file
-
+    from kvtest import unprefixed_copy
     from kvtool.eval.api import evaluate
 
-    renamed = tmp_path / "renamed"
-    renamed.mkdir()
-    tensors = load_file(str(tiny_llama_path / "model.safetensors"))
-    save_file({k.removeprefix("model."): v for k, v in tensors.items()}, str(renamed / "model.safetensors"),
-              metadata={"format": "pt"})
-    for f in ("config.json", "tokenizer.json", "tokenizer_config.json"):
-        (renamed / f).write_bytes((tiny_llama_path / f).read_bytes())
+    renamed = unprefixed_copy(tiny_llama_path, tmp_path / "renamed")
     monkeypatch.setenv(memory.LIMIT_ENV, "8MB")  # one layer and the embedding fit; the whole ~13 MB does not
     with pytest.raises(InputError, match=r"every weight resident.*--device-map auto") as exc:
         evaluate(renamed, max_tokens=50, max_length=32, dtype="fp32")
