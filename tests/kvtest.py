@@ -108,3 +108,18 @@ def unprefixed_copy(src: Path, dst: Path) -> Path:
     for f in ("config.json", "tokenizer.json", "tokenizer_config.json"):
         (dst / f).write_bytes((src / f).read_bytes())
     return dst
+
+
+_TORCH_FREE_CLI = ("import sys\nfrom kvtool.cli import main\nrc = main(sys.argv[1:])\n"
+                   "assert 'torch' not in sys.modules and 'transformers' not in sys.modules, 'torch imported'\n"
+                   "sys.exit(rc)\n")
+
+
+def run_without_torch(argv: list[str], **kwargs):
+    """`kvtool ARGV` in a fresh interpreter that fails (exit 1) if torch or transformers got imported; returns the
+    CompletedProcess (text output captured; kwargs go to subprocess.run, e.g. cwd)."""
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-c", _TORCH_FREE_CLI, *map(str, argv)], capture_output=True, text=True,
+                          timeout=120, **kwargs)

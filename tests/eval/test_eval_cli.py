@@ -143,17 +143,12 @@ def test_undefined_values_are_json_null(tiny_llama_path, capsys):
 
 
 def test_dry_run_prints_the_estimate_without_torch(tmp_path, tiny_llama_config):
-    import subprocess
-    import sys
-
+    from kvtest import run_without_torch
     from kvtool.model import costs
     from tests.quantize.test_quantize_kv_plan import tiny_model
 
     src = tiny_model(tmp_path / "src", tiny_llama_config)
-    code = ("import sys; from kvtool.cli import main; "
-            f"rc = main(['eval', {str(src)!r}, '--baseline', {str(src)!r}, '--max-tokens', '300', '--dry-run']); "
-            "assert rc == 0, rc; assert 'torch' not in sys.modules, 'torch imported'")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    proc = run_without_torch(["eval", src, "--baseline", src, "--max-tokens", "300", "--dry-run"])
     assert proc.returncode == 0, proc.stderr
     est = costs.evaluate(costs.for_checkpoint(src), 300, models=2)
     assert f"  tokens       300 through 2 layers, candidate and baseline\n  estimate     {est.line()}\n" in proc.stdout

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import numpy as np
 
+from kvtest import run_without_torch
 from kvtool.cli import main
 from kvtool.model import costs
 from tests.conftest import write_config, write_safetensors
@@ -41,10 +39,7 @@ def test_dry_run_prints_the_estimate_and_writes_nothing(tmp_path, tiny_llama_con
 
 def test_dry_run_imports_no_torch_and_dst_is_required_otherwise(tmp_path, tiny_llama_config, capsys):
     src = tiny_model(tmp_path / "src", tiny_llama_config)
-    code = ("import sys; from kvtool.cli import main; "
-            f"rc = main(['quantize-kv', {str(src)!r}, '--dry-run']); assert rc == 0, rc; "
-            "assert 'torch' not in sys.modules, 'torch imported'")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    proc = run_without_torch(["quantize-kv", src, "--dry-run"])
     assert proc.returncode == 0, proc.stderr
     assert "estimate     ~" in proc.stdout
     assert main(["quantize-kv", str(src)]) == 2

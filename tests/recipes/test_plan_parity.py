@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from kvtest import DATA, write_checkpoint
+from kvtest import DATA, run_without_torch, write_checkpoint
 from kvtool.cli import main
 from kvtool.errors import KvtoolError
 from kvtool.io.jsonfile import dump_json_like
@@ -186,20 +186,13 @@ def test_quantize_kv_steps_refuse_as_the_command_does(tmp_path):
 def test_a_bad_observer_is_refused_by_the_dry_runs_alike_without_torch(tmp_path):
     """`kvtool quantize-kv SRC --dry-run --observer percentile:200` and `kvtool apply --dry-run` of the same
     step print the same error line (the recipe's at its step), in a fresh interpreter that never imports torch."""
-    import subprocess
-
     src = write_checkpoint(tmp_path / "src", CORPUS["smollm2-360m"], shaped=False)
     r = tmp_path / "r.yaml"
     r.write_text("version: 1\nsteps:\n  - quantize-kv: {observer: 'percentile:200', calibration: {dataset: pydoc}}\n")
-    code = ("import sys\nfrom kvtool.cli import main\nrc = main(sys.argv[1:])\n"
-            "assert 'torch' not in sys.modules and 'transformers' not in sys.modules, 'torch imported'\n"
-            "sys.exit(rc)\n")
     line = "observer 'percentile': P 200 is out of range (50 <= P <= 100)"
-    cmd = subprocess.run([sys.executable, "-c", code, "quantize-kv", str(src), "--dry-run", "--observer",
-                          "percentile:200"], capture_output=True, text=True, timeout=120)
+    cmd = run_without_torch(["quantize-kv", src, "--dry-run", "--observer", "percentile:200"])
     assert cmd.returncode == 2 and cmd.stderr == f"kvtool: error: --observer: {line}\n", cmd.stderr
-    rec = subprocess.run([sys.executable, "-c", code, "apply", str(r), str(src), str(tmp_path / "out"),
-                          "--dry-run"], capture_output=True, text=True, timeout=120)
+    rec = run_without_torch(["apply", r, src, tmp_path / "out", "--dry-run"])
     assert rec.returncode == 2 and line in rec.stderr and rec.stderr.count("\n") == 1, rec.stderr
     assert not (tmp_path / "out").exists()
 

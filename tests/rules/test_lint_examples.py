@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
+from kvtest import run_without_torch
 from kvtool.cli import main
 
 REPO = Path(__file__).resolve().parents[2]
@@ -16,9 +15,7 @@ BROKEN = str(REPO / "tests" / "data" / "lint_demo" / "broken-llama")
 
 def test_examples_lint_clean_without_torch() -> None:
     assert len(EXAMPLES) >= 3
-    code = ("import sys; from kvtool.cli import main; rc = main(['lint', *sys.argv[1:]]); "
-            "assert 'torch' not in sys.modules and 'transformers' not in sys.modules; sys.exit(rc)")
-    out = subprocess.run([sys.executable, "-c", code, *EXAMPLES], capture_output=True, text=True, timeout=120)
+    out = run_without_torch(["lint", *EXAMPLES])
     assert out.returncode == 0, out.stdout + out.stderr
     assert out.stdout.count("0 error(s), 0 warning(s)") == len(EXAMPLES)
 
