@@ -1,4 +1,4 @@
-"""Quality of K/V head merging without retraining: mean pooling vs `--method aware` (+ refinement).
+"""Quality of K/V head merging without retraining: mean pooling vs `--method aware` (+ refinement, + distillation).
 
 Prints one markdown table: model x target KV heads x method -> PPL ratio to the original (± standard
 error), mean KLD and top-1 agreement against the original, on two held-out texts: the same source as the
@@ -6,8 +6,8 @@ default calibration (the evaluation part of kvtool's built-in pydoc text) and En
 (`bench/other_texts.py`: Austen's *Persuasion* by default, never used for calibration or tuning; the licence
 texts, `--other licenses` and `--other fortunes`, were the dev texts of issue 17), and conversion wall and CPU seconds.
 
-    python bench/convert_quality.py [--calib-tokens 4096] [--refine-steps 64] [--eval-tokens 4096] \
-        [--calib-dataset NAME] [--other persuasion|licenses|fortunes|FILE] [--gqa-only]
+    python bench/convert_quality.py [--calib-tokens 4096] [--refine-steps 64] [--distill-steps 48] \
+        [--eval-tokens 4096] [--calib-dataset NAME] [--other persuasion|licenses|fortunes|FILE] [--gqa-only]
 
 Cases: SmolLM2-135M 3 -> 1 KV heads (MQA); SmolLM2 expanded to MHA (9 KV heads, exact) and merged
 back to 3 (the duplicate heads must be found again) and to 1.
@@ -47,6 +47,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--calib-tokens", type=int, default=4096)
     ap.add_argument("--refine-steps", type=int, default=64)
+    ap.add_argument("--distill-steps", type=int, default=0,
+                    help="also a row with refinement and this many --distill-steps (0: none)")
     ap.add_argument("--eval-tokens", type=int, default=4096)
     ap.add_argument("--calib-dataset", default=None, help="--calib-dataset of the aware conversions (default: kvtool's)")
     ap.add_argument("--other", default="persuasion", help="other-genre text: persuasion, licenses, fortunes or a file")
@@ -68,6 +70,9 @@ def main() -> int:
     methods = [("mean", "mean", []), ("aware", "aware", calib)]
     if a.refine_steps:
         methods.append((f"aware+refine{a.refine_steps}", "aware", calib + ["--refine-steps", str(a.refine_steps)]))
+    if a.distill_steps:
+        methods.append((f"aware+refine{a.refine_steps}+distill{a.distill_steps}", "aware",
+                        calib + ["--refine-steps", str(a.refine_steps), "--distill-steps", str(a.distill_steps)]))
     cases = [("SmolLM2-135M (GQA 3)", src, 1)]
     if not a.gqa_only:
         convert(src, mha, 9, "mean", [])  # exact expansion: every KV head repeated

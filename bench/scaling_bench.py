@@ -270,6 +270,7 @@ def fit(results: dict, copy_gbps: float | None, convert_startup: float) -> dict:
             fixed = (a1 - a0 - step * attn(n) * s["seq"]) / attn(n)
     aw["refine_fixed_s_per_attn_param"] = float(f"{max(fixed or 0, 1e-12):.3g}")
     aw["refine_step_s_per_attn_param_token"] = float(f"{max(step or 0, 1e-12):.3g}")
+    aw["distill_step_passes"] = DISTILL_STEP_PASSES
     out["convert_aware"] = aw
     out["quantize_kv"] = calib("quantize", slope["quantize"], cubed=False)
     a, b = _line([(shapes[n]["layer_params"] * der[n]["eval"]["d1"] + params(n)[1], der[n]["eval"]["rss_d1"])
@@ -284,6 +285,11 @@ def fit(results: dict, copy_gbps: float | None, convert_startup: float) -> dict:
                    "s_per_param": float(f"{ev_param:.3g}"), "s_per_param_token": float(f"{ev_slope:.3g}"),
                    "rss_base_bytes": int(max(a, 1e8)), "rss_per_param": round(max(b, 1.0), 3)}
     return out
+
+
+# CPU cost of one --distill-steps step, in forward passes over its sequence (LM head included): measured on
+# SmolLM2-135M (docs/convert-quality.md, "End-to-end distillation"), not fitted here
+DISTILL_STEP_PASSES = 2.5
 
 
 # GPU estimates (no GPU measured): CPU-measured work converted to FLOPs at the CPU's measured rate,

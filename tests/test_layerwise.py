@@ -126,3 +126,34 @@ def test_token_outside_the_vocabulary_is_a_one_line_error(tmp_path):
     with open_layerwise(src) as lm, pytest.raises(InputError) as err:
         lm.capture(torch.tensor([[1, 2, TINY["vocab_size"] + 5]]))
     assert f"token id {TINY['vocab_size'] + 5}" in str(err.value) and "model.embed_tokens.weight" in str(err.value)
+
+
+@pytest.mark.parametrize("model_type", ["llama", "falcon"])
+def test_logits_from_the_last_hidden_states_are_the_models_own(tmp_path, model_type):
+    """Falcon's decoder layers return tuples (its model takes outputs[0]), llama's a tensor: the stand-in
+    layer that logits_from_hidden installs returns what the model expects, with or without gradients."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    if model_type == "falcon":
+        cfg = AutoConfig.for_model("falcon", hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                   num_kv_heads=2, new_decoder_architecture=True, vocab_size=300, alibi=False)
+        torch.manual_seed(0)
+        AutoModelForCausalLM.from_config(cfg).save_pretrained(tmp_path / model_type)
+        src = tmp_path / model_type
+    else:
+        src = _save(tmp_path / model_type, model_type)
+    model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32).eval()
+    with torch.no_grad():
+        want = model(input_ids=IDS, use_cache=False).logits
+    with open_layerwise(src) as lm:
+        h, calls = lm.capture(IDS)
+        for i in range(lm.num_layers):
+            with lm.materialised(i) as layer:
+                h = run_layer(layer, h, calls[i])
+        with lm.head():
+            torch.testing.assert_close(lm.logits_from_hidden(h), want, rtol=1e-4, atol=1e-5)
+            piece = h[:, 5:9].clone().requires_grad_(True)
+            part = lm.logits_from_hidden(piece, grad=True)
+            torch.testing.assert_close(part.detach(), want[:, 5:9], rtol=1e-4, atol=1e-5)
+            part.sum().backward()
+            assert piece.grad is not None and piece.grad.abs().sum() > 0

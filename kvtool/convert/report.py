@@ -36,7 +36,8 @@ def estimate(plan, method_obj=None, eval_tokens: int | None = None):
     if plan.direction != "pool" or plan.method == "mean":
         est = costs.convert_mean(shape)
     elif plan.method == "aware":
-        est = costs.convert_aware(shape, settings["calib_tokens"], settings["seq_len"], settings["refine_steps"])
+        est = costs.convert_aware(shape, settings["calib_tokens"], settings["seq_len"], settings["refine_steps"],
+                                   settings["distill_steps"])
     else:
         return None
     if eval_tokens:  # source and output

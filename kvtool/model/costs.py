@@ -112,15 +112,23 @@ def _calibration(c: dict, shape: Shape, tokens: int) -> Estimate:
     return Estimate(peak, t)
 
 
-def convert_aware(shape: Shape, calib_tokens: int, seq_len: int, refine_steps: int = 0) -> Estimate:
+def convert_aware(shape: Shape, calib_tokens: int, seq_len: int, refine_steps: int = 0,
+                  distill_steps: int = 0) -> Estimate:
     c = coefficients()["convert_aware"]
     e = _calibration(c, shape, calib_tokens)
-    t = e.cpu_seconds
+    t, peak = e.cpu_seconds, e.peak_bytes
     if refine_steps:
         # a fixed part per refined layer (the fp32 copies, the optimizer, the loss before and after) and the steps
         t += shape.layers * shape.attn_params * (c["refine_fixed_s_per_attn_param"]
                                                  + refine_steps * seq_len * c["refine_step_s_per_attn_param_token"])
-    return Estimate(e.peak_bytes, t)
+    if distill_steps:
+        # the original model alongside the calibration, the KL before and after, and per step a forward, a
+        # recomputed forward and a backward over one sequence, LM head included (kvtool/convert/aware/distill.py)
+        per_token = (shape.layers * shape.layer_params + shape.vocab * shape.hidden) * c["s_per_param_token"]
+        t += per_token * (3 * calib_tokens + distill_steps * min(seq_len, calib_tokens) * c["distill_step_passes"])
+        # one sequence's kept layer inputs, and the logits of one chunk of positions with their gradient
+        peak += 4 * shape.layers * min(seq_len, calib_tokens) * shape.hidden + 4 * 4 * 256 * shape.vocab
+    return Estimate(peak, t)
 
 
 def quantize_kv(shape: Shape, calib_tokens: int, eval_tokens: int = 0) -> Estimate:

@@ -10,7 +10,7 @@ DTYPES = ("keep", "bf16", "fp16", "fp32")
 GROUPINGS = ("contiguous", "similarity")
 TEXT_FILES = {"$ref": "#/$defs/text_files"}  # one path or a list, relative to the recipe
 # the aware method's own options: any other method refuses them by name (kvtool.convert.methods)
-AWARE_FIELDS = ("calib_text", "calib_dataset", "calib_tokens", "refine_steps", "seq_len", "grouping")
+AWARE_FIELDS = ("calib_text", "calib_dataset", "calib_tokens", "refine_steps", "distill_steps", "seq_len", "grouping")
 
 
 def merge_methods() -> list[str]:
@@ -52,8 +52,11 @@ class ConvertOptions:
                                       help="--method aware: calibration tokens (4096).")
     refine_steps: int | None = option(None, minimum=0,
                                       help="--method aware: optimizer steps per layer after the merge (0).")
+    distill_steps: int | None = option(None, minimum=0,
+                                       help="--method aware: end-to-end distillation steps after the merge (0).")
     seq_len: int | None = option(None, recipe="calibration.seq_len", minimum=8,
-                                 help="--method aware: tokens per calibration sequence (256; 1024 with --refine-steps).")
+                                 help="--method aware: tokens per calibration sequence (256; 1024 with --refine-steps or "
+                                      "--distill-steps).")
     grouping: str | None = option(None, choices=GROUPINGS,
                                   help="--method aware: contiguous | similarity (which KV heads share a group).")
 

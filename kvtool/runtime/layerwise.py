@@ -101,6 +101,7 @@ class LayerwiseModel:
         self.device, self.dtype, self.mode, self.note = device, dtype, mode, note
         self._reader, self._own_reader = reader, own_reader
         self.bytes_read = 0  # tensor bytes read from the checkpoint (layerwise mode)
+        self._layer_output: str | None = None  # what the decoder layers return: "tensor" | "tuple" (logits_from_hidden)
 
     @property
     def num_layers(self) -> int:
@@ -259,25 +260,38 @@ class LayerwiseModel:
             out.append(self._param_name(self.model.get_input_embeddings().weight))
         return out
 
-    def logits_from_hidden(self, hidden: torch.Tensor) -> torch.Tensor:
+    def logits_from_hidden(self, hidden: torch.Tensor, grad: bool = False) -> torch.Tensor:
         """The model's own output computation (final norm, LM head, any logit scaling or softcapping) on
         the hidden states leaving the last decoder layer, [batch, n, hidden] -> [batch, n, vocab]: the
         model's forward runs with every decoder layer replaced by one that returns `hidden`. Positions
         are independent there, so any slice of positions gives the same rows as the full sequence.
-        Inside `head()` in layerwise mode."""
+        Inside `head()` in layerwise mode. grad: differentiable in `hidden` (distillation)."""
+        if self._layer_output is None:
+            # a decoder layer returns its hidden states or a tuple of them (falcon's model takes outputs[0]):
+            # the stand-in must return what the model expects, found once by trying the tensor first
+            try:
+                out = self._head_forward(hidden[:, :1].detach(), tuple_out=False)
+                ok = out.dim() == 3 and out.shape[:2] == hidden[:, :1].shape[:2]
+            except (IndexError, RuntimeError, ValueError):
+                ok = False
+            self._layer_output = "tensor" if ok else "tuple"
+        return self._head_forward(hidden, tuple_out=self._layer_output == "tuple", grad=grad)
+
+    def _head_forward(self, hidden: torch.Tensor, tuple_out: bool, grad: bool = False) -> torch.Tensor:
         saved = [layer.__dict__.get("forward") for layer in self.layers]
+        out = (hidden,) if tuple_out else hidden
         for layer in self.layers:
-            layer.forward = lambda *args, **kwargs: hidden
+            layer.forward = lambda *args, **kwargs: out
         try:
-            with torch.no_grad():
-                out = self.model(inputs_embeds=torch.zeros_like(hidden), use_cache=False)
+            with torch.set_grad_enabled(grad):
+                res = self.model(inputs_embeds=torch.zeros_like(hidden), use_cache=False)
         finally:
             for layer, fwd in zip(self.layers, saved):
                 if fwd is None:
                     del layer.forward
                 else:
                     layer.forward = fwd
-        return out.logits
+        return res.logits
 
     def close(self) -> None:
         if self._own_reader and self._reader is not None:

@@ -15,18 +15,21 @@ def test_sequence_length_follows_refinement_unless_given():
     assert AwareMerge(refine_steps=8).settings["seq_len"] == SEQ_LEN_REFINE
     assert AwareMerge(refine_steps=8, seq_len=128).settings["seq_len"] == 128
     assert AwareMerge(seq_len=64).settings["seq_len"] == 64
+    assert AwareMerge(distill_steps=4).settings["seq_len"] == SEQ_LEN_REFINE  # distillation wants long sequences
     assert SEQ_LEN_REFINE > SEQ_LEN_CLOSED_FORM
 
 
 @pytest.mark.parametrize("opts, field", [({"seq_len": 1}, "seq_len"), ({"refine_steps": -1}, "refine_steps"),
-                                         ({"calib_tokens": 1}, "calib_tokens"), ({"grouping": "random"}, "grouping")])
+                                         ({"calib_tokens": 1}, "calib_tokens"), ({"grouping": "random"}, "grouping"),
+                                         ({"distill_steps": -2}, "distill_steps"), ({"distill_lr": 0}, "method_opt"),
+                                         ({"distill_lr": "fast"}, "method_opt")])
 def test_bad_values_are_refused_by_name(opts, field):
     with pytest.raises(UsageError) as exc:
         AwareMerge(**opts)
     assert exc.value.option == field
 
 
-@pytest.mark.parametrize("flag, value, name", [("--seq-len", "512", "seq_len"),
+@pytest.mark.parametrize("flag, value, name", [("--seq-len", "512", "seq_len"), ("--distill-steps", "8", "distill_steps"),
                                                ("--calib-dataset", "pydoc", "calib_dataset")])
 def test_mean_refuses_the_calibration_flags(tmp_path, capsys, flag, value, name):
     from kvtest import write_config
@@ -90,6 +93,8 @@ def test_the_plan_says_what_the_calibration_will_be():
                                       "of 256, training-free")
     assert AwareMerge(calib_dataset="pydoc", refine_steps=8).summary() == (
         "calibrated merge on 4096 tokens of pydoc in sequences of 1024, 8 refinement steps per layer")
+    assert AwareMerge(refine_steps=64, distill_steps=32).summary().endswith(
+        "sequences of 1024, 64 refinement steps per layer, 32 distillation steps")
     assert "of notes.txt in sequences" in AwareMerge(calib_text="notes.txt", calib_tokens=512).summary()
 
 

@@ -74,6 +74,16 @@ def test_refinement_steps_add_time():
     assert times == sorted(times) and len(set(times)) == 4
 
 
+def test_distillation_by_hand():
+    a = C["convert_aware"]
+    free, d = costs.convert_aware(S8B, 4096, 1024), costs.convert_aware(S8B, 4096, 1024, distill_steps=8)
+    per_token = (32 * S8B.layer_params + S8B.vocab * S8B.hidden) * a["s_per_param_token"]
+    assert d.cpu_seconds - free.cpu_seconds == pytest.approx(per_token * (3 * 4096 + 8 * 1024
+                                                                          * a["distill_step_passes"]))
+    # one sequence's layer inputs and one chunk of logits with their gradient, on top of the calibration
+    assert d.peak_bytes - free.peak_bytes == 4 * 32 * 1024 * S8B.hidden + 16 * 256 * S8B.vocab
+
+
 def test_shape_of_a_checkpoint_from_its_headers(smollm2_path):
     shape = costs.for_checkpoint(smollm2_path)
     # SmolLM2-135M: 30 layers of 3.54 M parameters; tied embeddings 49152 x 576

@@ -66,6 +66,8 @@ CONVERT = [
     ("{to: gqa}", ["--to", "gqa"]),
     ("{to: mqa, dtype: bf16}", ["--to", "mqa", "--dtype", "bf16"]),
     ("{to: mqa, refine_steps: 2}", ["--to", "mqa", "--refine-steps", "2"]),
+    ("{to: mqa, method: aware, distill_steps: 3, calibration: {dataset: mixed}}",
+     ["--to", "mqa", "--method", "aware", "--distill-steps", "3", "--calib-dataset", "mixed"]),
     ("{to: mqa, method: aware, calibration: {dataset: pydoc}}",
      ["--to", "mqa", "--method", "aware", "--calib-dataset", "pydoc"]),
     ("{to: mqa, method: aware, calibration: {dataset: mixed}}",

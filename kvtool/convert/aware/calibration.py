@@ -69,24 +69,31 @@ def _pre_hook(module: nn.Module, fn) -> Iterator[None]:
 
 
 def run_layerwise(lm: "LayerwiseModel", ids: torch.Tensor, layer_fn: LayerFn, num_heads: int, *,
-                  on_merged: Callable[[int, Proj], None] | None = None) -> None:
+                  on_merged: Callable[[int, Proj], None] | None = None,
+                  keep_original: bool = False) -> torch.Tensor | None:
     """Calibrate every attention layer of lm on ids [batch, seq]: layer_fn(layer, inputs, projections)
     -> merged projections, called in layer order.
 
     layer_fn sees the rotate_half RoPE order the merge assumes; for a model with another RoPE pair
     order (the table's attention.rope_layout, e.g. cohere's interleaved pairs) the q/k rows and cos/sin
     it gets are reordered, so its result is not in the checkpoint's order: on_merged(layer, projections)
-    receives every layer's result in the checkpoint's order, and is required for such models."""
+    receives every layer's result in the checkpoint's order, and is required for such models.
+
+    keep_original: the original model also runs, each layer on its own stream before the layer is
+    merged (one more layer pass each); returns the hidden states leaving its last layer (else None)."""
     attn = {m.layer_idx: m for m in attention_modules(lm.model)}
     if not attn:
         raise InputError(f"{type(lm.model).__name__}: no attention modules found", field="architectures")
     softcap = getattr(lm.model.config, "attn_logit_softcapping", None)
     with torch.no_grad():
         h, calls = lm.capture(ids)
+        h_orig = h if keep_original else None
         for i in range(lm.num_layers):
             with lm.materialised(i) as layer:
                 module = attn.get(i)
                 seen: dict = {}
+                if h_orig is not None:
+                    h_orig = run_layer(layer, h_orig, calls[i])  # before the pre-hook below merges it
 
                 def merge(mod, args, kwargs):
                     x, (cos, sin) = _attention_input(mod, args, kwargs)
@@ -118,6 +125,7 @@ def run_layerwise(lm: "LayerwiseModel", ids: torch.Tensor, layer_fn: LayerFn, nu
                                      field="architectures")
             calls[i] = None  # this layer's mask / position embeddings are no longer needed
             h = h_next
+    return h_orig
 
 
 @dataclass(frozen=True)

@@ -19,9 +19,11 @@ if TYPE_CHECKING:
     from kvtool.convert.methods import MergeJob
 
 GROUPINGS = ("contiguous", "similarity")
+# Adam step of --distill-steps, relative to each tensor's RMS (kvtool/convert/aware/distill.py)
+DISTILL_LR = 6e-4
 DEFAULTS = {"calib_text": None, "calib_dataset": None, "calib_tokens": 4096, "refine_steps": 0,
             "grouping": "contiguous", "seq_len": None, "o_ridge": 2.0, "layerwise": True, "refine_holdout": 0,
-            "cov_shrink": 0.0, "refine_reg": 0.0}
+            "cov_shrink": 0.0, "refine_reg": 0.0, "distill_steps": 0, "distill_lr": DISTILL_LR}
 # Calibration sequence length when not given. Measured on SmolLM2 MQA (4096 tokens, 2047 held-out tokens in
 # windows of 1024): the closed-form merge is best on short sequences (more sequence starts: 3.43x at 256, 3.75x
 # at 512), refinement on long ones, whose attention spans what serving sees (64 steps: 2.17x at 256, 2.06x at
@@ -68,16 +70,17 @@ class AwareMerge(MergeMethod):
             raise UsageError(f"unknown grouping {s['grouping']!r}; choose from {', '.join(GROUPINGS)}",
                              option="grouping")
         if s["seq_len"] is None:
-            s["seq_len"] = SEQ_LEN_REFINE if s["refine_steps"] else SEQ_LEN_CLOSED_FORM
-        for name, low in (("calib_tokens", 2), ("refine_steps", 0), ("seq_len", 2)):
+            s["seq_len"] = SEQ_LEN_REFINE if s["refine_steps"] or s["distill_steps"] else SEQ_LEN_CLOSED_FORM
+        for name, low in (("calib_tokens", 2), ("refine_steps", 0), ("seq_len", 2), ("distill_steps", 0)):
             if not isinstance(s[name], int) or s[name] < low:
                 raise UsageError(f"{name.replace('_', '-')} must be an integer >= {low}, got {s[name]!r}",
                                  option=name)
         if not isinstance(s["refine_holdout"], int) or isinstance(s["refine_holdout"], bool) or s["refine_holdout"] < 0:
             raise UsageError(f"refine_holdout must be an integer >= 0, got {s['refine_holdout']!r}", option="method_opt")
-        for name, low, high in (("cov_shrink", 0, 1), ("refine_reg", 0, None)):  # --method-opt numbers
+        for name, low, high in (("cov_shrink", 0, 1), ("refine_reg", 0, None), ("distill_lr", 0, None)):  # --method-opt
             v = s[name]
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or v < low or (high is not None and v > high):
+            if (isinstance(v, bool) or not isinstance(v, (int, float)) or v < low or (high is not None and v > high)
+                    or (name == "distill_lr" and v == 0)):
                 bound = f"from {low} to {high}" if high is not None else f">= {low}"
                 raise UsageError(f"{name} must be a number {bound}, got {v!r}", option="method_opt")
         if not isinstance(s["layerwise"], bool):
@@ -138,6 +141,7 @@ class AwareMerge(MergeMethod):
                                      refine_holdout=s["refine_holdout"], cov_shrink=float(s["cov_shrink"]),
                                      refine_reg=float(s["refine_reg"]))
             reports = {}
+            distilled: dict = {}
             bar.set_note(f"building the model, {ids.numel()} calibration tokens")
             with sigterm_as_interrupt(), open_layerwise(job.src, device=device, dtype=torch.float32,
                                                          reader=job.reader, layerwise=s["layerwise"]) as lm:
@@ -158,7 +162,10 @@ class AwareMerge(MergeMethod):
 
                 # on_merged gets each layer in the checkpoint's dimension order (interleaved RoPE is merged
                 # in rotate_half order and put back before it reaches the writer)
-                run_layerwise(lm, ids, layer_fn, spec.num_heads, on_merged=self._merged.put)
+                final = run_layerwise(lm, ids, layer_fn, spec.num_heads, on_merged=self._merged.put,
+                                      keep_original=bool(s["distill_steps"]))
+                if s["distill_steps"]:
+                    distilled = self._distill(lm, ids, final, spec.num_heads, bar)
         except BaseException:
             self._merged.close()
             raise
@@ -177,8 +184,28 @@ class AwareMerge(MergeMethod):
             "attention_rel_err_mean": sum(errs) / max(len(errs), 1), "attention_rel_err_max": max(errs, default=0.0),
             "calibration_seconds": round(time.perf_counter() - t0, 2),
             **({"self_written": written} if written else {}),
+            **({"distill": {"steps": s["distill_steps"], "lr": s["distill_lr"], **distilled}} if distilled else {}),
             "calibration_model": held,
         }
+
+    def _distill(self, lm, ids, final, num_heads: int, bar) -> dict:
+        """--distill-steps after the per-layer merge (kvtool/convert/aware/distill.py); the calibration bar
+        has finished its layers, so the steps get their own."""
+        from kvtool.convert.aware.distill import TOP_K, distill, teacher_targets
+
+        s = self.settings
+        bar.set_note("the original model's next-token distributions")
+        teacher = teacher_targets(lm, final)
+        del final
+        bar.close()
+        steps = kv_progress.task("distill", total=s["distill_steps"], unit="steps")
+        try:
+            out = distill(lm, ids, teacher, self._merged.get, self._merged.put, num_heads=num_heads,
+                          steps=s["distill_steps"], lr=float(s["distill_lr"]), on_note=steps.set_note,
+                          on_step=steps.update)
+        finally:
+            steps.close()
+        return {"top_k": TOP_K, **out}
 
     def summary(self) -> str:
         from kvtool.datasets import CALIBRATION_MIXES, MERGE_CALIBRATION
@@ -189,7 +216,9 @@ class AwareMerge(MergeMethod):
         else:
             name = s["calib_dataset"] or MERGE_CALIBRATION
             source = f"{name} ({' + '.join(CALIBRATION_MIXES[name])})" if len(CALIBRATION_MIXES[name]) > 1 else name
-        refine = f", {s['refine_steps']} refinement steps per layer" if s["refine_steps"] else ", training-free"
+        refine = f", {s['refine_steps']} refinement steps per layer" if s["refine_steps"] else ""
+        refine += f", {s['distill_steps']} distillation steps" if s["distill_steps"] else ""
+        refine = refine or ", training-free"
         return (f"calibrated merge on {s['calib_tokens']} tokens of {source} in sequences of {s['seq_len']}"
                 f"{refine}")
 
@@ -248,6 +277,15 @@ class MergedLayers:
             raise InputError(f"cannot store the merged layer {layer}: {exc.strerror or exc}",
                              file=str(self.folder)) from None
         self._pending.add(layer)
+
+    def get(self, layer: int):
+        """The layer's merged projections (float32, CPU), kept for take()."""
+        from safetensors.torch import load_file
+
+        from kvtool.convert.aware.attention import PROJ_FIELDS, Proj
+
+        t = load_file(str(self._file(layer)))
+        return Proj(**{f: t.get(f) for f in PROJ_FIELDS})
 
     def take(self, layer: int):
         """The layer's merged projections (float32, CPU), or None when there are none; removes them."""

@@ -73,14 +73,15 @@ def _param(t: torch.Tensor | None) -> torch.Tensor | None:
     return None if t is None else t.detach()
 
 
-def read_proj(module: nn.Module, layout: ModuleLayout | None = None) -> Proj:
-    """The module's q/k/v/o weights and biases (views, not copies), fused qkv split per the table."""
+def read_proj(module: nn.Module, layout: ModuleLayout | None = None, *, grads: bool = False) -> Proj:
+    """The module's q/k/v/o weights and biases (views, not copies), fused qkv split per the table;
+    grads: their gradients instead (None where a tensor has none)."""
     lay = layout or module_layout(module)
+    t = (lambda p: None if p is None else p.grad) if grads else _param
     o = _linear(module, lay.separate.get("o"))
     if lay.qkv is None:
         q, k, v = (_linear(module, lay.separate.get(r)) for r in "qkv")
-        return Proj(q.weight.detach(), k.weight.detach(), v.weight.detach(), o.weight.detach(),
-                    _param(q.bias), _param(k.bias), _param(v.bias), _param(o.bias))
+        return Proj(t(q.weight), t(k.weight), t(v.weight), t(o.weight), t(q.bias), t(k.bias), t(v.bias), t(o.bias))
     from kvtool.convert.fused import split_qkv
 
     fused = _linear(module, lay.qkv)
@@ -88,12 +89,19 @@ def read_proj(module: nn.Module, layout: ModuleLayout | None = None) -> Proj:
     # the KV count from the rows (not the config): a module may already hold merged projections
     kv = (fused.weight.shape[0] // hd - H) // 2
     try:
-        q, k, v = split_qkv(lay.qkv_layout, fused.weight.detach(), H, kv, hd)
-        qb, kb, vb = (None, None, None) if fused.bias is None else split_qkv(lay.qkv_layout, fused.bias.detach(),
-                                                                              H, kv, hd)
+        q, k, v = split_qkv(lay.qkv_layout, t(fused.weight), H, kv, hd)
+        qb, kb, vb = (None, None, None) if t(fused.bias) is None else split_qkv(lay.qkv_layout, t(fused.bias),
+                                                                                 H, kv, hd)
     except ValueError as exc:
         raise UsageError(f"method 'aware': {lay.model_type} {lay.qkv}: {exc}", option="method") from None
-    return Proj(q, k, v, o.weight.detach(), qb, kb, vb, _param(o.bias))
+    return Proj(q, k, v, t(o.weight), qb, kb, vb, t(o.bias))
+
+
+def trainable_params(module: nn.Module, layout: ModuleLayout | None = None) -> list[nn.Parameter]:
+    """The parameters read_proj reads: the q/k/v (or fused qkv) and o linears' weights and biases."""
+    lay = layout or module_layout(module)
+    paths = [lay.qkv, lay.separate.get("o")] if lay.qkv else [lay.separate.get(r) for r in "qkvo"]
+    return [p for path in paths for p in (_linear(module, path).weight, _linear(module, path).bias) if p is not None]
 
 
 def _set_linear(lin: nn.Linear, w: torch.Tensor, b: torch.Tensor | None) -> None:
