@@ -163,3 +163,36 @@ def test_cli_distills_layerwise_and_whole_model_alike_and_leaves_no_spill(tmp_pa
             torch.testing.assert_close(a.get(n), b.get(n), rtol=1e-4, atol=1e-6)
         if info["distill"]["improved"]:
             assert any(not torch.equal(a.get(n), c.get(n)) for n in a.names() if "self_attn" in n)
+
+
+def test_a_full_disk_during_distillation_is_one_line_and_leaves_nothing(tmp_path, smollm2_path, private_tmp,
+                                                                       monkeypatch, capsys):
+    import errno
+    import shutil
+
+    import safetensors.torch
+
+    from kvtool.cli import main
+
+    src = _tiny(tmp_path / "src", seed=8, vocab=49152)
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(smollm2_path / f, src / f)
+    real = safetensors.torch.save_file
+    saved = []
+
+    def save_file(tensors, path, *args, **kwargs):
+        if "kvtool-distill-" in str(path):
+            saved.append(path)
+            if len(saved) > LAYERS + 1:  # the start is stored, then the first step's second layer update fails
+                raise OSError(errno.ENOSPC, "No space left on device")
+        return real(tensors, path, *args, **kwargs)
+
+    monkeypatch.setattr(safetensors.torch, "save_file", save_file)
+    capsys.readouterr()
+    rc = main(["convert", str(src), str(tmp_path / "out"), "--to", "mqa", "--method", "aware", "--calib-tokens", "192",
+               "--seq-len", "96", "--distill-steps", "2", "--no-eval", "--no-progress"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1 and "distillation state of layer" in err
+    assert "No space left on device" in err and "Traceback" not in err
+    assert not (tmp_path / "out").exists()
+    assert list(private_tmp.glob("kvtool-*")) == []

@@ -95,8 +95,14 @@ class LayerStore:
     def save(self, layer: int, tensors: dict[str, torch.Tensor]) -> None:
         from safetensors.torch import save_file
 
-        save_file({k: v.detach().to("cpu", torch.float32).contiguous() for k, v in tensors.items()},
-                  str(self.folder / f"layer-{layer:05d}.safetensors"))
+        from kvtool.errors import InputError
+
+        try:
+            save_file({k: v.detach().to("cpu", torch.float32).contiguous() for k, v in tensors.items()},
+                      str(self.folder / f"layer-{layer:05d}.safetensors"))
+        except OSError as exc:
+            raise InputError(f"cannot store the distillation state of layer {layer}: {exc.strerror or exc}",
+                             file=str(self.folder)) from None
 
     def load(self, layer: int, device: torch.device) -> dict[str, torch.Tensor]:
         from safetensors.torch import load_file
