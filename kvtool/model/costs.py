@@ -126,8 +126,10 @@ def convert_aware(shape: Shape, calib_tokens: int, seq_len: int, refine_steps: i
         # recomputed forward and a backward over one sequence, LM head included (kvtool/convert/aware/distill.py)
         per_token = (shape.layers * shape.layer_params + shape.vocab * shape.hidden) * c["s_per_param_token"]
         t += per_token * (3 * calib_tokens + distill_steps * min(seq_len, calib_tokens) * c["distill_step_passes"])
-        # one sequence's kept layer inputs, and the logits of one chunk of positions with their gradient
-        peak += 4 * shape.layers * min(seq_len, calib_tokens) * shape.hidden + 4 * 4 * 256 * shape.vocab
+        # one sequence's kept layer inputs, the logits of one chunk of positions with their gradient, and one
+        # layer's projections as stored, installed, their gradients, Adam moments and one temporary (float32)
+        peak += (4 * shape.layers * min(seq_len, calib_tokens) * shape.hidden + 4 * 4 * 256 * shape.vocab
+                 + 6 * 4 * shape.attn_params)
     return Estimate(peak, t)
 
 

@@ -268,13 +268,22 @@ class LayerwiseModel:
         Inside `head()` in layerwise mode. grad: differentiable in `hidden` (distillation)."""
         if self._layer_output is None:
             # a decoder layer returns its hidden states or a tuple of them (falcon's model takes outputs[0]):
-            # the stand-in must return what the model expects, found once by trying the tensor first
-            try:
-                out = self._head_forward(hidden[:, :1].detach(), tuple_out=False)
-                ok = out.dim() == 3 and out.shape[:2] == hidden[:, :1].shape[:2]
-            except (IndexError, RuntimeError, ValueError):
-                ok = False
-            self._layer_output = "tensor" if ok else "tuple"
+            # the stand-in must return what the model expects; found once, the tensor tried first
+            first: Exception | None = None
+            for kind in ("tensor", "tuple"):
+                try:
+                    out = self._head_forward(hidden[:, :1].detach(), tuple_out=kind == "tuple")
+                except (IndexError, RuntimeError, ValueError, TypeError) as exc:
+                    first = first or exc
+                    continue
+                if out.dim() == 3 and out.shape[:2] == hidden[:, :1].shape[:2]:
+                    self._layer_output = kind
+                    break
+            else:
+                if first is not None:
+                    raise first
+                raise InputError(f"{type(self.model).__name__}: the LM head does not give [batch, tokens, vocab] "
+                                 "logits for the last hidden states", field="architectures")
         return self._head_forward(hidden, tuple_out=self._layer_output == "tuple", grad=grad)
 
     def _head_forward(self, hidden: torch.Tensor, tuple_out: bool, grad: bool = False) -> torch.Tensor:

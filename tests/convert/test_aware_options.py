@@ -22,7 +22,9 @@ def test_sequence_length_follows_refinement_unless_given():
 @pytest.mark.parametrize("opts, field", [({"seq_len": 1}, "seq_len"), ({"refine_steps": -1}, "refine_steps"),
                                          ({"calib_tokens": 1}, "calib_tokens"), ({"grouping": "random"}, "grouping"),
                                          ({"distill_steps": -2}, "distill_steps"), ({"distill_lr": 0}, "method_opt"),
-                                         ({"distill_lr": "fast"}, "method_opt")])
+                                         ({"distill_lr": "fast"}, "method_opt"),
+                                         ({"distill_lr": float("nan")}, "method_opt"),
+                                         ({"distill_lr": float("inf")}, "method_opt")])
 def test_bad_values_are_refused_by_name(opts, field):
     with pytest.raises(UsageError) as exc:
         AwareMerge(**opts)

@@ -11,8 +11,9 @@ attention output on its own; this matches what the whole stack predicts.
   through the LM head, then a backward that recomputes one layer at a time from its kept input and
   updates that layer's projections (activation checkpointing per layer).
 
-Memory: one decoder layer's weights, the kept layer inputs of one sequence (layers x tokens x hidden),
-and one layer's projections with their Adam state; every layer's state waits on disk between uses.
+Memory in the steps: one decoder layer's weights, the kept layer inputs of one sequence (layers x tokens x
+hidden), and one layer's projections with their Adam state; every layer's state waits on disk between uses.
+The KL before and after runs all calibration sequences through one layer at a time, as the calibration does.
 """
 
 from __future__ import annotations
@@ -129,6 +130,13 @@ class Distiller:
         self.t = 0
         for p in lm.model.parameters():
             p.requires_grad_(False)  # whole-model mode loads trainable parameters; only q/k/v/o are trained here
+        try:
+            self._start(get)
+        except BaseException:
+            self.store.close()
+            raise
+
+    def _start(self, get: Callable[[int], Proj]) -> None:
         for i in sorted(self.attn):
             p, state = get(i), {}
             for f in PROJ_FIELDS:
@@ -224,7 +232,7 @@ class Distiller:
                 inputs[i] = None
                 if mod is not None:
                     visit(i, state, read_proj(mod, lay, grads=True))
-            self.note(f"backward, layer {i + 1}")
+            self.note(f"backward, layer {i + 1}/{self.lm.num_layers}")
         return loss
 
     def _adam(self, state: dict[str, torch.Tensor], g: Proj) -> None:
@@ -236,9 +244,8 @@ class Distiller:
             m, v = state[f"{f}.m"], state[f"{f}.v"]
             m.mul_(b1).add_(grad, alpha=1 - b1)
             v.mul_(b2).addcmul_(grad, grad, value=1 - b2)
-            mhat = m / (1 - b1 ** self.t)
-            vhat = v / (1 - b2 ** self.t)
-            state[f] = state[f] - self.lr * state[f"{f}.lr"] * mhat / (vhat.sqrt() + EPS)
+            denom = (v / (1 - b2 ** self.t)).sqrt_().add_(EPS)  # in place: one temporary per tensor
+            state[f].addcdiv_(m, denom, value=-self.lr * float(state[f"{f}.lr"]) / (1 - b1 ** self.t))
 
 
 def distill(lm: "LayerwiseModel", ids: torch.Tensor, teacher: Teacher, get: Callable[[int], Proj],
@@ -249,9 +256,10 @@ def distill(lm: "LayerwiseModel", ids: torch.Tensor, teacher: Teacher, get: Call
     sequences is not lower after. on_note(what): progress within a pass; on_step(): after each step.
     Returns what provenance records."""
     note = on_note or (lambda s: None)
-    d = Distiller(lm, ids, teacher, get, num_heads=num_heads, lr=lr,
-                  on_progress=lambda s: note(f"measuring the start: {s}"))
+    d = None
     try:
+        d = Distiller(lm, ids, teacher, get, num_heads=num_heads, lr=lr,
+                      on_progress=lambda s: note(f"measuring the start: {s}"))
         start = d.kl()
         losses = []
         for step in range(steps):
@@ -268,4 +276,5 @@ def distill(lm: "LayerwiseModel", ids: torch.Tensor, teacher: Teacher, get: Call
         return {"kl_start": start, "kl_end": end if kept else start, "kl_reached": end, "improved": kept,
                 "step_losses": [round(x, 5) for x in losses]}
     finally:
-        d.close()
+        if d is not None:
+            d.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import math
 import shutil
 import time
 from pathlib import Path
@@ -79,9 +80,10 @@ class AwareMerge(MergeMethod):
             raise UsageError(f"refine_holdout must be an integer >= 0, got {s['refine_holdout']!r}", option="method_opt")
         for name, low, high in (("cov_shrink", 0, 1), ("refine_reg", 0, None), ("distill_lr", 0, None)):  # --method-opt
             v = s[name]
-            if (isinstance(v, bool) or not isinstance(v, (int, float)) or v < low or (high is not None and v > high)
-                    or (name == "distill_lr" and v == 0)):
-                bound = f"from {low} to {high}" if high is not None else f">= {low}"
+            if (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < low
+                    or (high is not None and v > high) or (name == "distill_lr" and v == 0)):
+                bound = (f"from {low} to {high}" if high is not None else
+                         f"> {low}" if name == "distill_lr" else f">= {low}")
                 raise UsageError(f"{name} must be a number {bound}, got {v!r}", option="method_opt")
         if not isinstance(s["layerwise"], bool):
             raise UsageError(f"layerwise must be true or false, got {s['layerwise']!r}", option="method_opt")
@@ -165,7 +167,13 @@ class AwareMerge(MergeMethod):
                 final = run_layerwise(lm, ids, layer_fn, spec.num_heads, on_merged=self._merged.put,
                                       keep_original=bool(s["distill_steps"]))
                 if s["distill_steps"]:
-                    distilled = self._distill(lm, ids, final, spec.num_heads, bar)
+                    from kvtool.convert.aware.distill import teacher_targets
+
+                    bar.set_note("the original model's next-token distributions")
+                    teacher = teacher_targets(lm, final)
+                    del final  # the original stream's hidden states: the teacher's bins are all that is needed
+                    bar.close()
+                    distilled = self._distill(lm, ids, teacher, spec.num_heads)
         except BaseException:
             self._merged.close()
             raise
@@ -188,16 +196,12 @@ class AwareMerge(MergeMethod):
             "calibration_model": held,
         }
 
-    def _distill(self, lm, ids, final, num_heads: int, bar) -> dict:
-        """--distill-steps after the per-layer merge (kvtool/convert/aware/distill.py); the calibration bar
-        has finished its layers, so the steps get their own."""
-        from kvtool.convert.aware.distill import TOP_K, distill, teacher_targets
+    def _distill(self, lm, ids, teacher, num_heads: int) -> dict:
+        """--distill-steps after the per-layer merge (kvtool/convert/aware/distill.py), with a progress bar of
+        its own (the calibration's has finished its layers)."""
+        from kvtool.convert.aware.distill import TOP_K, distill
 
         s = self.settings
-        bar.set_note("the original model's next-token distributions")
-        teacher = teacher_targets(lm, final)
-        del final
-        bar.close()
         steps = kv_progress.task("distill", total=s["distill_steps"], unit="steps")
         try:
             out = distill(lm, ids, teacher, self._merged.get, self._merged.put, num_heads=num_heads,
