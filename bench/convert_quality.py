@@ -7,7 +7,7 @@ default calibration (the evaluation part of kvtool's built-in pydoc text) and En
 texts, `--other licenses` and `--other fortunes`, were the dev texts of issue 17), and conversion wall and CPU seconds.
 
     python bench/convert_quality.py [--calib-tokens 4096] [--refine-steps 64] [--distill-steps 48] \
-        [--eval-tokens 4096] [--calib-dataset NAME] [--other persuasion|licenses|fortunes|FILE] [--gqa-only]
+        [--eval-tokens 4096] [--calib-dataset NAME] [--other persuasion|licenses|fortunes|luke|FILE] [--gqa-only]
 
 Cases: SmolLM2-135M 3 -> 1 KV heads (MQA); SmolLM2 expanded to MHA (9 KV heads, exact) and merged
 back to 3 (the duplicate heads must be found again) and to 1.
@@ -51,7 +51,7 @@ def main() -> int:
                     help="also a row with refinement and this many --distill-steps (0: none)")
     ap.add_argument("--eval-tokens", type=int, default=4096)
     ap.add_argument("--calib-dataset", default=None, help="--calib-dataset of the aware conversions (default: kvtool's)")
-    ap.add_argument("--other", default="persuasion", help="other-genre text: persuasion, licenses, fortunes or a file")
+    ap.add_argument("--other", default="persuasion", help="other-genre text: persuasion, licenses, fortunes, luke or a file")
     ap.add_argument("--gqa-only", action="store_true", help="only SmolLM2 3 -> 1 (the MHA cases are exact checks)")
     ap.add_argument("--window", type=int, default=1024)
     ap.add_argument("--work", type=Path, default=None, help="folder for the converted models (default: temporary)")
@@ -60,7 +60,7 @@ def main() -> int:
     from other_texts import write_texts
 
     work = a.work or Path(tempfile.mkdtemp(prefix="kvtool-quality-"))
-    other = Path(a.other) if Path(a.other).is_file() else write_texts(work / "texts")[a.other]
+    other = Path(a.other) if Path(a.other).is_file() else write_texts(work / "texts", [a.other])[a.other]
     texts = {"same source": None, "other genre": [other.read_text(encoding="utf-8")]}
     src = smollm2_dir()
     mha = work / "smollm2-mha"

@@ -12,7 +12,11 @@
   taken from /usr/lib/R/site-library (after `apt-get install r-cran-janeaustenr`) or from the .deb
   (`apt-get download r-cran-janeaustenr`; unpacked with dpkg -x into the cache folder).
 
-    python bench/other_texts.py FOLDER      # writes FOLDER/licenses.txt, fortunes.txt and persuasion.txt
+- check (a third genre, scored once after every choice was made): the Gospel of Luke in the King James
+  Version (1611; public domain), printed by Debian's bible-kjv 4.38 from bible-kjv-text's data file
+  (archaic narrative and speech).
+
+    python bench/other_texts.py FOLDER      # writes FOLDER/licenses.txt, fortunes.txt, persuasion.txt, luke.txt
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ LICENSE_DIR = Path("/usr/share/common-licenses")
 AUSTEN_PACKAGE = "r-cran-janeaustenr"
 FORTUNES_PACKAGES = ("fortunes-min", "fortunes")  # fortunes-min holds the `fortunes` file itself
 AUSTEN_DATA = "usr/lib/R/site-library/janeaustenr/data"
+BIBLE_PACKAGES = ("bible-kjv", "bible-kjv-text")  # the `bible` reader and its data file
 
 
 def licenses_text() -> str:
@@ -109,16 +114,22 @@ def austen_novels(data_dir: Path) -> dict[str, str]:
     return out
 
 
+def _download(cache: Path, packages: tuple[str, ...]) -> None:
+    """The packages' .deb files (apt-get download) unpacked into cache (dpkg -x); nothing is installed."""
+    cache.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        for pkg in packages:
+            subprocess.run(["apt-get", "download", pkg], cwd=tmp, check=True, capture_output=True)
+            (deb,) = glob.glob(f"{tmp}/{pkg}_*.deb")
+            subprocess.run(["dpkg", "-x", deb, str(cache)], check=True)
+
+
 def austen_data_dir(cache: Path) -> Path:
     """The installed package's data folder, else the .deb unpacked into cache (apt-get download)."""
     for root in (Path("/"), cache):
         if (root / AUSTEN_DATA / "Rdata.rdb").exists():
             return root / AUSTEN_DATA
-    cache.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory() as tmp:
-        subprocess.run(["apt-get", "download", AUSTEN_PACKAGE], cwd=tmp, check=True, capture_output=True)
-        (deb,) = glob.glob(f"{tmp}/{AUSTEN_PACKAGE}_*.deb")
-        subprocess.run(["dpkg", "-x", deb, str(cache)], check=True)
+    _download(cache, (AUSTEN_PACKAGE,))
     return cache / AUSTEN_DATA
 
 
@@ -131,12 +142,7 @@ def fortunes_text(cache: Path) -> str:
     if not (data / "wisdom").exists():
         data = cache / "usr/share/games/fortunes"
         if not (data / "wisdom").exists():
-            cache.mkdir(parents=True, exist_ok=True)
-            with tempfile.TemporaryDirectory() as tmp:
-                for pkg in FORTUNES_PACKAGES:
-                    subprocess.run(["apt-get", "download", pkg], cwd=tmp, check=True, capture_output=True)
-                    (deb,) = glob.glob(f"{tmp}/{pkg}_*.deb")
-                    subprocess.run(["dpkg", "-x", deb, str(cache)], check=True)
+            _download(cache, FORTUNES_PACKAGES)
     entries = []
     for f in sorted(glob.glob(str(data / "*"))):
         if f.endswith((".dat", ".u8")) or not os.path.isfile(f) or "off" in f:
@@ -147,20 +153,38 @@ def fortunes_text(cache: Path) -> str:
     return "\n\n".join(entries)
 
 
-def write_texts(folder: str | Path) -> dict[str, Path]:
-    """FOLDER/licenses.txt (dev), FOLDER/fortunes.txt (dev 2) and FOLDER/persuasion.txt (eval); existing files
-    are kept."""
+def luke_text(cache: Path) -> str:
+    """The Gospel of Luke, King James Version, as Debian's bible-kjv 4.38 prints it (`bible Luke1:1-24:53`):
+    chapter headings and verse numbers dropped, each chapter one paragraph."""
+    import re
+
+    if not (cache / "usr/bin/bible").exists():
+        _download(cache, BIBLE_PACKAGES)
+    out = subprocess.run([str(cache / "usr/bin/bible"), "-p", str(cache / "usr/lib"), "Luke1:1-24:53"],
+                         check=True, capture_output=True, text=True).stdout
+    chapters: list[list[str]] = []
+    for line in out.splitlines():
+        if re.fullmatch(r"Luke \d+", line.strip()):
+            chapters.append([])
+        elif line.strip():
+            verse = re.match(r"\s+\d+ (.*)", line)
+            chapters[-1].append(verse.group(1) if verse else line.strip())
+    return "\n\n".join(" ".join(words) for words in chapters) + "\n"
+
+
+def write_texts(folder: str | Path, names: list[str] | None = None) -> dict[str, Path]:
+    """FOLDER/licenses.txt (dev), FOLDER/fortunes.txt (dev 2), FOLDER/persuasion.txt (eval) and FOLDER/luke.txt
+    (a check of a third genre), or only those in names; existing files are kept."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    paths = {"licenses": folder / "licenses.txt", "fortunes": folder / "fortunes.txt",
-             "persuasion": folder / "persuasion.txt"}
-    if not paths["licenses"].exists():
-        paths["licenses"].write_text(licenses_text(), encoding="utf-8")
-    if not paths["fortunes"].exists():
-        paths["fortunes"].write_text(fortunes_text(folder / "deb"), encoding="utf-8")
-    if not paths["persuasion"].exists():
-        novels = austen_novels(austen_data_dir(folder / "deb"))
-        paths["persuasion"].write_text(novels["persuasion"], encoding="utf-8")
+    makers = {"licenses": licenses_text, "fortunes": lambda: fortunes_text(folder / "deb"),
+              "persuasion": lambda: austen_novels(austen_data_dir(folder / "deb"))["persuasion"],
+              "luke": lambda: luke_text(folder / "deb")}
+    paths = {}
+    for name in names or list(makers):
+        paths[name] = folder / f"{name}.txt"
+        if not paths[name].exists():
+            paths[name].write_text(makers[name](), encoding="utf-8")
     return paths
 
 
