@@ -42,6 +42,15 @@ class Proj:
     def to(self, dtype) -> "Proj":
         return Proj(*(None if t is None else t.to(dtype) for t in (getattr(self, f) for f in PROJ_FIELDS)))
 
+    @classmethod
+    def of(cls, tensors) -> "Proj":
+        """From a mapping field name -> tensor (missing fields: None)."""
+        return cls(**{f: tensors.get(f) for f in PROJ_FIELDS})
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """field name -> tensor, the fields that are set."""
+        return {f: t for f in PROJ_FIELDS if (t := getattr(self, f)) is not None}
+
 
 PROJ_FIELDS = tuple(f.name for f in fields(Proj))
 

@@ -18,17 +18,14 @@ The KL before and after runs all calibration sequences through one layer at a ti
 
 from __future__ import annotations
 
-import shutil
-import tempfile
-import weakref
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 import torch
 
 from kvtool.convert.aware.attention import PROJ_FIELDS, Proj
 from kvtool.convert.aware.modules import install_proj, module_layout, read_proj, trainable_params
+from kvtool.convert.aware.spill import LayerFiles
 from kvtool.runtime.kv_hooks import attention_modules
 from kvtool.runtime.layerwise import run_layer
 
@@ -86,38 +83,6 @@ def _kl(logits: torch.Tensor, t_idx: torch.Tensor, t_logp: torch.Tensor, t_rest:
     return (term + torch.where(p_rest > 0, p_rest * (t_rest - s_rest), torch.zeros_like(p_rest))).sum()
 
 
-class LayerStore:
-    """Each layer's projections (checkpoint order, float32) and Adam moments, one safetensors file per layer."""
-
-    def __init__(self) -> None:
-        self.folder = Path(tempfile.mkdtemp(prefix="kvtool-distill-"))
-        self._finalizer = weakref.finalize(self, shutil.rmtree, str(self.folder), ignore_errors=True)
-
-    def save(self, layer: int, tensors: dict[str, torch.Tensor]) -> None:
-        from safetensors.torch import save_file
-
-        from kvtool.errors import InputError
-
-        try:
-            save_file({k: v.detach().to("cpu", torch.float32).contiguous() for k, v in tensors.items()},
-                      str(self.folder / f"layer-{layer:05d}.safetensors"))
-        except OSError as exc:
-            raise InputError(f"cannot store the distillation state of layer {layer}: {exc.strerror or exc}",
-                             file=str(self.folder)) from None
-
-    def load(self, layer: int, device: torch.device) -> dict[str, torch.Tensor]:
-        from safetensors.torch import load_file
-
-        return load_file(str(self.folder / f"layer-{layer:05d}.safetensors"), device=str(device))
-
-    def close(self) -> None:
-        self._finalizer()
-
-
-def _proj_of(state: dict[str, torch.Tensor]) -> Proj:
-    return Proj(**{f: state.get(f) for f in PROJ_FIELDS})
-
-
 class Distiller:
     """See the module docstring. get(layer): the layer's merged projections in the checkpoint's order."""
 
@@ -126,7 +91,7 @@ class Distiller:
         self.lm, self.ids, self.teacher, self.num_heads, self.lr = lm, ids, teacher, num_heads, lr
         self.attn = {m.layer_idx: m for m in attention_modules(lm.model)}
         self.note = on_progress or (lambda s: None)
-        self.store = LayerStore()
+        self.store = LayerFiles("kvtool-distill-", "the distillation state of layer {layer}")
         self.t = 0
         for p in lm.model.parameters():
             p.requires_grad_(False)  # whole-model mode loads trainable parameters; only q/k/v/o are trained here
@@ -138,16 +103,14 @@ class Distiller:
 
     def _start(self, get: Callable[[int], Proj]) -> None:
         for i in sorted(self.attn):
-            p, state = get(i), {}
-            for f in PROJ_FIELDS:
-                t = getattr(p, f)
-                if t is not None:  # the tensor, its Adam moments, and its RMS (the step size's unit)
-                    state.update({f: t, f"{f}.m": torch.zeros_like(t), f"{f}.v": torch.zeros_like(t),
-                                  f"{f}.lr": t.pow(2).mean().sqrt().clamp_min(1e-8).reshape(1)})
+            state = {}
+            for f, t in get(i).tensors().items():  # the tensor, its Adam moments, its RMS (the step size's unit)
+                state.update({f: t, f"{f}.m": torch.zeros_like(t), f"{f}.v": torch.zeros_like(t),
+                              f"{f}.lr": t.pow(2).mean().sqrt().clamp_min(1e-8).reshape(1)})
             self.store.save(i, state)
 
     def projections(self, layer: int) -> Proj:
-        return _proj_of(self.store.load(layer, torch.device("cpu")))
+        return Proj.of(self.store.load(layer))
 
     def close(self) -> None:
         self.store.close()
@@ -159,7 +122,7 @@ class Distiller:
             return None, None
         state = layer_state if layer_state is not None else self.store.load(i, self.lm.device)
         lay = module_layout(mod)
-        install_proj(mod, _proj_of(state), self.num_heads, lay)
+        install_proj(mod, Proj.of(state), self.num_heads, lay)
         if train:
             for p in trainable_params(mod, lay):
                 p.requires_grad_(True)

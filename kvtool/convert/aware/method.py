@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-import shutil
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kvtool import progress as kv_progress
@@ -251,63 +249,38 @@ class AwareMerge(MergeMethod):
 
 
 class MergedLayers:
-    """Merged projections waiting for the writer: one small safetensors file per layer in a temporary
-    folder (not in memory: all layers' attention weights in float32 can exceed one decoder layer many
-    times over). Each layer is read back once; the folder goes when the last layer is taken, on
-    close(), or at garbage collection / interpreter exit, whichever comes first."""
+    """Merged projections waiting for the writer, one file per layer (kvtool/convert/aware/spill.py; not in
+    memory: all layers' attention weights in float32 can exceed one decoder layer many times over). Each
+    layer is read back once; the folder goes when the last layer is taken, on close(), or at garbage
+    collection / interpreter exit, whichever comes first."""
 
     def __init__(self) -> None:
-        import tempfile
-        import weakref
+        from kvtool.convert.aware.spill import LayerFiles
 
-        self.folder = Path(tempfile.mkdtemp(prefix="kvtool-aware-"))
+        self._files = LayerFiles("kvtool-aware-", "the merged layer {layer}")
+        self.folder = self._files.folder
         self._pending: set[int] = set()
-        self._finalizer = weakref.finalize(self, shutil.rmtree, str(self.folder), ignore_errors=True)
-
-    def _file(self, layer: int) -> Path:
-        return self.folder / f"layer-{layer:05d}.safetensors"
 
     def put(self, layer: int, p) -> None:
-        import torch
-        from safetensors.torch import save_file
-
-        from kvtool.convert.aware.attention import PROJ_FIELDS
-
-        tensors = {f: getattr(p, f).detach().to("cpu", torch.float32).contiguous()
-                   for f in PROJ_FIELDS if getattr(p, f) is not None}
-        try:
-            save_file(tensors, str(self._file(layer)))
-        except OSError as exc:
-            raise InputError(f"cannot store the merged layer {layer}: {exc.strerror or exc}",
-                             file=str(self.folder)) from None
+        self._files.save(layer, p.tensors())
         self._pending.add(layer)
 
     def get(self, layer: int):
         """The layer's merged projections (float32, CPU), kept for take()."""
-        from safetensors.torch import load_file
+        from kvtool.convert.aware.attention import Proj
 
-        from kvtool.convert.aware.attention import PROJ_FIELDS, Proj
-
-        t = load_file(str(self._file(layer)))
-        return Proj(**{f: t.get(f) for f in PROJ_FIELDS})
+        return Proj.of(self._files.load(layer))
 
     def take(self, layer: int):
         """The layer's merged projections (float32, CPU), or None when there are none; removes them."""
-        from safetensors.torch import load_file
-
-        from kvtool.convert.aware.attention import PROJ_FIELDS, Proj
-
         if layer not in self._pending:
             return None
-        path = self._file(layer)
-        t = load_file(str(path))
-        path.unlink()
+        p = self.get(layer)
+        self._files.path(layer).unlink()
         self._pending.discard(layer)
         if not self._pending:
             self.close()
-        return Proj(**{f: t.get(f) for f in PROJ_FIELDS})
+        return p
 
     def close(self) -> None:
-        self._finalizer()
-
-
+        self._files.close()

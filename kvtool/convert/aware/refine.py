@@ -11,7 +11,7 @@ import torch
 
 from typing import Callable
 
-from kvtool.convert.aware.attention import PROJ_FIELDS, LayerInputs, Proj, attention_output
+from kvtool.convert.aware.attention import LayerInputs, Proj, attention_output
 
 
 def refine(inp: LayerInputs, start: Proj, target: torch.Tensor, *, num_heads: int, head_dim: int, steps: int,
@@ -32,8 +32,7 @@ def refine(inp: LayerInputs, start: Proj, target: torch.Tensor, *, num_heads: in
     reg > 0 adds reg * sum over the tensors of ||p - p_start||^2 / ||p_start||^2 to each step's loss: a pull
     toward the closed-form merge, which uses only second moments of the calibration text.
     """
-    params = {f: getattr(start, f).detach().to(torch.float32).clone().requires_grad_(True)
-              for f in PROJ_FIELDS if getattr(start, f) is not None}
+    params = {f: t.detach().to(torch.float32).clone().requires_grad_(True) for f, t in start.tensors().items()}
     groups = [{"params": [t], "lr": lr * float(t.detach().pow(2).mean().sqrt().clamp_min(1e-8))}
               for t in params.values()]
     opt = torch.optim.Adam(groups, betas=(0.9, 0.99))
@@ -49,7 +48,7 @@ def refine(inp: LayerInputs, start: Proj, target: torch.Tensor, *, num_heads: in
         # cos/sin often have batch 1 (shared positions): slice them only when they are per sequence
         cos, sin = (t[rows] if t.shape[0] == n else t for t in (inp32.cos, inp32.sin))
         part = LayerInputs(inp32.x[rows], cos, sin, inp.scaling, inp.sliding_window, inp.softcap)
-        out = attention_output(part, Proj(**{f: ps.get(f) for f in PROJ_FIELDS}), num_heads, head_dim)
+        out = attention_output(part, Proj.of(ps), num_heads, head_dim)
         return (out - target[rows]).pow(2).mean() / denom
 
     def held_loss() -> float:
@@ -88,4 +87,4 @@ def refine(inp: LayerInputs, start: Proj, target: torch.Tensor, *, num_heads: in
         last = float(loss_of(best))
     if last >= first or best_step == 0:
         return start, first, first
-    return Proj(**{f: best.get(f) for f in PROJ_FIELDS}), first, last
+    return Proj.of(best), first, last
