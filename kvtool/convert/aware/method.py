@@ -76,12 +76,13 @@ class AwareMerge(MergeMethod):
                                  option=name)
         if not isinstance(s["refine_holdout"], int) or isinstance(s["refine_holdout"], bool) or s["refine_holdout"] < 0:
             raise UsageError(f"refine_holdout must be an integer >= 0, got {s['refine_holdout']!r}", option="method_opt")
-        for name, low, high in (("cov_shrink", 0, 1), ("refine_reg", 0, None), ("distill_lr", 0, None)):  # --method-opt
+        # --method-opt numbers: name, lowest value, whether the lowest is excluded, highest value
+        for name, low, above, high in (("cov_shrink", 0, False, 1), ("refine_reg", 0, False, None),
+                                       ("distill_lr", 0, True, None)):
             v = s[name]
-            if (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < low
-                    or (high is not None and v > high) or (name == "distill_lr" and v == 0)):
-                bound = (f"from {low} to {high}" if high is not None else
-                         f"> {low}" if name == "distill_lr" else f">= {low}")
+            if (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
+                    or v < low or (above and v == low) or (high is not None and v > high)):
+                bound = f"from {low} to {high}" if high is not None else f"{'>' if above else '>='} {low}"
                 raise UsageError(f"{name} must be a number {bound}, got {v!r}", option="method_opt")
         if not isinstance(s["layerwise"], bool):
             raise UsageError(f"layerwise must be true or false, got {s['layerwise']!r}", option="method_opt")
