@@ -195,19 +195,9 @@ class LayerwiseModel:
                 return hidden
             return forward
 
-        saved = [layer.__dict__.get("forward") for layer in self.layers]
-        for i, layer in enumerate(self.layers):
-            layer.forward = recorder(i)
-        try:
-            with torch.no_grad():
-                embeds = self._embed(input_ids)
-                self.base(inputs_embeds=embeds, use_cache=False)
-        finally:
-            for layer, fwd in zip(self.layers, saved):
-                if fwd is None:
-                    del layer.forward  # back to the class's forward
-                else:
-                    layer.forward = fwd
+        with self._layers_replaced(recorder), torch.no_grad():
+            embeds = self._embed(input_ids)
+            self.base(inputs_embeds=embeds, use_cache=False)
         missing = [i for i, c in enumerate(calls) if c is None]
         if missing:
             raise InputError(f"decoder layer {missing[0]} was never called by {type(self.base).__name__}.forward",
@@ -287,20 +277,24 @@ class LayerwiseModel:
         return self._head_forward(hidden, tuple_out=self._layer_output == "tuple", grad=grad)
 
     def _head_forward(self, hidden: torch.Tensor, tuple_out: bool, grad: bool = False) -> torch.Tensor:
-        saved = [layer.__dict__.get("forward") for layer in self.layers]
         out = (hidden,) if tuple_out else hidden
-        for layer in self.layers:
-            layer.forward = lambda *args, **kwargs: out
+        with self._layers_replaced(lambda i: lambda *args, **kwargs: out), torch.set_grad_enabled(grad):
+            return self.model(inputs_embeds=torch.zeros_like(hidden), use_cache=False).logits
+
+    @contextlib.contextmanager
+    def _layers_replaced(self, forward_of: Callable[[int], Callable]) -> Iterator[None]:
+        """Inside the block, decoder layer i's forward is forward_of(i); afterwards each layer has its own back."""
+        saved = [layer.__dict__.get("forward") for layer in self.layers]
+        for i, layer in enumerate(self.layers):
+            layer.forward = forward_of(i)
         try:
-            with torch.set_grad_enabled(grad):
-                res = self.model(inputs_embeds=torch.zeros_like(hidden), use_cache=False)
+            yield
         finally:
             for layer, fwd in zip(self.layers, saved):
                 if fwd is None:
-                    del layer.forward
+                    del layer.forward  # back to the class's forward
                 else:
                     layer.forward = fwd
-        return res.logits
 
     def close(self) -> None:
         if self._own_reader and self._reader is not None:
