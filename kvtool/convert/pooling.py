@@ -104,10 +104,10 @@ class MeanPooling(MergeMethod):
     approximate = True
     array_api = "numpy"  # no torch import: it would cost more than the pooling itself
     reads = frozenset({"k", "v", "k_bias", "v_bias", "k_norm"})  # q and o are copied file to file
+    storage_dtypes = ("BF16",)
 
     def summary(self) -> str:
         return "mean of each group's K/V heads (approximate without retraining)"
-    storage_dtypes = ("BF16",)
 
     def merge_layer(self, layer: int, w: "AttentionWeights") -> "AttentionWeights":
         return mean_pool(w)
