@@ -46,6 +46,17 @@ class Teacher:
     logp: torch.Tensor
     rest: torch.Tensor
 
+    def at(self, row: int, positions: slice, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(idx, logp, rest) of one sequence's positions, on the device."""
+        return tuple(t[row, positions].to(device) for t in (self.idx, self.logp, self.rest))
+
+
+def _chunks(rows: list[int], length: int):
+    """(j, row, positions) for each chunk of CHUNK positions of each row (j: the row's index in rows)."""
+    for j, r in enumerate(rows):
+        for a in range(0, length, CHUNK):
+            yield j, r, slice(a, a + CHUNK)
+
 
 def _binned(logp: torch.Tensor, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(log-probabilities at idx, log of the mass outside idx) of full log-probabilities [..., vocab]."""
@@ -61,15 +72,14 @@ def teacher_targets(lm: "LayerwiseModel", hidden: torch.Tensor, k: int = TOP_K) 
     logp = torch.empty(n, T, k)
     rest = torch.empty(n, T)
     with torch.no_grad(), lm.head():
-        for r in range(n):
-            for a in range(0, T, CHUNK):
-                full = torch.log_softmax(lm.logits_from_hidden(hidden[r:r + 1, a:a + CHUNK]).float(), -1)[0]
-                kk = min(k, full.shape[-1])
-                i = full.topk(kk, dim=-1).indices
-                top, out = _binned(full, i)
-                idx[r, a:a + CHUNK, :kk], logp[r, a:a + CHUNK, :kk], rest[r, a:a + CHUNK] = i.cpu(), top.cpu(), out.cpu()
-                if kk < k:  # a vocabulary smaller than k: the extra bins are empty
-                    idx[r, a:a + CHUNK, kk:], logp[r, a:a + CHUNK, kk:] = i[:, :1].cpu(), float("-inf")
+        for _, r, at in _chunks(list(range(n)), T):
+            full = torch.log_softmax(lm.logits_from_hidden(hidden[r:r + 1, at]).float(), -1)[0]
+            kk = min(k, full.shape[-1])
+            i = full.topk(kk, dim=-1).indices
+            top, out = _binned(full, i)
+            idx[r, at, :kk], logp[r, at, :kk], rest[r, at] = i.cpu(), top.cpu(), out.cpu()
+            if kk < k:  # a vocabulary smaller than k: the extra bins are empty
+                idx[r, at, kk:], logp[r, at, kk:] = i[:, :1].cpu(), float("-inf")
     return Teacher(idx, logp, rest)
 
 
@@ -149,19 +159,15 @@ class Distiller:
         grad = torch.zeros_like(h) if backward else None
         total = 0.0
         with self.lm.head():
-            for j, r in enumerate(rows.tolist()):
-                for a in range(0, h.shape[1], CHUNK):
-                    b = a + CHUNK
-                    piece = h[j:j + 1, a:b].detach().requires_grad_(backward)
-                    with torch.set_grad_enabled(backward):
-                        logits = self.lm.logits_from_hidden(piece, grad=backward)[0]
-                        dev = logits.device
-                        part = _kl(logits, self.teacher.idx[r, a:b].to(dev), self.teacher.logp[r, a:b].to(dev),
-                                   self.teacher.rest[r, a:b].to(dev)) / positions
-                        if backward:
-                            part.backward()
-                            grad[j:j + 1, a:b] = piece.grad
-                    total += float(part.detach())
+            for j, r, at in _chunks(rows.tolist(), h.shape[1]):
+                piece = h[j:j + 1, at].detach().requires_grad_(backward)
+                with torch.set_grad_enabled(backward):
+                    logits = self.lm.logits_from_hidden(piece, grad=backward)[0]
+                    part = _kl(logits, *self.teacher.at(r, at, logits.device)) / positions
+                    if backward:
+                        part.backward()
+                        grad[j:j + 1, at] = piece.grad
+                total += float(part.detach())
         return total, grad
 
     def kl(self, rows: torch.Tensor | None = None) -> float:
