@@ -45,6 +45,17 @@ def tiny_llama_config() -> dict:
     }
 
 
+@pytest.fixture
+def private_tmp(tmp_path, monkeypatch):
+    """A temp folder of our own (tempfile's default for this test), to see what a command leaves behind there."""
+    import tempfile
+
+    t = tmp_path / "tmp"
+    t.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(t))
+    return t
+
+
 # Real pretrained checkpoints (kvtool.fixtures) and the pydoc text split, for any test.
 def _fixture_or_skip(getter):
     from kvtool.fixtures import FixtureUnavailable

@@ -18,7 +18,7 @@ from kvtool.convert.aware.modules import install_proj, read_proj, trainable_para
 from kvtool.runtime.kv_hooks import attention_modules  # noqa: E402
 from kvtool.runtime.layerwise import open_layerwise  # noqa: E402
 
-from tests.convert.test_aware_layerwise import H, IDS, LAYERS, SETTINGS, _tiny, private_tmp  # noqa: E402,F401
+from tests.convert.test_aware_layerwise import H, IDS, LAYERS, SETTINGS, _tiny  # noqa: E402
 
 
 def _merged(lm):

@@ -4,7 +4,6 @@ merged layers kept on disk (not in memory) until written."""
 from __future__ import annotations
 
 import json
-import tempfile
 
 import pytest
 
@@ -97,15 +96,6 @@ def test_layerwise_merge_equals_the_whole_model_calibration(tiny_run):
         for f in ("q", "k", "v", "o"):
             torch.testing.assert_close(getattr(seen[i]["merged"], f), getattr(ref["merged"][i], f),
                                        rtol=1e-4, atol=1e-5)
-
-
-@pytest.fixture
-def private_tmp(tmp_path, monkeypatch):
-    """A temp folder of our own, to see what the method leaves behind there."""
-    t = tmp_path / "tmp"
-    t.mkdir()
-    monkeypatch.setattr(tempfile, "tempdir", str(t))
-    return t
 
 
 def _convert(src, dst, *extra):
