@@ -10,7 +10,8 @@ DTYPES = ("keep", "bf16", "fp16", "fp32")
 GROUPINGS = ("contiguous", "similarity")
 TEXT_FILES = {"$ref": "#/$defs/text_files"}  # one path or a list, relative to the recipe
 # the aware method's own options: any other method refuses them by name (kvtool.convert.methods)
-AWARE_FIELDS = ("calib_text", "calib_dataset", "calib_tokens", "refine_steps", "distill_steps", "seq_len", "grouping")
+AWARE_FIELDS = ("calib_text", "calib_dataset", "calib_tokens", "refine_steps", "distill_steps", "seq_len", "grouping",
+                "serve_context")
 
 
 def merge_methods() -> list[str]:
@@ -59,6 +60,9 @@ class ConvertOptions:
                                       "--distill-steps).")
     grouping: str | None = option(None, choices=GROUPINGS,
                                   help="--method aware: contiguous | similarity (which KV heads share a group).")
+    serve_context: int | None = option(None, minimum=2,
+                                       help="--method aware: the longest context the result will serve, in tokens "
+                                            "(the config's max_position_embeddings); shorter merges better within it.")
 
 
 def method_options(o) -> dict:

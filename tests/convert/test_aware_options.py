@@ -24,7 +24,14 @@ def test_sequence_length_follows_refinement_unless_given():
                                          ({"distill_steps": -2}, "distill_steps"), ({"distill_lr": 0}, "method_opt"),
                                          ({"distill_lr": "fast"}, "method_opt"),
                                          ({"distill_lr": float("nan")}, "method_opt"),
-                                         ({"distill_lr": float("inf")}, "method_opt")])
+                                         ({"distill_lr": float("inf")}, "method_opt"),
+                                         ({"static_angle": -1}, "method_opt"),
+                                         ({"static_angle": float("nan")}, "method_opt"),
+                                         ({"static_angle": "wide"}, "method_opt"),
+                                         ({"serve_context": 1}, "serve_context"),
+                                         ({"serve_context": 2.5}, "serve_context"),
+                                         ({"serve_context": True}, "serve_context"),
+                                         ({"serve_context": "8k"}, "serve_context")])
 def test_bad_values_are_refused_by_name(opts, field):
     with pytest.raises(UsageError) as exc:
         AwareMerge(**opts)
@@ -32,7 +39,8 @@ def test_bad_values_are_refused_by_name(opts, field):
 
 
 @pytest.mark.parametrize("flag, value, name", [("--seq-len", "512", "seq_len"), ("--distill-steps", "8", "distill_steps"),
-                                               ("--calib-dataset", "pydoc", "calib_dataset")])
+                                               ("--calib-dataset", "pydoc", "calib_dataset"),
+                                               ("--serve-context", "4096", "serve_context")])
 def test_mean_refuses_the_calibration_flags(tmp_path, capsys, flag, value, name):
     from kvtest import write_config
 
@@ -98,6 +106,7 @@ def test_the_plan_says_what_the_calibration_will_be():
     assert AwareMerge(refine_steps=64, distill_steps=32).summary().endswith(
         "sequences of 1024, 64 refinement steps per layer, 32 distillation steps")
     assert "of notes.txt in sequences" in AwareMerge(calib_text="notes.txt", calib_tokens=512).summary()
+    assert AwareMerge(serve_context=4096).summary().endswith("training-free, for contexts up to 4096 tokens")
 
 
 def test_the_dry_run_plan_shows_the_method_summary(tmp_path, capsys, tiny_llama_config):

@@ -70,6 +70,8 @@ CONVERT = [
      ["--to", "mqa", "--method", "aware", "--distill-steps", "3", "--calib-dataset", "mixed"]),
     ("{to: mqa, method: aware, calibration: {dataset: pydoc}}",
      ["--to", "mqa", "--method", "aware", "--calib-dataset", "pydoc"]),
+    ("{to: mqa, method: aware, serve_context: 4096, calibration: {dataset: mixed}}",
+     ["--to", "mqa", "--method", "aware", "--serve-context", "4096", "--calib-dataset", "mixed"]),
     ("{to: mqa, method: aware, calibration: {dataset: mixed}}",
      ["--to", "mqa", "--method", "aware", "--calib-dataset", "mixed"]),
     ("{to: gqa, groups: 2, method: aware, refine_steps: 2, grouping: similarity, calibration: {dataset: pydoc, "

@@ -9,7 +9,7 @@ import torch
 
 from kvtool.convert.aware.attention import LayerInputs, Proj, head_contexts
 from kvtool.convert.aware.grouping import head_similarity, kv_order, permute_heads, similarity_groups
-from kvtool.convert.aware.keys import merge_keys
+from kvtool.convert.aware.keys import merge_keys, pair_angles
 from kvtool.convert.aware.linalg import augment, augmented_covariance, shrink_covariance
 from kvtool.convert.aware.refine import refine
 from kvtool.convert.aware.values import merge_values, refit_o
@@ -27,6 +27,10 @@ class MergeSettings:
     refine_holdout: int = 0  # > 1: every k-th calibration sequence picks the refinement step (refine.refine)
     refine_reg: float = 0.0  # pull of the refinement toward the closed-form merge (refine.refine's reg)
     cov_shrink: float = 0.0  # weight of the isotropic prior in the input covariance of the key / value merges
+    # RoPE pairs turning by less than static_angle radians over `context` positions (the served context; a
+    # sliding-window layer's window when shorter) merge as one real subspace (keys.py); None / 0: none do
+    context: int | None = None
+    static_angle: float = 0.0
 
 
 @dataclass
@@ -35,6 +39,7 @@ class LayerReport:
     err_merged: float  # relative squared error of the attention output after the closed-form merge
     err_final: float  # ... after the o refit / refinement
     best_step: int | None = None  # refinement step kept (held-out early stopping)
+    static_pairs: int = 0  # RoPE pairs merged as a real subspace
 
 
 def _split(w: torch.Tensor, keep_bias: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -56,6 +61,11 @@ def merge_layer(inp: LayerInputs, src: Proj, s: MergeSettings,
                       inp.sliding_window, inp.softcap)
     cov = shrink_covariance(augmented_covariance(inp.x), s.cov_shrink)
     rotary = inp.cos.shape[-1]
+    static = angles = None
+    if s.static_angle and s.context and rotary:
+        horizon = min(s.context, inp.sliding_window or s.context)
+        angles = pair_angles(inp.cos, inp.sin)
+        static = angles * horizon < s.static_angle
     ctx_src = head_contexts(x32, src.to(torch.float32), H, hd).to(torch.float64)
     o_target = ctx_src @ src.o.T  # original layer output without the o bias
     order = list(range(KV))
@@ -65,7 +75,8 @@ def merge_layer(inp: LayerInputs, src: Proj, s: MergeSettings,
         order = kv_order(similarity_groups(sim, G))
         src = permute_heads(src, order, num_heads=H, head_dim=hd)
     wq, wk = merge_keys(augment(src.q, src.q_bias), augment(src.k, src.k_bias), cov, num_heads=H, num_kv_heads=KV,
-                        groups=G, head_dim=hd, rotary_dim=rotary)
+                        groups=G, head_dim=hd, rotary_dim=rotary, static=static,
+                        angles=angles)
     wv, o = merge_values(augment(src.v, src.v_bias), src.o, cov, num_heads=H, num_kv_heads=KV, groups=G, head_dim=hd)
     q, q_bias = _split(wq, src.q_bias is not None)
     k, k_bias = _split(wk, src.k_bias is not None)
@@ -91,4 +102,5 @@ def merge_layer(inp: LayerInputs, src: Proj, s: MergeSettings,
         if s.o_ridge is not None:
             new.o = refit_o(ctx, o_target, new.o, s.o_ridge)
         err_final = _rel_err(ctx @ new.o.T, o_target)
-    return new.to(torch.float32), LayerReport(order, err_merged, err_final, best_step)
+    n_static = 0 if static is None else int(static.sum())
+    return new.to(torch.float32), LayerReport(order, err_merged, err_final, best_step, n_static)

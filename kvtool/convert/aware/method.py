@@ -20,9 +20,15 @@ if TYPE_CHECKING:
 GROUPINGS = ("contiguous", "similarity")
 # Adam step of --distill-steps, relative to each tensor's RMS (kvtool/convert/aware/distill.py)
 DISTILL_LR = 6e-4
+# RoPE pairs turning by less than this many radians over the served context merge as one real subspace
+# (kvtool/convert/aware/keys.py). Chosen on the dev texts of docs/convert-quality.md in 1024- and 8192-token
+# windows: on SmolLM2 (8192 positions) 1.5 (8 of 32 pairs) beat 1 (6) in both; 2.5 and 3 (9, 10) were better
+# in 1024-token windows but worse in 8192-token ones.
+STATIC_ANGLE = 1.5
 DEFAULTS = {"calib_text": None, "calib_dataset": None, "calib_tokens": 4096, "refine_steps": 0,
             "grouping": "contiguous", "seq_len": None, "o_ridge": 2.0, "layerwise": True, "refine_holdout": 0,
-            "cov_shrink": 0.0, "refine_reg": 0.0, "distill_steps": 0, "distill_lr": DISTILL_LR}
+            "cov_shrink": 0.0, "refine_reg": 0.0, "distill_steps": 0, "distill_lr": DISTILL_LR,
+            "static_angle": STATIC_ANGLE, "serve_context": None}
 # Calibration sequence length when not given. Measured on SmolLM2 MQA (4096 tokens, 2047 held-out tokens in
 # windows of 1024): the closed-form merge is best on short sequences (more sequence starts: 3.43x at 256, 3.75x
 # at 512), refinement on long ones, whose attention spans what serving sees (64 steps: 2.17x at 256, 2.06x at
@@ -78,12 +84,15 @@ class AwareMerge(MergeMethod):
             raise UsageError(f"refine_holdout must be an integer >= 0, got {s['refine_holdout']!r}", option="method_opt")
         # --method-opt numbers: name, lowest value, whether the lowest is excluded, highest value
         for name, low, above, high in (("cov_shrink", 0, False, 1), ("refine_reg", 0, False, None),
-                                       ("distill_lr", 0, True, None)):
+                                       ("distill_lr", 0, True, None), ("static_angle", 0, False, None)):
             v = s[name]
             if (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
                     or v < low or (above and v == low) or (high is not None and v > high)):
                 bound = f"from {low} to {high}" if high is not None else f"{'>' if above else '>='} {low}"
                 raise UsageError(f"{name} must be a number {bound}, got {v!r}", option="method_opt")
+        ctx = s["serve_context"]
+        if ctx is not None and (not isinstance(ctx, int) or isinstance(ctx, bool) or ctx < 2):
+            raise UsageError(f"serve-context must be an integer >= 2 (tokens), got {ctx!r}", option="serve_context")
         if not isinstance(s["layerwise"], bool):
             raise UsageError(f"layerwise must be true or false, got {s['layerwise']!r}", option="method_opt")
         self._merged: MergedLayers | None = None
@@ -136,11 +145,13 @@ class AwareMerge(MergeMethod):
             del tokenizer
             release_free_memory()  # the tokenizer (~100 MB for a 49k vocabulary) is gone before the model comes
             spec = job.spec
+            context = s["serve_context"] or spec.max_position
             settings = MergeSettings(num_heads=spec.num_heads, num_kv_heads=spec.num_kv_heads,
                                      groups=job.target_groups, head_dim=spec.head_dim, grouping=s["grouping"],
                                      o_ridge=s["o_ridge"], refine_steps=s["refine_steps"],
                                      refine_holdout=s["refine_holdout"], cov_shrink=float(s["cov_shrink"]),
-                                     refine_reg=float(s["refine_reg"]))
+                                     refine_reg=float(s["refine_reg"]), context=context,
+                                     static_angle=float(s["static_angle"]))
             reports = {}
             distilled: dict = {}
             bar.set_note(f"building the model, {ids.numel()} calibration tokens")
@@ -187,6 +198,8 @@ class AwareMerge(MergeMethod):
             **({"refine_reg": s["refine_reg"]} if s["refine_reg"] else {}),
             **({"refine_holdout": s["refine_holdout"],
                 "refine_best_steps": [reports[k].best_step for k in sorted(reports)]} if s["refine_holdout"] else {}),
+            "static_angle": s["static_angle"], "serve_context": context,
+            "rope_static_pairs": [reports[k].static_pairs for k in sorted(reports)],
             "kv_order": {str(k): r.order for k, r in sorted(reports.items()) if r.order != sorted(r.order)},
             "attention_rel_err_mean": sum(errs) / max(len(errs), 1), "attention_rel_err_max": max(errs, default=0.0),
             "calibration_seconds": round(time.perf_counter() - t0, 2),
@@ -222,8 +235,9 @@ class AwareMerge(MergeMethod):
         refine = f", {s['refine_steps']} refinement steps per layer" if s["refine_steps"] else ""
         refine += f", {s['distill_steps']} distillation steps" if s["distill_steps"] else ""
         refine = refine or ", training-free"
+        served = f", for contexts up to {s['serve_context']} tokens" if s["serve_context"] else ""
         return (f"calibrated merge on {s['calib_tokens']} tokens of {source} in sequences of {s['seq_len']}"
-                f"{refine}")
+                f"{refine}{served}")
 
     def merge_layer(self, layer: int, w: "AttentionWeights") -> "AttentionWeights":
         if w.target_groups >= w.num_kv_heads:
