@@ -113,10 +113,10 @@ def test_the_served_context_reaches_the_provenance(tmp_path, smollm2_path):
         assert _convert(src, tmp_path / name, "--to", "mqa", "--method", "aware", "--calib-tokens", "256",
                         "--seq-len", "64", *opts) == 0
         rows[name] = json.loads((tmp_path / name / "kvtool.json").read_text())["method_details"]
-    # head_dim 16, theta 1e4: inv_freq 1e4^(-p/8); over 1024 positions p = 6, 7 turn by 1.02 and 0.32 rad, less
-    # than the default 1.5 (p = 5: 3.2); over 16 positions p = 3 .. 7 do (p = 2: 1.6)
-    assert STATIC_ANGLE == 1.5 and rows["default"]["static_angle"] == STATIC_ANGLE
-    assert rows["default"]["serve_context"] == 1024 and rows["default"]["rope_static_pairs"] == [2, 2]
+    # head_dim 16, theta 1e4: inv_freq 1e4^(-p/8); over 1024 positions only p = 7 turns by less than the default
+    # 1 rad (0.32; p = 6: 1.02); over 16 positions p = 3 .. 7 do (0.51 .. 0.005; p = 2: 1.6)
+    assert STATIC_ANGLE == 1.0 and rows["default"]["static_angle"] == STATIC_ANGLE
+    assert rows["default"]["serve_context"] == 1024 and rows["default"]["rope_static_pairs"] == [1, 1]
     assert rows["short"]["serve_context"] == 16 and rows["short"]["rope_static_pairs"] == [5, 5]
     assert rows["off"]["static_angle"] == 0 and rows["off"]["rope_static_pairs"] == [0, 0]
 

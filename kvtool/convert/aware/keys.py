@@ -17,9 +17,10 @@ Pairs that RoPE barely turns over the context the model serves (the lowest frequ
 `static_angle` radians over `horizon` positions) are merged with the non-rotary dims, as one real
 subspace with a full map per head. The complex scale per pair cannot mix pairs; the real map can, so
 the shared head keeps what the group's heads store across those pairs. The map does not commute with
-the small rotation that remains, which is why the angle is bounded over the whole served context:
-measured on SmolLM2 (docs/convert-quality.md), pairs chosen for 1024 positions made 8192-token windows
-twice as bad as no static pairs, while pairs chosen for 8192 improved both.
+the small rotation that remains, which is why the angle is bounded over the whole served context
+(measured on SmolLM2, docs/convert-quality.md: pairs chosen for 1024 positions made 8192-token windows
+twice as bad as no static pairs, while pairs chosen for 8192 improved both), and why the subspace's
+basis is the one whose folded maps commute best with it (`commuting_basis`).
 """
 
 from __future__ import annotations

@@ -21,10 +21,10 @@ GROUPINGS = ("contiguous", "similarity")
 # Adam step of --distill-steps, relative to each tensor's RMS (kvtool/convert/aware/distill.py)
 DISTILL_LR = 6e-4
 # RoPE pairs turning by less than this many radians over the served context merge as one real subspace
-# (kvtool/convert/aware/keys.py). Chosen on the dev texts of docs/convert-quality.md in 1024- and 8192-token
-# windows: on SmolLM2 (8192 positions) 1.5 (8 of 32 pairs) beat 1 (6) in both; 2.5 and 3 (9, 10) were better
-# in 1024-token windows but worse in 8192-token ones.
-STATIC_ANGLE = 1.5
+# (kvtool/convert/aware/keys.py). Measured on SmolLM2 (8192 positions; docs/convert-quality.md): 1.5 (8 of 32
+# pairs) beat 1 (6) training-free in 1024- and 8192-token windows, but refined conversions did worse with it in
+# 8192-token windows (licences 3.97x vs 3.56x); 1 is better than no static pairs everywhere measured.
+STATIC_ANGLE = 1.0
 DEFAULTS = {"calib_text": None, "calib_dataset": None, "calib_tokens": 4096, "refine_steps": 0,
             "grouping": "contiguous", "seq_len": None, "o_ridge": 2.0, "layerwise": True, "refine_holdout": 0,
             "cov_shrink": 0.0, "refine_reg": 0.0, "distill_steps": 0, "distill_lr": DISTILL_LR,
