@@ -10,7 +10,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from kvtool.convert.aware.attention import LayerInputs, Proj, head_contexts  # noqa: E402
-from kvtool.convert.aware.keys import static_pairs  # noqa: E402
+from kvtool.convert.aware.keys import pair_angles, static_pairs  # noqa: E402
 from kvtool.convert.aware.merge import MergeSettings, merge_layer  # noqa: E402
 from kvtool.convert.aware.method import STATIC_ANGLE  # noqa: E402
 
@@ -41,9 +41,9 @@ def test_static_pairs_are_those_transformers_turns_least(rope):
     cos, sin = emb(x, torch.arange(4)[None])
     for horizon, angle in ((32768, 1.0), (1024, 0.5), (8192, 2.0)):
         want = emb.inv_freq.to(torch.float64) * horizon < angle
-        got = static_pairs(cos, sin, horizon, angle)
+        got = static_pairs(pair_angles(cos, sin), horizon, angle)
         assert torch.equal(got, want), (horizon, angle)
-    assert 0 < int(static_pairs(cos, sin, 32768, 1.0).sum()) < 64
+    assert 0 < int(static_pairs(pair_angles(cos, sin), 32768, 1.0).sum()) < 64
 
 
 def _mixing_heads(seed=0):

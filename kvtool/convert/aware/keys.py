@@ -39,9 +39,10 @@ def pair_angles(cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     return torch.atan2(s[1] * c[0] - c[1] * s[0], c[1] * c[0] + s[1] * s[0]).abs()
 
 
-def static_pairs(cos: torch.Tensor, sin: torch.Tensor, horizon: int, angle: float) -> torch.Tensor:
-    """bool [r/2]: the rotary pairs that turn by less than `angle` radians over `horizon` positions."""
-    return pair_angles(cos, sin) * horizon < angle
+def static_pairs(angles: torch.Tensor, horizon: int, angle: float) -> torch.Tensor:
+    """bool [r/2]: the rotary pairs that turn by less than `angle` radians over `horizon` positions
+    (angles: `pair_angles`)."""
+    return angles * horizon < angle
 
 
 def merge_keys(wq: torch.Tensor, wk: torch.Tensor, cov: torch.Tensor, *, num_heads: int, num_kv_heads: int,

@@ -9,7 +9,7 @@ import torch
 
 from kvtool.convert.aware.attention import LayerInputs, Proj, head_contexts
 from kvtool.convert.aware.grouping import head_similarity, kv_order, permute_heads, similarity_groups
-from kvtool.convert.aware.keys import merge_keys, pair_angles
+from kvtool.convert.aware.keys import merge_keys, pair_angles, static_pairs
 from kvtool.convert.aware.linalg import augment, augmented_covariance, shrink_covariance
 from kvtool.convert.aware.refine import refine
 from kvtool.convert.aware.values import merge_values, refit_o
@@ -65,7 +65,7 @@ def merge_layer(inp: LayerInputs, src: Proj, s: MergeSettings,
     if s.static_angle and s.context and rotary:
         horizon = min(s.context, inp.sliding_window or s.context)
         angles = pair_angles(inp.cos, inp.sin)
-        static = angles * horizon < s.static_angle
+        static = static_pairs(angles, horizon, s.static_angle)
     ctx_src = head_contexts(x32, src.to(torch.float32), H, hd).to(torch.float64)
     o_target = ctx_src @ src.o.T  # original layer output without the o bias
     order = list(range(KV))
@@ -75,8 +75,7 @@ def merge_layer(inp: LayerInputs, src: Proj, s: MergeSettings,
         order = kv_order(similarity_groups(sim, G))
         src = permute_heads(src, order, num_heads=H, head_dim=hd)
     wq, wk = merge_keys(augment(src.q, src.q_bias), augment(src.k, src.k_bias), cov, num_heads=H, num_kv_heads=KV,
-                        groups=G, head_dim=hd, rotary_dim=rotary, static=static,
-                        angles=angles)
+                        groups=G, head_dim=hd, rotary_dim=rotary, static=static, angles=angles)
     wv, o = merge_values(augment(src.v, src.v_bias), src.o, cov, num_heads=H, num_kv_heads=KV, groups=G, head_dim=hd)
     q, q_bias = _split(wq, src.q_bias is not None)
     k, k_bias = _split(wk, src.k_bias is not None)
