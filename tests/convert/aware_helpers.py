@@ -3,9 +3,13 @@ aware-vs-mean comparison on held-out text."""
 
 from __future__ import annotations
 
+import shutil
+
 import torch
 
 from kvtool.cli import main
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
 
 def convert(src, dst, *args) -> int:
@@ -20,6 +24,26 @@ def logits(folder, ids):
     assert not info["missing_keys"] and not info["unexpected_keys"], info
     with torch.no_grad():
         return model(input_ids=ids).logits, model.config
+
+
+def tiny_model(folder, model_type, tokenizer_dir, kv_heads=2, seed=0):
+    """A tiny random model with 4 query heads that shares SmolLM2's tokenizer (the calibration needs one)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = AutoConfig.for_model(model_type, hidden_size=64, intermediate_size=64, num_hidden_layers=2,
+                               num_attention_heads=4, num_key_value_heads=kv_heads, head_dim=16, vocab_size=49152,
+                               max_position_embeddings=1024, tie_word_embeddings=True, rope_theta=10000.0)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(cfg)
+    with torch.no_grad():  # larger attention weights than the init, so attention is far from uniform
+        for name, p in model.named_parameters():
+            if "self_attn" in name:
+                p.mul_(8.0 if name.endswith("weight") else 1.0).add_(torch.randn_like(p) * 0.1 if "bias" in name else 0)
+    model.save_pretrained(folder)
+    for f in TOKENIZER_FILES:
+        if (tokenizer_dir / f).exists():
+            shutil.copy(tokenizer_dir / f, folder / f)
+    return folder
 
 
 def mqa_errors(src, work) -> tuple[float, float]:

@@ -104,13 +104,13 @@ def test_rotating_pairs_are_never_static():
 def test_the_served_context_reaches_the_provenance(tmp_path, smollm2_path):
     """Default: the config's max_position_embeddings; --serve-context overrides it; static_angle=0 turns it
     off."""
-    from test_aware_exact import _convert, _tiny
+    from aware_helpers import convert, tiny_model
 
-    src = _tiny(tmp_path / "src", "llama", smollm2_path)
+    src = tiny_model(tmp_path / "src", "llama", smollm2_path)
     rows = {}
     for name, opts in (("default", []), ("short", ["--serve-context", "16"]),
                        ("off", ["--method-opt", "static_angle=0"])):
-        assert _convert(src, tmp_path / name, "--to", "mqa", "--method", "aware", "--calib-tokens", "256",
+        assert convert(src, tmp_path / name, "--to", "mqa", "--method", "aware", "--calib-tokens", "256",
                         "--seq-len", "64", *opts) == 0
         rows[name] = json.loads((tmp_path / name / "kvtool.json").read_text())["method_details"]
     # head_dim 16, theta 1e4: inv_freq 1e4^(-p/8); over 1024 positions only p = 7 turns by less than the default
