@@ -37,7 +37,7 @@ def estimate(plan, method_obj=None, eval_tokens: int | None = None):
         est = costs.convert_mean(shape)
     elif plan.method == "aware":
         est = costs.convert_aware(shape, settings["calib_tokens"], settings["seq_len"], settings["refine_steps"],
-                                   settings["distill_steps"])
+                                   settings["distill_steps"], getattr(method_obj, "original_stream", False))
     else:
         return None
     if eval_tokens:  # source and output

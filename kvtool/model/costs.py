@@ -113,7 +113,9 @@ def _calibration(c: dict, shape: Shape, tokens: int) -> Estimate:
 
 
 def convert_aware(shape: Shape, calib_tokens: int, seq_len: int, refine_steps: int = 0,
-                  distill_steps: int = 0) -> Estimate:
+                  distill_steps: int = 0, original_stream: bool = False) -> Estimate:
+    """original_stream: the original model runs alongside the calibration (refinement's default target,
+    kvtool/convert/aware/merge.py); distillation runs it anyway."""
     c = coefficients()["convert_aware"]
     e = _calibration(c, shape, calib_tokens)
     t, peak = e.cpu_seconds, e.peak_bytes
@@ -121,6 +123,10 @@ def convert_aware(shape: Shape, calib_tokens: int, seq_len: int, refine_steps: i
         # a fixed part per refined layer (the fp32 copies, the optimizer, the loss before and after) and the steps
         t += shape.layers * shape.attn_params * (c["refine_fixed_s_per_attn_param"]
                                                  + refine_steps * seq_len * c["refine_step_s_per_attn_param_token"])
+    if original_stream and not distill_steps:
+        # one more pass of each layer over the calibration tokens; its hidden states and one layer's input (float32)
+        t += shape.layers * shape.layer_params * calib_tokens * c["s_per_param_token"]
+        peak += 2 * 4 * calib_tokens * shape.hidden
     if distill_steps:
         # the original model alongside the calibration, the KL before and after, and per step a forward, a
         # recomputed forward and a backward over one sequence, LM head included (kvtool/convert/aware/distill.py)

@@ -85,6 +85,19 @@ def test_distillation_by_hand():
                                                            + 24 * S8B.attn_params)
 
 
+def test_the_original_stream_by_hand():
+    """Refinement's default target runs the original model alongside the calibration: one more layer pass over
+    the calibration tokens, and its hidden states; distillation runs that stream already."""
+    a = C["convert_aware"]
+    plain = costs.convert_aware(S8B, 4096, 1024, refine_steps=64)
+    stream = costs.convert_aware(S8B, 4096, 1024, refine_steps=64, original_stream=True)
+    assert stream.cpu_seconds - plain.cpu_seconds == pytest.approx(32 * S8B.layer_params * 4096
+                                                                   * a["s_per_param_token"])
+    assert stream.peak_bytes - plain.peak_bytes == 2 * 4 * 4096 * S8B.hidden
+    both = costs.convert_aware(S8B, 4096, 1024, 64, distill_steps=8, original_stream=True)
+    assert both == costs.convert_aware(S8B, 4096, 1024, 64, distill_steps=8)
+
+
 def test_shape_of_a_checkpoint_from_its_headers(smollm2_path):
     shape = costs.for_checkpoint(smollm2_path)
     # SmolLM2-135M: 30 layers of 3.54 M parameters; tied embeddings 49152 x 576

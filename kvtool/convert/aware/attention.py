@@ -24,6 +24,7 @@ class LayerInputs:
     scaling: float
     sliding_window: int | None = None
     softcap: float | None = None
+    x_target: torch.Tensor | None = None  # the original model's input to this layer, when the target is its output
 
 
 @dataclass

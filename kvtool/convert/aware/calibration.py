@@ -70,7 +70,7 @@ def _pre_hook(module: nn.Module, fn) -> Iterator[None]:
 
 def run_layerwise(lm: "LayerwiseModel", ids: torch.Tensor, layer_fn: LayerFn, num_heads: int, *,
                   on_merged: Callable[[int, Proj], None] | None = None,
-                  keep_original: bool = False) -> torch.Tensor | None:
+                  keep_original: bool = False, target_original: bool = False) -> torch.Tensor | None:
     """Calibrate every attention layer of lm on ids [batch, seq]: layer_fn(layer, inputs, projections)
     -> merged projections, called in layer order.
 
@@ -80,20 +80,25 @@ def run_layerwise(lm: "LayerwiseModel", ids: torch.Tensor, layer_fn: LayerFn, nu
     receives every layer's result in the checkpoint's order, and is required for such models.
 
     keep_original: the original model also runs, each layer on its own stream before the layer is
-    merged (one more layer pass each); returns the hidden states leaving its last layer (else None)."""
+    merged (one more layer pass each); returns the hidden states leaving its last layer (else None).
+    target_original: the same pass, and each layer's inputs carry x_target, the original stream's input to it."""
     attn = {m.layer_idx: m for m in attention_modules(lm.model)}
     if not attn:
         raise InputError(f"{type(lm.model).__name__}: no attention modules found", field="architectures")
     softcap = getattr(lm.model.config, "attn_logit_softcapping", None)
     with torch.no_grad():
         h, calls = lm.capture(ids)
-        h_orig = h if keep_original else None
+        h_orig = h if keep_original or target_original else None  # the original model's own stream
         for i in range(lm.num_layers):
             with lm.materialised(i) as layer:
                 module = attn.get(i)
                 seen: dict = {}
                 if h_orig is not None:
-                    h_orig = run_layer(layer, h_orig, calls[i])  # before the pre-hook below merges it
+                    def grab(mod, args, kwargs):  # the original layer's attention input
+                        seen["x_orig"] = _attention_input(mod, args, kwargs)[0].detach()
+
+                    with _pre_hook(module, grab) if module is not None else contextlib.nullcontext():
+                        h_orig = run_layer(layer, h_orig, calls[i])  # before the pre-hook below merges it
 
                 def merge(mod, args, kwargs):
                     x, (cos, sin) = _attention_input(mod, args, kwargs)
@@ -108,7 +113,8 @@ def run_layerwise(lm: "LayerwiseModel", ids: torch.Tensor, layer_fn: LayerFn, nu
                         rot = order[: cos.shape[-1]].to(cos.device)
                         cos, sin, src = cos[..., rot], sin[..., rot], reorder_qk(src, order, lay.head_dim)
                     inp = LayerInputs(x.detach(), cos.detach(), sin.detach(), attention_scale(mod),
-                                      getattr(mod, "sliding_window", None), softcap)
+                                      getattr(mod, "sliding_window", None), softcap,
+                                      seen.pop("x_orig", None) if target_original else None)
                     new = layer_fn(i, inp, src)
                     release_free_memory()  # the merge's temporaries (see kvtool.runtime.layerwise)
                     if order is not None:
@@ -125,7 +131,7 @@ def run_layerwise(lm: "LayerwiseModel", ids: torch.Tensor, layer_fn: LayerFn, nu
                                      field="architectures")
             calls[i] = None  # this layer's mask / position embeddings are no longer needed
             h = h_next
-    return h_orig
+    return h_orig if keep_original else None
 
 
 @dataclass(frozen=True)

@@ -50,6 +50,11 @@ def _rel_err(out: torch.Tensor, target: torch.Tensor) -> float:
     return float((out - target).pow(2).mean() / target.pow(2).mean().clamp_min(1e-300))
 
 
+def _output(inp: LayerInputs, p: Proj, num_heads: int, head_dim: int) -> torch.Tensor:
+    """float64 attention output of p on inp, without the o bias."""
+    return head_contexts(inp, p.to(torch.float32), num_heads, head_dim).to(torch.float64) @ p.o.T
+
+
 def merge_layer(inp: LayerInputs, src: Proj, s: MergeSettings,
                 on_step: Callable[[], None] | None = None) -> tuple[Proj, LayerReport]:
     """Merge src (num_kv_heads KV heads) into s.groups KV heads; returns float32 projections.
@@ -66,8 +71,7 @@ def merge_layer(inp: LayerInputs, src: Proj, s: MergeSettings,
         horizon = min(s.context, inp.sliding_window or s.context)
         angles = pair_angles(inp.cos, inp.sin)
         static = static_pairs(angles, horizon, s.static_angle)
-    ctx_src = head_contexts(x32, src.to(torch.float32), H, hd).to(torch.float64)
-    o_target = ctx_src @ src.o.T  # original layer output without the o bias
+    o_target = _output(x32, src, H, hd)  # the original layer on this layer's inputs, without the o bias
     order = list(range(KV))
     if s.grouping == "similarity" and 1 < G < KV:
         sim = head_similarity(augment(src.q, src.q_bias), augment(src.k, src.k_bias), augment(src.v, src.v_bias),
@@ -90,6 +94,11 @@ def merge_layer(inp: LayerInputs, src: Proj, s: MergeSettings,
     if on_step is not None:
         on_step()
     if s.refine_steps:
+        if inp.x_target is not None:
+            # the original model's own output at this layer: refinement then also corrects what the merged layers
+            # before this one left in its inputs (the closed form keeps o_target: measured worse with this one)
+            o_target = _output(LayerInputs(inp.x_target.to(torch.float32), x32.cos, x32.sin, inp.scaling,
+                                           inp.sliding_window, inp.softcap), src, H, hd)
         target = o_target if src.o_bias is None else o_target + src.o_bias
         stats: dict = {}
         new, _, _ = refine(x32, new, target.to(torch.float32), num_heads=H, head_dim=hd, steps=s.refine_steps,

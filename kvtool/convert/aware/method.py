@@ -18,6 +18,9 @@ if TYPE_CHECKING:
     from kvtool.convert.methods import MergeJob
 
 GROUPINGS = ("contiguous", "similarity")
+# What --refine-steps fits each layer to (kvtool/convert/aware/merge.py): the original layer's output on the
+# original model's own hidden states, or on the converted model's (the inputs the layer sees once converted)
+REFINE_TARGETS = ("original", "layer")
 # Adam step of --distill-steps, relative to each tensor's RMS (kvtool/convert/aware/distill.py)
 DISTILL_LR = 6e-4
 # RoPE pairs turning by less than this many radians over the served context merge as one real subspace
@@ -28,7 +31,7 @@ STATIC_ANGLE = 1.0
 DEFAULTS = {"calib_text": None, "calib_dataset": None, "calib_tokens": 4096, "refine_steps": 0,
             "grouping": "contiguous", "seq_len": None, "o_ridge": 2.0, "layerwise": True, "refine_holdout": 0,
             "cov_shrink": 0.0, "refine_reg": 0.0, "distill_steps": 0, "distill_lr": DISTILL_LR,
-            "static_angle": STATIC_ANGLE, "serve_context": None}
+            "static_angle": STATIC_ANGLE, "serve_context": None, "refine_target": "original"}
 # Calibration sequence length when not given. Measured on SmolLM2 MQA (4096 tokens, 2047 held-out tokens in
 # windows of 1024): the closed-form merge is best on short sequences (more sequence starts: 3.43x at 256, 3.75x
 # at 512), refinement on long ones, whose attention spans what serving sees (64 steps: 2.17x at 256, 2.06x at
@@ -74,6 +77,9 @@ class AwareMerge(MergeMethod):
         if s["grouping"] not in GROUPINGS:
             raise UsageError(f"unknown grouping {s['grouping']!r}; choose from {', '.join(GROUPINGS)}",
                              option="grouping")
+        if s["refine_target"] not in REFINE_TARGETS:
+            raise UsageError(f"unknown refine_target {s['refine_target']!r}; choose from {', '.join(REFINE_TARGETS)}",
+                             option="method_opt")
         if s["seq_len"] is None:
             s["seq_len"] = SEQ_LEN_REFINE if s["refine_steps"] or s["distill_steps"] else SEQ_LEN_CLOSED_FORM
         for name, low in (("calib_tokens", 2), ("refine_steps", 0), ("seq_len", 2), ("distill_steps", 0)):
@@ -95,6 +101,8 @@ class AwareMerge(MergeMethod):
             raise UsageError(f"serve-context must be an integer >= 2 (tokens), got {ctx!r}", option="serve_context")
         if not isinstance(s["layerwise"], bool):
             raise UsageError(f"layerwise must be true or false, got {s['layerwise']!r}", option="method_opt")
+        # refinement fits the original model's own stream, which then runs alongside the calibration
+        self.original_stream = bool(s["refine_steps"]) and s["refine_target"] == "original"
         self._merged: MergedLayers | None = None
         self._info: dict = {}
 
@@ -175,7 +183,8 @@ class AwareMerge(MergeMethod):
                 # on_merged gets each layer in the checkpoint's dimension order (interleaved RoPE is merged
                 # in rotate_half order and put back before it reaches the writer)
                 final = run_layerwise(lm, ids, layer_fn, spec.num_heads, on_merged=self._merged.put,
-                                      keep_original=bool(s["distill_steps"]))
+                                      keep_original=bool(s["distill_steps"]),
+                                      target_original=self.original_stream)
                 if s["distill_steps"]:
                     from kvtool.convert.aware.distill import teacher_targets
 
@@ -196,6 +205,7 @@ class AwareMerge(MergeMethod):
             "calib_tokens": int(ids.numel()), "seq_len": int(ids.shape[1]), "refine_steps": s["refine_steps"],
             "grouping": s["grouping"], "o_ridge": s["o_ridge"], "cov_shrink": s["cov_shrink"],
             **({"refine_reg": s["refine_reg"]} if s["refine_reg"] else {}),
+            **({"refine_target": s["refine_target"]} if s["refine_steps"] else {}),
             **({"refine_holdout": s["refine_holdout"],
                 "refine_best_steps": [reports[k].best_step for k in sorted(reports)]} if s["refine_holdout"] else {}),
             "static_angle": s["static_angle"], "serve_context": context,
