@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kvtool.cli import main
-from kvtool.convert.aware.method import SEQ_LEN_CLOSED_FORM, SEQ_LEN_REFINE, AwareMerge
+from kvtool.convert.aware.method import REFINE_TARGETS, SEQ_LEN_CLOSED_FORM, SEQ_LEN_REFINE, AwareMerge
 from kvtool.errors import UsageError
 
 
@@ -19,6 +19,20 @@ def test_sequence_length_follows_refinement_unless_given():
     assert SEQ_LEN_REFINE > SEQ_LEN_CLOSED_FORM
 
 
+def test_refinement_target_follows_distillation_unless_given():
+    """Refined alone, refinement fits the original stream; before distillation, the layer's own inputs (both
+    measured on the dev texts, kvtool/convert/aware/method.py REFINE_TARGETS)."""
+    cases = [({"refine_steps": 8}, "original", True), ({"refine_steps": 8, "distill_steps": 4}, "layer", False),
+             ({"refine_steps": 8, "distill_steps": 4, "refine_target": "original"}, "original", True),
+             ({"refine_steps": 8, "refine_target": "layer"}, "layer", False), ({}, "original", False)]
+    for opts, target, stream in cases:
+        m = AwareMerge(**opts)
+        assert (m.settings["refine_target"], m.original_stream) == (target, stream), opts
+        assert m.settings["refine_lr"] == REFINE_TARGETS[target]  # each target's own step unless given
+    assert AwareMerge(refine_steps=8, refine_lr=1e-3).settings["refine_lr"] == 1e-3
+    assert REFINE_TARGETS["original"] > REFINE_TARGETS["layer"]
+
+
 @pytest.mark.parametrize("opts, field", [({"seq_len": 1}, "seq_len"), ({"refine_steps": -1}, "refine_steps"),
                                          ({"calib_tokens": 1}, "calib_tokens"), ({"grouping": "random"}, "grouping"),
                                          ({"distill_steps": -2}, "distill_steps"), ({"distill_lr": 0}, "method_opt"),
@@ -28,6 +42,9 @@ def test_sequence_length_follows_refinement_unless_given():
                                          ({"static_angle": -1}, "method_opt"),
                                          ({"static_angle": float("nan")}, "method_opt"),
                                          ({"static_angle": "wide"}, "method_opt"),
+                                         ({"refine_lr": 0}, "method_opt"), ({"refine_lr": "fast"}, "method_opt"),
+                                         ({"refine_lr": float("nan")}, "method_opt"),
+                                         ({"refine_target": ["original"]}, "method_opt"),
                                          ({"serve_context": 1}, "serve_context"),
                                          ({"serve_context": 2.5}, "serve_context"),
                                          ({"serve_context": True}, "serve_context"),

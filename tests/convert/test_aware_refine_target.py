@@ -13,7 +13,7 @@ pytest.importorskip("transformers")
 from kvtool.convert.aware.attention import LayerInputs, Proj, head_contexts  # noqa: E402
 from kvtool.convert.aware.calibration import run_layerwise  # noqa: E402
 from kvtool.convert.aware.merge import MergeSettings, merge_layer  # noqa: E402
-from kvtool.convert.aware.method import AwareMerge  # noqa: E402
+from kvtool.convert.aware.method import REFINE_TARGETS, AwareMerge  # noqa: E402
 from kvtool.errors import UsageError  # noqa: E402
 from kvtool.runtime.layerwise import open_layerwise  # noqa: E402
 
@@ -115,14 +115,16 @@ def test_the_target_reaches_the_provenance_and_changes_the_refined_result(tmp_pa
     src = tiny_model(tmp_path / "src", "llama", smollm2_path, seed=2)
     rows, weights = {}, {}
     for name, opts in (("free", []), ("original", ["--refine-steps", "4"]),
-                       ("layer", ["--refine-steps", "4", "--method-opt", "refine_target=layer"])):
+                       ("layer", ["--refine-steps", "4", "--method-opt", "refine_target=layer",
+                                  "--method-opt", f"refine_lr={REFINE_TARGETS['original']}"])):
         assert convert(src, tmp_path / name, "--to", "mqa", "--method", "aware", "--calib-tokens", "256",
                        "--seq-len", "64", *opts) == 0
         rows[name] = json.loads((tmp_path / name / "kvtool.json").read_text())["method_details"]
         weights[name] = load_file(tmp_path / name / "model.safetensors")
     assert "refine_target" not in rows["free"]  # nothing is refined, so nothing is fitted to a target
     assert rows["original"]["refine_target"] == "original" and rows["layer"]["refine_target"] == "layer"
-    # layer 0 sees the same inputs either way; layer 1 is fitted to different outputs
+    assert rows["original"]["refine_lr"] == rows["layer"]["refine_lr"] == REFINE_TARGETS["original"]
+    # with the same step, layer 0 sees the same inputs either way; layer 1 is fitted to different outputs
     k0, k1 = "model.layers.0.self_attn.k_proj.weight", "model.layers.1.self_attn.k_proj.weight"
     assert torch.equal(weights["original"][k0], weights["layer"][k0])
     assert not torch.equal(weights["original"][k1], weights["layer"][k1])

@@ -26,6 +26,7 @@ class MergeSettings:
     refine_steps: int = 0
     refine_holdout: int = 0  # > 1: every k-th calibration sequence picks the refinement step (refine.refine)
     refine_reg: float = 0.0  # pull of the refinement toward the closed-form merge (refine.refine's reg)
+    refine_lr: float = 5e-3  # Adam step of the refinement, relative to each tensor's RMS
     cov_shrink: float = 0.0  # weight of the isotropic prior in the input covariance of the key / value merges
     # RoPE pairs turning by less than static_angle radians over `context` positions (the served context; a
     # sliding-window layer's window when shorter) merge as one real subspace (keys.py); None / 0: none do
@@ -101,7 +102,7 @@ def merge_layer(inp: LayerInputs, src: Proj, s: MergeSettings,
                                            inp.sliding_window, inp.softcap), src, H, hd)
         target = o_target if src.o_bias is None else o_target + src.o_bias
         stats: dict = {}
-        new, _, _ = refine(x32, new, target.to(torch.float32), num_heads=H, head_dim=hd, steps=s.refine_steps,
+        new, _, _ = refine(x32, new, target.to(torch.float32), num_heads=H, head_dim=hd, steps=s.refine_steps, lr=s.refine_lr,
                            holdout_every=s.refine_holdout, on_step=on_step, stats=stats, reg=s.refine_reg)
         best_step = stats.get("best_step")
         new = new.to(torch.float64)

@@ -19,8 +19,14 @@ if TYPE_CHECKING:
 
 GROUPINGS = ("contiguous", "similarity")
 # What --refine-steps fits each layer to (kvtool/convert/aware/merge.py): the original layer's output on the
-# original model's own hidden states, or on the converted model's (the inputs the layer sees once converted)
-REFINE_TARGETS = ("original", "layer")
+# original model's own hidden states, or on the converted model's (the inputs the layer sees once converted).
+# Measured on SmolLM2 MQA (dev texts, docs/convert-quality.md): `original` is better refined alone (licences
+# 3.21x vs 3.40x, fortunes 2.12x vs 2.19x, both at step 5e-3), `layer` before --distill-steps (2.70x vs 2.82x,
+# 1.84x vs 1.93x). Each target's Adam step (relative to each tensor's RMS): `original` starts further from its
+# target (the closed form fits the layer's), and larger steps were better up to LR_ORIGINAL (3e-3 / 5e-3 / 8e-3 /
+# 1.2e-2: licences 3.33x / 3.21x / 3.15x / 3.11x); `layer` keeps the step measured for it (kvtool/convert/aware/refine.py).
+LR_ORIGINAL = 1.2e-2
+REFINE_TARGETS = {"original": LR_ORIGINAL, "layer": 5e-3}
 # Adam step of --distill-steps, relative to each tensor's RMS (kvtool/convert/aware/distill.py)
 DISTILL_LR = 6e-4
 # RoPE pairs turning by less than this many radians over the served context merge as one real subspace
@@ -31,7 +37,7 @@ STATIC_ANGLE = 1.0
 DEFAULTS = {"calib_text": None, "calib_dataset": None, "calib_tokens": 4096, "refine_steps": 0,
             "grouping": "contiguous", "seq_len": None, "o_ridge": 2.0, "layerwise": True, "refine_holdout": 0,
             "cov_shrink": 0.0, "refine_reg": 0.0, "distill_steps": 0, "distill_lr": DISTILL_LR,
-            "static_angle": STATIC_ANGLE, "serve_context": None, "refine_target": "original"}
+            "static_angle": STATIC_ANGLE, "serve_context": None, "refine_target": None, "refine_lr": None}
 # Calibration sequence length when not given. Measured on SmolLM2 MQA (4096 tokens, 2047 held-out tokens in
 # windows of 1024): the closed-form merge is best on short sequences (more sequence starts: 3.43x at 256, 3.75x
 # at 512), refinement on long ones, whose attention spans what serving sees (64 steps: 2.17x at 256, 2.06x at
@@ -77,9 +83,13 @@ class AwareMerge(MergeMethod):
         if s["grouping"] not in GROUPINGS:
             raise UsageError(f"unknown grouping {s['grouping']!r}; choose from {', '.join(GROUPINGS)}",
                              option="grouping")
-        if s["refine_target"] not in REFINE_TARGETS:
+        if s["refine_target"] is None:
+            s["refine_target"] = "layer" if s["distill_steps"] else "original"
+        if not isinstance(s["refine_target"], str) or s["refine_target"] not in REFINE_TARGETS:
             raise UsageError(f"unknown refine_target {s['refine_target']!r}; choose from {', '.join(REFINE_TARGETS)}",
                              option="method_opt")
+        if s["refine_lr"] is None:
+            s["refine_lr"] = REFINE_TARGETS[s["refine_target"]]
         if s["seq_len"] is None:
             s["seq_len"] = SEQ_LEN_REFINE if s["refine_steps"] or s["distill_steps"] else SEQ_LEN_CLOSED_FORM
         for name, low in (("calib_tokens", 2), ("refine_steps", 0), ("seq_len", 2), ("distill_steps", 0)):
@@ -90,7 +100,8 @@ class AwareMerge(MergeMethod):
             raise UsageError(f"refine_holdout must be an integer >= 0, got {s['refine_holdout']!r}", option="method_opt")
         # --method-opt numbers: name, lowest value, whether the lowest is excluded, highest value
         for name, low, above, high in (("cov_shrink", 0, False, 1), ("refine_reg", 0, False, None),
-                                       ("distill_lr", 0, True, None), ("static_angle", 0, False, None)):
+                                       ("distill_lr", 0, True, None), ("static_angle", 0, False, None),
+                                       ("refine_lr", 0, True, None)):
             v = s[name]
             if (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
                     or v < low or (above and v == low) or (high is not None and v > high)):
@@ -158,7 +169,8 @@ class AwareMerge(MergeMethod):
                                      groups=job.target_groups, head_dim=spec.head_dim, grouping=s["grouping"],
                                      o_ridge=s["o_ridge"], refine_steps=s["refine_steps"],
                                      refine_holdout=s["refine_holdout"], cov_shrink=float(s["cov_shrink"]),
-                                     refine_reg=float(s["refine_reg"]), context=context,
+                                     refine_reg=float(s["refine_reg"]), refine_lr=float(s["refine_lr"]),
+                                     context=context,
                                      static_angle=float(s["static_angle"]))
             reports = {}
             distilled: dict = {}
@@ -205,7 +217,7 @@ class AwareMerge(MergeMethod):
             "calib_tokens": int(ids.numel()), "seq_len": int(ids.shape[1]), "refine_steps": s["refine_steps"],
             "grouping": s["grouping"], "o_ridge": s["o_ridge"], "cov_shrink": s["cov_shrink"],
             **({"refine_reg": s["refine_reg"]} if s["refine_reg"] else {}),
-            **({"refine_target": s["refine_target"]} if s["refine_steps"] else {}),
+            **({"refine_target": s["refine_target"], "refine_lr": s["refine_lr"]} if s["refine_steps"] else {}),
             **({"refine_holdout": s["refine_holdout"],
                 "refine_best_steps": [reports[k].best_step for k in sorted(reports)]} if s["refine_holdout"] else {}),
             "static_angle": s["static_angle"], "serve_context": context,

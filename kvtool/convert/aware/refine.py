@@ -21,8 +21,9 @@ def refine(inp: LayerInputs, start: Proj, target: torch.Tensor, *, num_heads: in
     on_step(): called after each optimizer step (progress).
 
     Each step uses `batch` calibration sequences in turn (cheap steps on CPU); the start is kept
-    if refinement made the full calibration loss worse. lr 5e-3 (relative to each tensor's RMS) was
-    best of 3e-3 / 5e-3 / 1e-2 / 2e-2-cosine on SmolLM2 MQA with 64 steps (1.95x / 1.89x / 1.94x / 2.21x).
+    if refinement made the full calibration loss worse. lr is relative to each tensor's RMS: 5e-3 was best
+    of 3e-3 / 5e-3 / 1e-2 / 2e-2-cosine on SmolLM2 MQA with 64 steps (1.95x / 1.89x / 1.94x / 2.21x) for the
+    layer's own target; the original stream's target takes larger steps (kvtool/convert/aware/method.py).
 
     holdout_every k > 1 (and at least k sequences): every k-th sequence is held out of the steps, its loss
     is measured every check_every steps, and the projections of the best check (the start included) are
