@@ -5,6 +5,12 @@ head (issue 6: "a trained MHA model halved to GQA"). Trains on kvtool.testing.te
 only, so the built-in evaluation text of `kvtool eval` stays held out.
 
     python bench/train_tiny_mha.py OUT --minutes 6 --threads 1
+    python bench/train_tiny_mha.py OUT --steps 251 --threads 1   # the same model on any machine
+
+With --minutes the schedule follows the clock, so two machines (or a busy one) train different models: two
+8-to-14-minute trainings of 251 and 255 steps merged at +3.0% and +2.0% (docs/convert-quality.md). --steps
+makes the schedule and the stopping point a step count: the same model for the same seed, torch build and
+thread count.
 """
 
 from __future__ import annotations
@@ -19,6 +25,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out", type=Path)
     ap.add_argument("--minutes", type=float, default=6.0, help="training time budget")
+    ap.add_argument("--steps", type=int, default=None,
+                    help="train exactly this many optimizer steps instead (the schedule follows steps, not --minutes)")
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--hidden", type=int, default=256)
@@ -29,6 +37,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
+    if args.steps is not None and args.steps < 1:
+        ap.error(f"--steps must be >= 1, got {args.steps}")
 
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
@@ -66,11 +76,16 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     step, last_print, ema = 0, 0.0, None
     gen = torch.Generator().manual_seed(args.seed)
-    while time.perf_counter() - start < budget:
-        # Warmup, then cosine decay over the (estimated) remaining time budget.
+    def done_share() -> float:  # the share of the budget spent: steps, or else the clock
+        if args.steps is not None:
+            return step / args.steps
+        return (time.perf_counter() - start) / budget
+
+    while done_share() < 1.0:
+        # Warmup, then cosine decay over the rest of the budget.
         elapsed = time.perf_counter() - start
         warm = min(1.0, (step + 1) / args.warmup)
-        decay = 0.5 * (1 + math.cos(math.pi * min(1.0, elapsed / budget)))
+        decay = 0.5 * (1 + math.cos(math.pi * min(1.0, done_share())))
         for g in opt.param_groups:
             g["lr"] = args.lr * warm * max(0.05, decay)
         batch = data[torch.randint(0, n_seq, (args.batch,), generator=gen)].to(device)

@@ -102,8 +102,9 @@ def merge_layer(inp: LayerInputs, src: Proj, s: MergeSettings,
                                            inp.sliding_window, inp.softcap), src, H, hd)
         target = o_target if src.o_bias is None else o_target + src.o_bias
         stats: dict = {}
-        new, _, _ = refine(x32, new, target.to(torch.float32), num_heads=H, head_dim=hd, steps=s.refine_steps, lr=s.refine_lr,
-                           holdout_every=s.refine_holdout, on_step=on_step, stats=stats, reg=s.refine_reg)
+        new, _, _ = refine(x32, new, target.to(torch.float32), num_heads=H, head_dim=hd, steps=s.refine_steps,
+                           lr=s.refine_lr, holdout_every=s.refine_holdout, on_step=on_step, stats=stats,
+                           reg=s.refine_reg)
         best_step = stats.get("best_step")
         new = new.to(torch.float64)
         # refinement moved q/k/v: re-solve o_proj on all calibration tokens for the new contexts

@@ -24,7 +24,8 @@ GROUPINGS = ("contiguous", "similarity")
 # 3.21x vs 3.40x, fortunes 2.12x vs 2.19x, both at step 5e-3), `layer` before --distill-steps (2.70x vs 2.82x,
 # 1.84x vs 1.93x). Each target's Adam step (relative to each tensor's RMS): `original` starts further from its
 # target (the closed form fits the layer's), and larger steps were better up to LR_ORIGINAL (3e-3 / 5e-3 / 8e-3 /
-# 1.2e-2: licences 3.33x / 3.21x / 3.15x / 3.11x); `layer` keeps the step measured for it (kvtool/convert/aware/refine.py).
+# 1.2e-2: licences 3.33x / 3.21x / 3.15x / 3.11x; 2e-2: 3.24x); `layer` keeps the step measured for it
+# (kvtool/convert/aware/refine.py).
 LR_ORIGINAL = 1.2e-2
 REFINE_TARGETS = {"original": LR_ORIGINAL, "layer": 5e-3}
 # Adam step of --distill-steps, relative to each tensor's RMS (kvtool/convert/aware/distill.py)
