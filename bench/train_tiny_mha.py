@@ -5,12 +5,12 @@ head (issue 6: "a trained MHA model halved to GQA"). Trains on kvtool.testing.te
 only, so the built-in evaluation text of `kvtool eval` stays held out.
 
     python bench/train_tiny_mha.py OUT --minutes 6 --threads 1
-    python bench/train_tiny_mha.py OUT --steps 251 --threads 1   # the same model on any machine
+    python bench/train_tiny_mha.py OUT --steps 251 --threads 1   # the same model, however busy the machine
 
 With --minutes the schedule follows the clock, so two machines (or a busy one) train different models: two
 8-to-14-minute trainings of 251 and 255 steps merged at +3.0% and +2.0% (docs/convert-quality.md). --steps
-makes the schedule and the stopping point a step count: the same model for the same seed, torch build and
-thread count.
+makes the schedule and the stopping point a step count: the same model for the same seed, torch build, kind
+of CPU and thread count, however busy the machine.
 """
 
 from __future__ import annotations
