@@ -97,7 +97,8 @@ def run_layerwise(lm: "LayerwiseModel", ids: torch.Tensor, layer_fn: LayerFn, nu
                     def grab(mod, args, kwargs):  # the original layer's attention input
                         seen["x_orig"] = _attention_input(mod, args, kwargs)[0].detach()
 
-                    with _pre_hook(module, grab) if module is not None else contextlib.nullcontext():
+                    hooked = target_original and module is not None
+                    with _pre_hook(module, grab) if hooked else contextlib.nullcontext():
                         h_orig = run_layer(layer, h_orig, calls[i])  # before the pre-hook below merges it
 
                 def merge(mod, args, kwargs):
@@ -114,7 +115,7 @@ def run_layerwise(lm: "LayerwiseModel", ids: torch.Tensor, layer_fn: LayerFn, nu
                         cos, sin, src = cos[..., rot], sin[..., rot], reorder_qk(src, order, lay.head_dim)
                     inp = LayerInputs(x.detach(), cos.detach(), sin.detach(), attention_scale(mod),
                                       getattr(mod, "sliding_window", None), softcap,
-                                      seen.pop("x_orig", None) if target_original else None)
+                                      seen.pop("x_orig", None))
                     new = layer_fn(i, inp, src)
                     release_free_memory()  # the merge's temporaries (see kvtool.runtime.layerwise)
                     if order is not None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import torch
@@ -98,8 +98,7 @@ def merge_layer(inp: LayerInputs, src: Proj, s: MergeSettings,
         if inp.x_target is not None:
             # the original model's own output at this layer: refinement then also corrects what the merged layers
             # before this one left in its inputs (the closed form keeps o_target: measured worse with this one)
-            o_target = _output(LayerInputs(inp.x_target.to(torch.float32), x32.cos, x32.sin, inp.scaling,
-                                           inp.sliding_window, inp.softcap), src, H, hd)
+            o_target = _output(replace(x32, x=inp.x_target.to(torch.float32)), src, H, hd)
         target = o_target if src.o_bias is None else o_target + src.o_bias
         stats: dict = {}
         new, _, _ = refine(x32, new, target.to(torch.float32), num_heads=H, head_dim=hd, steps=s.refine_steps,
