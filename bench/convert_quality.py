@@ -6,7 +6,7 @@ default calibration (the evaluation part of kvtool's built-in pydoc text) and En
 (`bench/other_texts.py`: Austen's *Persuasion* by default, never used for calibration or tuning; the licence
 texts, `--other licenses` and `--other fortunes`, were the dev texts of issue 17), and conversion wall and CPU seconds.
 
-    python bench/convert_quality.py [--calib-tokens 4096] [--refine-steps 64] [--distill-steps 48] \
+    python bench/convert_quality.py [--calib-tokens N] [--refine-steps 64] [--distill-steps 48] \
         [--eval-tokens 4096] [--calib-dataset NAME] [--other persuasion|licenses|fortunes|luke|FILE] [--gqa-only]
 
 Cases: SmolLM2-135M 3 -> 1 KV heads (MQA); SmolLM2 expanded to MHA (9 KV heads, exact) and merged
@@ -45,7 +45,7 @@ def convert(src: Path, dst: Path, to_kv: int, method: str, extra: list[str]) -> 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--calib-tokens", type=int, default=4096)
+    ap.add_argument("--calib-tokens", type=int, default=None, help="default: kvtool's (4096; 16384 when refining)")
     ap.add_argument("--refine-steps", type=int, default=64)
     ap.add_argument("--distill-steps", type=int, default=0,
                     help="also a row with refinement and this many --distill-steps (0: none)")
@@ -64,7 +64,7 @@ def main() -> int:
     texts = {"same source": None, "other genre": [other.read_text(encoding="utf-8")]}
     src = smollm2_dir()
     mha = work / "smollm2-mha"
-    calib = ["--calib-tokens", str(a.calib_tokens)]
+    calib = ["--calib-tokens", str(a.calib_tokens)] if a.calib_tokens else []
     if a.calib_dataset:
         calib += ["--calib-dataset", a.calib_dataset]
     methods = [("mean", "mean", []), ("aware", "aware", calib)]
@@ -94,7 +94,7 @@ def main() -> int:
     same, oth = base["same source"], base["other genre"]
     print(f"\nsame source: {same.tokens} tokens of {same.text}, original PPL {same.baseline_ppl:.3f}; other genre: "
           f"{oth.tokens} tokens of {other.name}, original PPL {oth.baseline_ppl:.3f}; windows of {a.window}; "
-          f"calibration: {a.calib_tokens} tokens of {a.calib_dataset or 'the default'}; device {same.device}\n")
+          f"calibration: {a.calib_tokens or 'the default number of'} tokens of {a.calib_dataset or 'the default'}; device {same.device}\n")
     print("| model | KV heads after | method | same source: PPL ratio | KLD | top-1 | other genre: PPL ratio | KLD | "
           "top-1 | convert wall s | convert CPU s |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")

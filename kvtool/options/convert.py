@@ -50,7 +50,8 @@ class ConvertOptions:
     calib_text: str | None = option(None, recipe="calibration.text", schema=TEXT_FILES,
                                     help="--method aware: calibration text file (instead of --calib-dataset).")
     calib_tokens: int | None = option(None, recipe="calibration.tokens", minimum=1,
-                                      help="--method aware: calibration tokens (4096).")
+                                      help="--method aware: calibration tokens (4096; 16384 with --refine-steps and "
+                                           "no --distill-steps).")
     refine_steps: int | None = option(None, minimum=0,
                                       help="--method aware: optimizer steps per layer after the merge (0).")
     distill_steps: int | None = option(None, minimum=0,

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from kvtool.cli import main
-from kvtool.convert.aware.method import REFINE_TARGETS, SEQ_LEN_CLOSED_FORM, SEQ_LEN_REFINE, AwareMerge
+from kvtool.convert.aware.method import (CALIB_TOKENS, CALIB_TOKENS_REFINE, REFINE_TARGETS, SEQ_LEN_CLOSED_FORM,
+                                        SEQ_LEN_REFINE, AwareMerge)
 from kvtool.errors import UsageError
 
 
@@ -17,6 +18,17 @@ def test_sequence_length_follows_refinement_unless_given():
     assert AwareMerge(seq_len=64).settings["seq_len"] == 64
     assert AwareMerge(distill_steps=4).settings["seq_len"] == SEQ_LEN_REFINE  # distillation wants long sequences
     assert SEQ_LEN_REFINE > SEQ_LEN_CLOSED_FORM
+
+
+def test_calibration_tokens_follow_refinement_unless_given():
+    """Refinement alone takes more calibration tokens (measured on the dev texts); distillation keeps the
+    training-free count, with or without refinement."""
+    assert AwareMerge().settings["calib_tokens"] == CALIB_TOKENS
+    assert AwareMerge(refine_steps=8).settings["calib_tokens"] == CALIB_TOKENS_REFINE
+    assert AwareMerge(refine_steps=8, distill_steps=4).settings["calib_tokens"] == CALIB_TOKENS
+    assert AwareMerge(distill_steps=4).settings["calib_tokens"] == CALIB_TOKENS
+    assert AwareMerge(refine_steps=8, calib_tokens=512).settings["calib_tokens"] == 512
+    assert CALIB_TOKENS_REFINE > CALIB_TOKENS
 
 
 def test_refinement_target_follows_distillation_unless_given():
@@ -119,7 +131,7 @@ def test_the_plan_says_what_the_calibration_will_be():
     assert AwareMerge().summary() == ("calibrated merge on 4096 tokens of mixed (pydoc + devil + jargon) in sequences "
                                       "of 256, training-free")
     assert AwareMerge(calib_dataset="pydoc", refine_steps=8).summary() == (
-        "calibrated merge on 4096 tokens of pydoc in sequences of 1024, 8 refinement steps per layer")
+        "calibrated merge on 16384 tokens of pydoc in sequences of 1024, 8 refinement steps per layer")
     assert AwareMerge(refine_steps=64, distill_steps=32).summary().endswith(
         "sequences of 1024, 64 refinement steps per layer, 32 distillation steps")
     assert "of notes.txt in sequences" in AwareMerge(calib_text="notes.txt", calib_tokens=512).summary()

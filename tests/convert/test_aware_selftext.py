@@ -76,8 +76,9 @@ def test_sources_get_equal_shares_of_whole_sequences(tiny):
     text = calibration_text()
     ids = calibration_batch(tok, [Source(text, "pydoc"), Source(None, "self")], 5 * 16 + 3, 16, write)
     assert ids.shape == (5, 16) and asked == [(2, 16)]  # 5 rows: the first source gets the remainder
-    assert torch.equal(ids[:3], calibration_ids(tok, text, 3 * 16, 16, "pydoc"))
-    assert (ids[3:] == 7).all()
+    # interleaved: pydoc, self, pydoc, self, pydoc
+    assert torch.equal(ids[[0, 2, 4]], calibration_ids(tok, text, 3 * 16, 16, "pydoc"))
+    assert (ids[[1, 3]] == 7).all()
     only_text = calibration_batch(tok, [Source(text, "pydoc")], 64, 16, write)
     assert torch.equal(only_text, calibration_ids(tok, text, 64, 16, "pydoc")) and len(asked) == 1
 
@@ -93,6 +94,14 @@ def test_convert_with_self_written_calibration(tiny, tmp_path):
     assert details["calib_tokens"] == 64 and details["self_written"]["rows"] == 2
     assert details["self_written"]["sampling"] == vars(Sampling())
     assert "written by the model" in details["calib_text"] and "pydoc" in details["calib_text"]
+
+
+def test_sources_take_turns():
+    from kvtool.convert.aware.calibration import interleave
+
+    a, b, c = (torch.full((n, 2), v) for n, v in ((3, 1), (1, 2), (2, 3)))
+    assert interleave([a, b, c])[:, 0].tolist() == [1, 2, 3, 1, 3, 1]
+    assert torch.equal(interleave([a]), a)
 
 
 def test_shares_of_a_mix_and_who_gets_none():

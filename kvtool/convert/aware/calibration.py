@@ -162,8 +162,9 @@ def calibration_shares(k: int, tokens: int, seq_len: int) -> list[int]:
 
 def calibration_batch(tokenizer, sources: list[Source], tokens: int, seq_len: int,
                       write: Callable[[int, int], torch.Tensor]) -> torch.Tensor:
-    """[n, seq_len] ids, the sources in equal shares of whole sequences (the first ones get the remainder).
-    A text source gives its first tokens (calibration_ids); write(rows, seq_len) the model-written ones."""
+    """[n, seq_len] ids, the sources in equal shares of whole sequences (the first ones get the remainder),
+    interleaved (`interleave`). A text source gives its first tokens (calibration_ids); write(rows, seq_len) the
+    model-written ones."""
     seq_len = min(seq_len, tokens)
     parts = []
     for src, n in zip(sources, calibration_shares(len(sources), tokens, seq_len)):
@@ -173,7 +174,18 @@ def calibration_batch(tokenizer, sources: list[Source], tokens: int, seq_len: in
             parts.append(write(n, seq_len))
         else:
             parts.append(calibration_ids(tokenizer, src.text, n * seq_len, seq_len, src.label))
-    return torch.cat(parts)
+    return interleave(parts)
+
+
+def interleave(parts: list[torch.Tensor]) -> torch.Tensor:
+    """The rows of parts [n_i, T] in turn, one of each part while it has rows left (a, b, c, a, b, ...).
+
+    Refinement and distillation step through the sequences in order: in blocks of one source, a run of steps
+    fits one genre. Measured on SmolLM2 MQA with 64 refinement steps on 16384 tokens (docs/convert-quality.md):
+    licences 2.73x / fortunes 1.84x interleaved, 3.63x / 2.25x in blocks. Covariances and least-squares fits do
+    not depend on the order, so the closed-form merge does not change."""
+    rows = [p[i] for i in range(max((len(p) for p in parts), default=0)) for p in parts if i < len(p)]
+    return torch.stack(rows)
 
 
 def read_text(path: str | Path | None, dataset: str | None = None) -> tuple[str, str]:

@@ -35,7 +35,7 @@ DISTILL_LR = 6e-4
 # pairs) beat 1 (6) training-free in 1024- and 8192-token windows, but refined conversions did worse with it in
 # 8192-token windows (licences 3.97x vs 3.56x); 1 is better than no static pairs everywhere measured.
 STATIC_ANGLE = 1.0
-DEFAULTS = {"calib_text": None, "calib_dataset": None, "calib_tokens": 4096, "refine_steps": 0,
+DEFAULTS = {"calib_text": None, "calib_dataset": None, "calib_tokens": None, "refine_steps": 0,
             "grouping": "contiguous", "seq_len": None, "o_ridge": 2.0, "layerwise": True, "refine_holdout": 0,
             "cov_shrink": 0.0, "refine_reg": 0.0, "distill_steps": 0, "distill_lr": DISTILL_LR,
             "static_angle": STATIC_ANGLE, "serve_context": None, "refine_target": None, "refine_lr": None}
@@ -44,6 +44,11 @@ DEFAULTS = {"calib_text": None, "calib_dataset": None, "calib_tokens": 4096, "re
 # at 512), refinement on long ones, whose attention spans what serving sees (64 steps: 2.17x at 256, 2.06x at
 # 512, 1.93x at 1024).
 SEQ_LEN_CLOSED_FORM, SEQ_LEN_REFINE = 256, 1024
+# Calibration tokens when not given. --refine-steps alone takes more (its steps visit the sequences in turn, the
+# sources interleaved): measured on SmolLM2 MQA with 64 steps (dev texts, docs/convert-quality.md), 4096 / 8192 /
+# 16384 tokens gave licences 3.11x / 2.98x / 2.73x and fortunes 2.09x / 1.90x / 1.84x, for 1.5x the calibration
+# time at 16384. --distill-steps keeps 4096 (not measured with more).
+CALIB_TOKENS, CALIB_TOKENS_REFINE = 4096, 16384
 
 
 def unsupported_reason(job: "MergeJob") -> str | None:
@@ -91,6 +96,8 @@ class AwareMerge(MergeMethod):
                              option="method_opt")
         if s["refine_lr"] is None:
             s["refine_lr"] = REFINE_TARGETS[s["refine_target"]]
+        if s["calib_tokens"] is None:
+            s["calib_tokens"] = CALIB_TOKENS_REFINE if s["refine_steps"] and not s["distill_steps"] else CALIB_TOKENS
         if s["seq_len"] is None:
             s["seq_len"] = SEQ_LEN_REFINE if s["refine_steps"] or s["distill_steps"] else SEQ_LEN_CLOSED_FORM
         for name, low in (("calib_tokens", 2), ("refine_steps", 0), ("seq_len", 2), ("distill_steps", 0)):
