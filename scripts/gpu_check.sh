@@ -136,11 +136,12 @@ if [ "${KVTOOL_GPU_CHECK_BENCH:-1}" != "0" ]; then
     || echo "gpu_check: bench (batched) failed (rc=$?; 124: timed out)" >&2
   smol=$($PY -c "from kvtool.testing.fixtures import smollm2_dir; print(smollm2_dir())" 2>/dev/null)
   if [ -n "$smol" ]; then
-    # calibration runs on the GPU (one decoder layer at a time); CPU reference: 1.93x in ~200-280 s on 2 cores
+    # calibration runs on the GPU (one decoder layer at a time); CPU reference: 1.93x in ~200-280 s on 2 cores, on
+    # 4096 calibration tokens (pinned: with refinement the default is now 16384)
     stamp "convert --method aware --refine-steps $REFINE on $DEVICE (SmolLM2 -> MQA)"
     t0=$(date +%s)
     timeout 300 $PY -m kvtool convert "$smol" /tmp/kvtool-gpu-aware --to mqa --method aware --refine-steps "$REFINE" \
-      --eval --eval-tokens "$EVT" --force --no-progress || rc=$((rc ? rc : $?))
+      --calib-tokens 4096 --eval --eval-tokens "$EVT" --force --no-progress || rc=$((rc ? rc : $?))
     stamp "convert took $(( $(date +%s) - t0 )) s"
     stamp "quantize-kv on $DEVICE (SmolLM2)"
     t0=$(date +%s)
