@@ -46,7 +46,7 @@ DEFAULTS = {"calib_text": None, "calib_dataset": None, "calib_tokens": None, "re
 SEQ_LEN_CLOSED_FORM, SEQ_LEN_REFINE = 256, 1024
 # Calibration tokens when not given. --refine-steps alone takes more (its steps visit the sequences in turn, the
 # sources interleaved): measured on SmolLM2 MQA with 64 steps (dev texts, docs/convert-quality.md), 4096 / 8192 /
-# 16384 tokens gave licences 3.11x / 2.98x / 2.73x and fortunes 2.09x / 1.90x / 1.84x, for 1.5x the calibration
+# 16384 tokens gave licences 3.11x / 2.98x / 2.73x and fortunes 2.09x / 1.90x / 1.84x, for 1.7x the calibration
 # time at 16384. --distill-steps keeps 4096 (not measured with more).
 CALIB_TOKENS, CALIB_TOKENS_REFINE = 4096, 16384
 
