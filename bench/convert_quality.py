@@ -94,7 +94,8 @@ def main() -> int:
     same, oth = base["same source"], base["other genre"]
     print(f"\nsame source: {same.tokens} tokens of {same.text}, original PPL {same.baseline_ppl:.3f}; other genre: "
           f"{oth.tokens} tokens of {other.name}, original PPL {oth.baseline_ppl:.3f}; windows of {a.window}; "
-          f"calibration: {a.calib_tokens or 'the default number of'} tokens of {a.calib_dataset or 'the default'}; device {same.device}\n")
+          f"calibration: {a.calib_tokens or 'the default number of'} tokens of {a.calib_dataset or 'the default'}; "
+          f"device {same.device}\n")
     print("| model | KV heads after | method | same source: PPL ratio | KLD | top-1 | other genre: PPL ratio | KLD | "
           "top-1 | convert wall s | convert CPU s |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
