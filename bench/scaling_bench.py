@@ -67,8 +67,9 @@ def command(op: str, src: Path, out: Path, s: dict) -> list[str]:
     if op.startswith("aware"):
         return kv + ["convert", str(src), str(out), "--to", "gqa", "--groups", str(s["groups"]), "--method", "aware",
                      "--refine-steps", op[-1], *calib, "--no-eval", "--no-progress",
-                     # the original stream that refinement fits by default has its own term in kvtool.model.costs
-                     "--method-opt", "refine_target=layer"]
+                     # the original stream that refinement fits by default, and the error grouping, have their own
+                     # terms in kvtool.model.costs
+                     "--method-opt", "refine_target=layer", "--grouping", "contiguous"]
     if op == "quantize":
         return kv + ["quantize-kv", str(src), str(out), "--no-eval", "--device", "cpu", *calib, "--no-progress"]
     if op == "eval":
@@ -327,6 +328,7 @@ def _dur(s: float) -> str:
 
 def report(results: dict) -> str:
     """The measured table and the projections (kvtool.model.costs with costs.json) as markdown."""
+    from kvtool.convert.aware.partition import attention_passes, measured_tokens
     from kvtool.model import costs
     from kvtool.units import fmt_bytes
 
@@ -356,8 +358,14 @@ def report(results: dict) -> str:
             "| --- | --- | ---: | ---: | ---: | ---: |"]
     for m, spec in FULL.items():
         sh = _full_shape(spec)
+        kv = spec["kv"]
+        grouping = {"grouping_passes": attention_passes(kv, kv // 2), "grouping_tokens": measured_tokens(4096, 256),
+                    "grouping_heads": kv}
         rows = [("convert --method mean", costs.convert_mean(sh)),
-                ("convert --method aware (4096 tokens)", costs.convert_aware(sh, 4096, 256)),
+                ("convert --method aware (4096 tokens; to MQA, or `--grouping contiguous`)",
+                 costs.convert_aware(sh, 4096, 256)),
+                (f"aware {kv} -> {kv // 2} KV heads (`--grouping error`)",
+                 costs.convert_aware(sh, 4096, 256, **grouping)),
                 ("aware, --refine-steps 64 (seq 1024)", costs.convert_aware(sh, 4096, 1024, 64, original_stream=True)),
                 ("quantize-kv --no-eval (2048 tokens)", costs.quantize_kv(sh, 2048)),
                 ("eval, 1k tokens", costs.evaluate(sh, 1000))]

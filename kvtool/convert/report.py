@@ -36,8 +36,13 @@ def estimate(plan, method_obj=None, eval_tokens: int | None = None):
     if plan.direction != "pool" or plan.method == "mean":
         est = costs.convert_mean(shape)
     elif plan.method == "aware":
+        from kvtool.convert.aware.partition import attention_passes, measured_tokens
+
+        passes = attention_passes(plan.from_kv, plan.to_kv) if settings["grouping"] == "error" else 0.0
         est = costs.convert_aware(shape, settings["calib_tokens"], settings["seq_len"], settings["refine_steps"],
-                                   settings["distill_steps"], getattr(method_obj, "original_stream", False))
+                                   settings["distill_steps"], getattr(method_obj, "original_stream", False), passes,
+                                   measured_tokens(settings["calib_tokens"], settings["seq_len"]) if passes else 0,
+                                   plan.from_kv if passes else 0)
     else:
         return None
     if eval_tokens:  # source and output

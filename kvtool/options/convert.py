@@ -7,7 +7,7 @@ from kvtool.progress import FLAG_HELP
 
 TARGETS = ("gqa", "mqa", "mha")
 DTYPES = ("keep", "bf16", "fp16", "fp32")
-GROUPINGS = ("contiguous", "similarity")
+GROUPINGS = ("error", "contiguous", "similarity")
 TEXT_FILES = {"$ref": "#/$defs/text_files"}  # one path or a list, relative to the recipe
 # the aware method's own options: any other method refuses them by name (kvtool.convert.methods)
 AWARE_FIELDS = ("calib_text", "calib_dataset", "calib_tokens", "refine_steps", "distill_steps", "seq_len", "grouping",
@@ -60,7 +60,8 @@ class ConvertOptions:
                                  help="--method aware: tokens per calibration sequence (256; 1024 with --refine-steps or "
                                       "--distill-steps).")
     grouping: str | None = option(None, choices=GROUPINGS,
-                                  help="--method aware: contiguous | similarity (which KV heads share a group).")
+                                  help="--method aware: error (the default: the groups whose measured merge error is lowest) | "
+                                       "contiguous | similarity (which KV heads share a group).")
     serve_context: int | None = option(None, minimum=2,
                                        help="--method aware: the longest context the result will serve, in tokens "
                                             "(the config's max_position_embeddings); shorter merges better within it.")

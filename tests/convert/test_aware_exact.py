@@ -53,7 +53,8 @@ def test_duplicated_heads_merge_back_exactly(tmp_path, tokenizer_dir, model_type
     assert json.dumps(prov).count("aware") >= 1
 
 
-def test_similarity_grouping_finds_scattered_duplicates(tmp_path, tokenizer_dir):
+@pytest.mark.parametrize("grouping", [None, "similarity"])  # None: the default, error
+def test_grouping_finds_scattered_duplicates(tmp_path, tokenizer_dir, grouping):
     src = tiny_model(tmp_path / "gqa", "llama", tokenizer_dir)
     assert convert(src, tmp_path / "mha", "--to", "mha") == 0
     _permute_mha_heads(tmp_path / "mha", [0, 2, 1, 3])  # KV heads now [k0, k1, k0, k1]
@@ -61,10 +62,13 @@ def test_similarity_grouping_finds_scattered_duplicates(tmp_path, tokenizer_dir)
     mha, _ = logits(tmp_path / "mha", IDS)
     torch.testing.assert_close(mha, want, rtol=1e-4, atol=1e-4)  # the permutation itself is exact
     common = ["--to", "gqa", "--groups", "2", "--method", "aware", "--calib-tokens", "256"]
-    assert convert(tmp_path / "mha", tmp_path / "sim", *common, "--grouping", "similarity") == 0
-    assert convert(tmp_path / "mha", tmp_path / "contig", *common) == 0
-    got, _ = logits(tmp_path / "sim", IDS)
+    assert convert(tmp_path / "mha", tmp_path / "found", *common, *(["--grouping", grouping] if grouping else [])) == 0
+    assert convert(tmp_path / "mha", tmp_path / "contig", *common, "--grouping", "contiguous") == 0
+    got, _ = logits(tmp_path / "found", IDS)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    details = json.loads((tmp_path / "found" / "kvtool.json").read_text())["method_details"]
+    assert details["grouping"] == (grouping or "error")
+    assert set(map(tuple, details["kv_order"].values())) == {(0, 2, 1, 3)}  # every layer, the duplicates paired
     contig, _ = logits(tmp_path / "contig", IDS)
     assert (contig - want).abs().max() > 1e-2  # contiguous groups pair different heads: not exact
 
@@ -94,4 +98,4 @@ def test_calibration_options_are_refused_by_mean(tmp_path, capsys):
 def test_bad_grouping_is_a_usage_error(tmp_path, capsys):
     src = ct.build("llama", tmp_path / "l", kv_heads=2)
     rc = convert(src, tmp_path / "out", "--to", "mqa", "--method", "aware", "--grouping", "random")
-    assert rc == 2 and "contiguous, similarity" in capsys.readouterr().err
+    assert rc == 2 and "error, contiguous, similarity" in capsys.readouterr().err

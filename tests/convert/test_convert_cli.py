@@ -185,6 +185,25 @@ def test_provenance_in_metadata_and_kvtool_json(tmp_path):
     assert prov2["source_provenance"]["source_hash"] == prov["source_hash"]
 
 
+
+def test_dry_run_estimate_counts_the_error_grouping(tmp_path, capsys):
+    """--grouping error (the aware default) measures candidate groups: the plan's estimate counts their passes."""
+    from kvtool.convert.aware.partition import attention_passes
+    from kvtool.model import costs
+
+    src = llama(tmp_path / "src", hd=64)
+    shape = costs.for_checkpoint(src)
+    grouped = {"grouping_passes": attention_passes(8, 4), "grouping_tokens": 1024, "grouping_heads": 8}
+    lines = {costs.convert_aware(shape, 4096, 256, **g).line() for g in ({}, grouped)}
+    assert len(lines) == 2  # the grouping shows in the line at this size
+    for extra, to, g in (([], ["--to", "gqa", "--groups", "4"], grouped),
+                         (["--grouping", "contiguous"], ["--to", "gqa", "--groups", "4"], {}),
+                         ([], ["--to", "mqa"], {})):
+        assert run(src, tmp_path / "out", *to, "--method", "aware", *extra, "--dry-run") == 0
+        est = costs.convert_aware(shape, 4096, 256, **g)
+        assert f"  estimate     {est.line()}\n" in capsys.readouterr().out
+    assert not (tmp_path / "out").exists()
+
 def test_dry_run_prints_the_plan_and_writes_nothing(tmp_path, capsys):
     src = llama(tmp_path / "src")
     before = checksums(src)

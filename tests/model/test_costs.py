@@ -112,3 +112,19 @@ def test_the_line_names_memory_time_and_where_the_model_comes_from():
     line = costs.Estimate(3 * 2**30, 150).line()
     assert line == "~3.00 GiB peak memory, ~2 min of one CPU core; measured cost model, docs/scaling.md"
     assert costs.Estimate(2**20, 12, disk_bound=True).line().startswith("~1.00 MiB peak memory, ~12 s at the measured")
+
+
+def test_the_error_grouping_by_hand():
+    """`--grouping error` runs the original attention once and each candidate group's merged heads: 8 KV heads in
+    pairs measure all 28 pairs, each 2 of 8 heads, so 1 + 28 * 2 / 8 = 8 layer attention passes over the 1024
+    tokens measured, and keeps each KV head's share of the output over them."""
+    from kvtool.convert.aware.partition import attention_passes, measured_tokens
+
+    a = C["convert_aware"]
+    assert attention_passes(8, 4) == 8 and attention_passes(8, 1) == attention_passes(8, 8) == 0
+    assert measured_tokens(4096, 256) == 1024
+    plain = costs.convert_aware(S8B, 4096, 256)
+    grouped = costs.convert_aware(S8B, 4096, 256, grouping_passes=8, grouping_tokens=1024, grouping_heads=8)
+    assert grouped.cpu_seconds - plain.cpu_seconds == pytest.approx(32 * 8 * S8B.attn_params * 1024
+                                                                    * a["s_per_param_token"])
+    assert grouped.peak_bytes - plain.peak_bytes == 4 * 8 * 1024 * S8B.hidden

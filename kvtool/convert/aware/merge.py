@@ -8,9 +8,10 @@ from typing import Callable
 import torch
 
 from kvtool.convert.aware.attention import LayerInputs, Proj, head_contexts
-from kvtool.convert.aware.grouping import head_similarity, kv_order, permute_heads, similarity_groups
+from kvtool.convert.aware.grouping import GroupCost, head_similarity, kv_order, permute_heads, similarity_groups
 from kvtool.convert.aware.keys import merge_keys, pair_angles, static_pairs
 from kvtool.convert.aware.linalg import augment, augmented_covariance, shrink_covariance
+from kvtool.convert.aware.partition import best_partition
 from kvtool.convert.aware.refine import refine
 from kvtool.convert.aware.values import merge_values, refit_o
 
@@ -21,7 +22,7 @@ class MergeSettings:
     num_kv_heads: int
     groups: int
     head_dim: int
-    grouping: str = "contiguous"  # contiguous | similarity
+    grouping: str = "error"  # error | contiguous | similarity (grouping.py)
     o_ridge: float | None = 2.0  # None: keep the folded o_proj (no least-squares refit)
     refine_steps: int = 0
     refine_holdout: int = 0  # > 1: every k-th calibration sequence picks the refinement step (refine.refine)
@@ -56,10 +57,11 @@ def _output(inp: LayerInputs, p: Proj, num_heads: int, head_dim: int) -> torch.T
     return head_contexts(inp, p.to(torch.float32), num_heads, head_dim).to(torch.float64) @ p.o.T
 
 
-def merge_layer(inp: LayerInputs, src: Proj, s: MergeSettings,
-                on_step: Callable[[], None] | None = None) -> tuple[Proj, LayerReport]:
+def merge_layer(inp: LayerInputs, src: Proj, s: MergeSettings, on_step: Callable[[], None] | None = None,
+                on_note: Callable[[str], None] | None = None) -> tuple[Proj, LayerReport]:
     """Merge src (num_kv_heads KV heads) into s.groups KV heads; returns float32 projections.
-    on_step(): called once after the closed-form merge and once per refinement step (progress)."""
+    on_step(): called once after the closed-form merge and once per refinement step; on_note(text): what the
+    merge is doing before that (progress)."""
     H, KV, G, hd = s.num_heads, s.num_kv_heads, s.groups, s.head_dim
     src = src.to(torch.float64)
     # Attention passes run in float32 (they dominate the time); the solves run in float64.
@@ -74,10 +76,15 @@ def merge_layer(inp: LayerInputs, src: Proj, s: MergeSettings,
         static = static_pairs(angles, horizon, s.static_angle)
     o_target = _output(x32, src, H, hd)  # the original layer on this layer's inputs, without the o bias
     order = list(range(KV))
-    if s.grouping == "similarity" and 1 < G < KV:
+    if s.grouping == "error" and 1 < G < KV:
+        cost = GroupCost(x32, src, cov, num_heads=H, num_kv_heads=KV, head_dim=hd, static=static, angles=angles)
+        note = None if on_note is None else (lambda k: on_note(f"grouping, {k} candidate groups merged"))
+        order = kv_order(best_partition(cost, KV, G, on_eval=note))
+    elif s.grouping == "similarity" and 1 < G < KV:
         sim = head_similarity(augment(src.q, src.q_bias), augment(src.k, src.k_bias), augment(src.v, src.v_bias),
                               src.o, cov, num_heads=H, num_kv_heads=KV, head_dim=hd, rotary_dim=rotary)
         order = kv_order(similarity_groups(sim, G))
+    if order != sorted(order):
         src = permute_heads(src, order, num_heads=H, head_dim=hd)
     wq, wk = merge_keys(augment(src.q, src.q_bias), augment(src.k, src.k_bias), cov, num_heads=H, num_kv_heads=KV,
                         groups=G, head_dim=hd, rotary_dim=rotary, static=static, angles=angles)
