@@ -19,10 +19,8 @@ from dataclasses import replace
 import torch
 
 from kvtool.convert.aware.attention import LayerInputs, Proj, head_contexts
-from kvtool.convert.aware.keys import merge_keys
-from kvtool.convert.aware.linalg import augment
+from kvtool.convert.aware.closed_form import merge_heads
 from kvtool.convert.aware.partition import GROUPING_TOKENS, measured_tokens
-from kvtool.convert.aware.values import merge_values
 
 
 def head_similarity(wq: torch.Tensor, wk: torch.Tensor, wv: torch.Tensor, o: torch.Tensor, cov: torch.Tensor, *,
@@ -103,9 +101,9 @@ def permute_heads(p: Proj, order: list[int], *, num_heads: int, head_dim: int,
 class GroupCost:
     """What a group of KV heads costs the layer: the mean squared attention-output error (summed over the hidden
     dims) of merging those heads alone into one head, keys (static pairs as the layer's merge has them:
-    keys.merge_keys) and values in closed form, before the o refit, on the first calibration sequences
-    (partition.GROUPING_TOKENS).
-    Without the static pairs the choice was worse on the tiny MHA model (KLD 0.0053 against 0.0037).
+    keys.merge_keys) and values in closed form (closed_form.merge_heads), before the o refit, on the first
+    calibration sequences (partition.GROUPING_TOKENS). Without the static pairs the choice was worse on the tiny
+    MHA model (KLD 0.0053 against 0.0037).
 
     Each KV head's share of the original output (its query heads' contexts through their o columns) is computed
     once; a call merges the group and runs the attention of its heads only."""
@@ -134,17 +132,8 @@ class GroupCost:
         h = self.num_heads // self.num_kv_heads * m
         sub = permute_heads(self.src, list(heads), num_heads=self.num_heads, head_dim=hd,
                             num_kv_heads=self.num_kv_heads)
-        wq, wk = merge_keys(augment(sub.q, sub.q_bias), augment(sub.k, sub.k_bias), self.cov, num_heads=h,
-                            num_kv_heads=m, groups=1, head_dim=hd, rotary_dim=self.inp.cos.shape[-1],
-                            static=self.static, angles=self.angles)
-        wv, o = merge_values(augment(sub.v, sub.v_bias), sub.o, self.cov, num_heads=h, num_kv_heads=m, groups=1,
-                             head_dim=hd)
-
-        def bias(w, had):
-            return w[:, -1] if had is not None else None
-
-        merged = Proj(q=wq[:, :-1], k=wk[:, :-1], v=wv[:, :-1], o=o, q_bias=bias(wq, sub.q_bias),
-                      k_bias=bias(wk, sub.k_bias), v_bias=bias(wv, sub.v_bias))
+        merged = merge_heads(sub, self.cov, num_heads=h, num_kv_heads=m, groups=1, head_dim=hd,
+                             rotary_dim=self.inp.cos.shape[-1], static=self.static, angles=self.angles)
         got = head_contexts(self.inp, merged.to(torch.float32), h, hd).to(torch.float64) @ merged.o.T
         want = self.shares[list(heads)].to(torch.float64).sum(0)
         return float((got - want).pow(2).sum(-1).mean())

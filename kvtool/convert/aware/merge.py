@@ -8,12 +8,13 @@ from typing import Callable
 import torch
 
 from kvtool.convert.aware.attention import LayerInputs, Proj, head_contexts
+from kvtool.convert.aware.closed_form import merge_heads
 from kvtool.convert.aware.grouping import GroupCost, head_similarity, kv_order, permute_heads, similarity_groups
-from kvtool.convert.aware.keys import merge_keys, pair_angles, static_pairs
+from kvtool.convert.aware.keys import pair_angles, static_pairs
 from kvtool.convert.aware.linalg import augment, augmented_covariance, shrink_covariance
 from kvtool.convert.aware.partition import best_partition
 from kvtool.convert.aware.refine import refine
-from kvtool.convert.aware.values import merge_values, refit_o
+from kvtool.convert.aware.values import refit_o
 
 
 @dataclass
@@ -42,10 +43,6 @@ class LayerReport:
     err_final: float  # ... after the o refit / refinement
     best_step: int | None = None  # refinement step kept (held-out early stopping)
     static_pairs: int = 0  # RoPE pairs merged as a real subspace
-
-
-def _split(w: torch.Tensor, keep_bias: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-    return w[:, :-1].contiguous(), (w[:, -1].contiguous() if keep_bias else None)
 
 
 def _rel_err(out: torch.Tensor, target: torch.Tensor) -> float:
@@ -86,13 +83,8 @@ def merge_layer(inp: LayerInputs, src: Proj, s: MergeSettings, on_step: Callable
         order = kv_order(similarity_groups(sim, G))
     if order != sorted(order):
         src = permute_heads(src, order, num_heads=H, head_dim=hd)
-    wq, wk = merge_keys(augment(src.q, src.q_bias), augment(src.k, src.k_bias), cov, num_heads=H, num_kv_heads=KV,
-                        groups=G, head_dim=hd, rotary_dim=rotary, static=static, angles=angles)
-    wv, o = merge_values(augment(src.v, src.v_bias), src.o, cov, num_heads=H, num_kv_heads=KV, groups=G, head_dim=hd)
-    q, q_bias = _split(wq, src.q_bias is not None)
-    k, k_bias = _split(wk, src.k_bias is not None)
-    v, v_bias = _split(wv, src.v_bias is not None)
-    new = Proj(q=q, k=k, v=v, o=o, q_bias=q_bias, k_bias=k_bias, v_bias=v_bias, o_bias=src.o_bias)
+    new = merge_heads(src, cov, num_heads=H, num_kv_heads=KV, groups=G, head_dim=hd, rotary_dim=rotary, static=static,
+                      angles=angles)
     ctx = head_contexts(x32, new.to(torch.float32), H, hd).to(torch.float64)
     err_merged = _rel_err(ctx @ new.o.T, o_target)
     if s.o_ridge is not None:
