@@ -274,6 +274,7 @@ def fit(results: dict, copy_gbps: float | None, convert_startup: float) -> dict:
     aw["refine_fixed_s_per_attn_param"] = float(f"{max(fixed or 0, 1e-12):.3g}")
     aw["refine_step_s_per_attn_param_token"] = float(f"{max(step or 0, 1e-12):.3g}")
     aw["distill_step_passes"] = DISTILL_STEP_PASSES
+    aw["grouping_s_per_group"] = GROUPING_S_PER_GROUP
     out["convert_aware"] = aw
     out["quantize_kv"] = calib("quantize", slope["quantize"], cubed=False)
     a, b = _line([(shapes[n]["layer_params"] * der[n]["eval"]["d1"] + params(n)[1], der[n]["eval"]["rss_d1"])
@@ -293,6 +294,9 @@ def fit(results: dict, copy_gbps: float | None, convert_startup: float) -> dict:
 # CPU cost of one --distill-steps step, in forward passes over its sequence (LM head included): measured on
 # SmolLM2-135M (docs/convert-quality.md, "End-to-end distillation"), not fitted here
 DISTILL_STEP_PASSES = 2.5
+# CPU seconds of one candidate group's closed-form merge under --grouping error (its attention passes apart):
+# measured on SmolLM2-135M expanded to MHA 9 and merged to 3 (docs/convert-quality.md, 2520 groups), not fitted here
+GROUPING_S_PER_GROUP = 0.049
 
 
 # GPU estimates (no GPU measured): CPU-measured work converted to FLOPs at the CPU's measured rate,
@@ -328,7 +332,7 @@ def _dur(s: float) -> str:
 
 def report(results: dict) -> str:
     """The measured table and the projections (kvtool.model.costs with costs.json) as markdown."""
-    from kvtool.convert.aware.partition import attention_passes, measured_tokens
+    from kvtool.convert.aware.partition import attention_passes, evaluations, measured_tokens
     from kvtool.model import costs
     from kvtool.units import fmt_bytes
 
@@ -360,7 +364,7 @@ def report(results: dict) -> str:
         sh = _full_shape(spec)
         kv = spec["kv"]
         grouping = {"grouping_passes": attention_passes(kv, kv // 2), "grouping_tokens": measured_tokens(4096, 256),
-                    "grouping_heads": kv}
+                    "grouping_heads": kv, "grouping_groups": evaluations(kv, kv // 2)}
         rows = [("convert --method mean", costs.convert_mean(sh)),
                 ("convert --method aware (4096 tokens; to MQA, or `--grouping contiguous`)",
                  costs.convert_aware(sh, 4096, 256)),

@@ -114,15 +114,17 @@ def _calibration(c: dict, shape: Shape, tokens: int) -> Estimate:
 
 def convert_aware(shape: Shape, calib_tokens: int, seq_len: int, refine_steps: int = 0,
                   distill_steps: int = 0, original_stream: bool = False, grouping_passes: float = 0.0,
-                  grouping_tokens: int = 0, grouping_heads: int = 0) -> Estimate:
+                  grouping_tokens: int = 0, grouping_heads: int = 0, grouping_groups: int = 0) -> Estimate:
     """original_stream: the original model runs alongside the calibration (refinement's default target,
-    kvtool/convert/aware/merge.py); distillation runs it anyway. grouping_*: `--grouping error` measures candidate
-    groups in grouping_passes passes of each layer's attention over grouping_tokens tokens, and keeps each of the
-    grouping_heads KV heads' share of the layer's output over them (float32; kvtool.convert.aware.partition)."""
+    kvtool/convert/aware/merge.py); distillation runs it anyway. grouping_*: `--grouping error` merges
+    grouping_groups candidate groups per layer in closed form and measures them in grouping_passes passes of the
+    layer's attention over grouping_tokens tokens, keeping each of the grouping_heads KV heads' share of the
+    layer's output over them (float32; kvtool.convert.aware.partition)."""
     c = coefficients()["convert_aware"]
     e = _calibration(c, shape, calib_tokens)
     t, peak = e.cpu_seconds, e.peak_bytes
-    t += shape.layers * grouping_passes * shape.attn_params * grouping_tokens * c["s_per_param_token"]
+    t += shape.layers * (grouping_passes * shape.attn_params * grouping_tokens * c["s_per_param_token"]
+                         + grouping_groups * c.get("grouping_s_per_group", 0.0))
     peak += 4 * grouping_heads * grouping_tokens * shape.hidden
     if refine_steps:
         # a fixed part per refined layer (the fp32 copies, the optimizer, the loss before and after) and the steps

@@ -193,7 +193,8 @@ def test_dry_run_estimate_counts_the_error_grouping(tmp_path, capsys):
 
     src = llama(tmp_path / "src", hd=64)
     shape = costs.for_checkpoint(src)
-    grouped = {"grouping_passes": attention_passes(8, 4), "grouping_tokens": 1024, "grouping_heads": 8}
+    grouped = {"grouping_passes": attention_passes(8, 4), "grouping_tokens": 1024, "grouping_heads": 8,
+               "grouping_groups": 28}
     lines = {costs.convert_aware(shape, 4096, 256, **g).line() for g in ({}, grouped)}
     assert len(lines) == 2  # the grouping shows in the line at this size
     for extra, to, g in (([], ["--to", "gqa", "--groups", "4"], grouped),

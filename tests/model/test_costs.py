@@ -117,14 +117,15 @@ def test_the_line_names_memory_time_and_where_the_model_comes_from():
 def test_the_error_grouping_by_hand():
     """`--grouping error` runs the original attention once and each candidate group's merged heads: 8 KV heads in
     pairs measure all 28 pairs, each 2 of 8 heads, so 1 + 28 * 2 / 8 = 8 layer attention passes over the 1024
-    tokens measured, and keeps each KV head's share of the output over them."""
+    tokens measured, each group's closed-form merge, and each KV head's share of the output over them."""
     from kvtool.convert.aware.partition import attention_passes, measured_tokens
 
     a = C["convert_aware"]
     assert attention_passes(8, 4) == 8 and attention_passes(8, 1) == attention_passes(8, 8) == 0
     assert measured_tokens(4096, 256) == 1024
     plain = costs.convert_aware(S8B, 4096, 256)
-    grouped = costs.convert_aware(S8B, 4096, 256, grouping_passes=8, grouping_tokens=1024, grouping_heads=8)
-    assert grouped.cpu_seconds - plain.cpu_seconds == pytest.approx(32 * 8 * S8B.attn_params * 1024
-                                                                    * a["s_per_param_token"])
+    grouped = costs.convert_aware(S8B, 4096, 256, grouping_passes=8, grouping_tokens=1024, grouping_heads=8,
+                                  grouping_groups=28)
+    assert grouped.cpu_seconds - plain.cpu_seconds == pytest.approx(
+        32 * (8 * S8B.attn_params * 1024 * a["s_per_param_token"] + 28 * a["grouping_s_per_group"]))
     assert grouped.peak_bytes - plain.peak_bytes == 4 * 8 * 1024 * S8B.hidden
