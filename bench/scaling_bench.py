@@ -332,7 +332,7 @@ def _dur(s: float) -> str:
 
 def report(results: dict) -> str:
     """The measured table and the projections (kvtool.model.costs with costs.json) as markdown."""
-    from kvtool.convert.aware.partition import attention_passes, evaluations, measured_tokens
+    from kvtool.convert.aware.partition import cost_terms
     from kvtool.model import costs
     from kvtool.units import fmt_bytes
 
@@ -363,8 +363,7 @@ def report(results: dict) -> str:
     for m, spec in FULL.items():
         sh = _full_shape(spec)
         kv = spec["kv"]
-        grouping = {"grouping_passes": attention_passes(kv, kv // 2), "grouping_tokens": measured_tokens(4096, 256),
-                    "grouping_heads": kv, "grouping_groups": evaluations(kv, kv // 2)}
+        grouping = cost_terms(kv, kv // 2, 4096, 256)
         rows = [("convert --method mean", costs.convert_mean(sh)),
                 ("convert --method aware (4096 tokens; to MQA, or `--grouping contiguous`)",
                  costs.convert_aware(sh, 4096, 256)),

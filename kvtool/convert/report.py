@@ -36,15 +36,12 @@ def estimate(plan, method_obj=None, eval_tokens: int | None = None):
     if plan.direction != "pool" or plan.method == "mean":
         est = costs.convert_mean(shape)
     elif plan.method == "aware":
-        from kvtool.convert.aware.partition import attention_passes, evaluations, measured_tokens
+        from kvtool.convert.aware.partition import cost_terms
 
-        measured = settings["grouping"] == "error" and evaluations(plan.from_kv, plan.to_kv) > 0
-        grouping = {"grouping_passes": attention_passes(plan.from_kv, plan.to_kv),
-                    "grouping_tokens": measured_tokens(settings["calib_tokens"], settings["seq_len"]),
-                    "grouping_heads": plan.from_kv, "grouping_groups": evaluations(plan.from_kv, plan.to_kv)}
+        grouping = (cost_terms(plan.from_kv, plan.to_kv, settings["calib_tokens"], settings["seq_len"])
+                    if settings["grouping"] == "error" else {})
         est = costs.convert_aware(shape, settings["calib_tokens"], settings["seq_len"], settings["refine_steps"],
-                                   settings["distill_steps"], getattr(method_obj, "original_stream", False),
-                                   **(grouping if measured else {}))
+                                   settings["distill_steps"], getattr(method_obj, "original_stream", False), **grouping)
     else:
         return None
     if eval_tokens:  # source and output

@@ -94,3 +94,10 @@ def test_progress_counts_each_measured_group():
     seen: list[int] = []
     pt.best_partition(lambda g: float(sum(g) % 3), 6, 3, on_eval=seen.append)
     assert seen == list(range(1, len(list(combinations(range(6), 2))) + 1))
+
+
+def test_cost_terms_are_what_the_cost_model_counts():
+    assert pt.cost_terms(8, 4, 4096, 256) == {"grouping_passes": 8.0, "grouping_tokens": 1024, "grouping_heads": 8,
+                                              "grouping_groups": 28}
+    assert pt.cost_terms(8, 1, 4096, 256) == pt.cost_terms(8, 8, 4096, 256) == {}
+    assert pt.cost_terms(32, 16, 16384, 1024)["grouping_groups"] == 496  # pairs only past the exhaustive search

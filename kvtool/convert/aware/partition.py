@@ -64,6 +64,15 @@ def attention_passes(n: int, groups: int) -> float:
     return 1 + evals * size / n
 
 
+def cost_terms(n: int, groups: int, calib_tokens: int, seq_len: int) -> dict:
+    """The grouping_* arguments of kvtool.model.costs.convert_aware for n KV heads into `groups` ({} when there is
+    nothing to measure)."""
+    if not evaluations(n, groups):
+        return {}
+    return {"grouping_passes": attention_passes(n, groups), "grouping_tokens": measured_tokens(calib_tokens, seq_len),
+            "grouping_heads": n, "grouping_groups": evaluations(n, groups)}
+
+
 def best_partition(cost: Callable[[Group], float], n: int, groups: int,
                    on_eval: Callable[[int], None] | None = None) -> list[list[int]]:
     """Groups (sorted lists of head indices, in order of their first head) of n heads into `groups` equal
