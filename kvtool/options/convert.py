@@ -60,8 +60,8 @@ class ConvertOptions:
                                  help="--method aware: tokens per calibration sequence (256; 1024 with --refine-steps or "
                                       "--distill-steps).")
     grouping: str | None = option(None, choices=GROUPINGS,
-                                  help="--method aware: error (the default: the groups whose measured merge error is lowest) | "
-                                       "contiguous | similarity (which KV heads share a group).")
+                                  help="--method aware: error (the default: the groups whose measured merge error is "
+                                       "lowest) | contiguous | similarity (which KV heads share a group).")
     serve_context: int | None = option(None, minimum=2,
                                        help="--method aware: the longest context the result will serve, in tokens "
                                             "(the config's max_position_embeddings); shorter merges better within it.")

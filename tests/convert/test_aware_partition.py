@@ -30,7 +30,8 @@ def _labels_cost(labels, calls):
     return cost
 
 
-@pytest.mark.parametrize("n, groups, seed", [(8, 4, 0), (8, 2, 1), (9, 3, 2), (12, 6, 3), (16, 4, 4), (16, 8, 5)])
+@pytest.mark.parametrize("n, groups, seed", [(8, 4, 0), (8, 2, 1), (9, 3, 2), (12, 6, 3), (16, 4, 4), (16, 8, 5),
+                                             (32, 16, 6)])  # pairs of 32: 1.9e17 splits, searched from pair costs
 def test_best_partition_finds_the_groups_of_alike_heads(n, groups, seed):
     m = n // groups
     labels = [h // m for h in range(n)]

@@ -1,7 +1,7 @@
 """Which KV heads share a group: contiguous (transformers' order), by measured merge error, or by similarity.
 
 `error` (the default): each candidate group is merged alone on the calibration inputs and its attention-output
-error measured (`merge_error`); kvtool.convert.aware.partition searches the partition with the lowest sum. On the
+error measured (`GroupCost`); kvtool.convert.aware.partition searches the partition with the lowest sum. On the
 trained tiny MHA model (8 -> 4 KV heads) it took the training-free KLD from 0.013 to 0.004, where `similarity`
 changed nothing beyond noise (docs/convert-quality.md).
 

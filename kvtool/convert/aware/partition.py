@@ -46,22 +46,31 @@ def partitions(items: list[int], m: int) -> Iterator[list[Group]]:
             yield [(first, *mates), *tail]
 
 
-def evaluations(n: int, groups: int) -> int:
-    """Group costs `best_partition` measures for n heads in `groups` groups (the cost model's count)."""
+def _exhaustive(n: int, m: int) -> bool:
+    """Whether `best_partition` tries every split of n heads into groups of m."""
+    return partition_count(n, m) <= EXHAUSTIVE_PARTITIONS
+
+
+def _measured_size(n: int, groups: int) -> int:
+    """Heads in each group `best_partition` measures: the groups themselves when every split is tried, else
+    pairs; 0 when there is nothing to choose."""
     m = n // max(groups, 1)
     if m <= 1 or groups <= 1:
         return 0
-    return comb(n, m) if partition_count(n, m) <= EXHAUSTIVE_PARTITIONS else comb(n, 2)
+    return m if _exhaustive(n, m) else 2
+
+
+def evaluations(n: int, groups: int) -> int:
+    """Group costs `best_partition` measures for n heads in `groups` groups (the cost model's count)."""
+    size = _measured_size(n, groups)
+    return comb(n, size) if size else 0
 
 
 def attention_passes(n: int, groups: int) -> float:
     """What the measured groups cost, in passes of the whole layer's attention over the measured tokens: each
-    group runs the merged attention of its heads (m of n), and the original heads run once."""
-    evals = evaluations(n, groups)
-    if not evals:
-        return 0.0
-    size = n // groups if partition_count(n, n // groups) <= EXHAUSTIVE_PARTITIONS else 2
-    return 1 + evals * size / n
+    group runs the merged attention of its heads (size of n), and the original heads run once."""
+    size = _measured_size(n, groups)
+    return 1 + comb(n, size) * size / n if size else 0.0
 
 
 def cost_terms(n: int, groups: int, calib_tokens: int, seq_len: int) -> dict:
@@ -79,7 +88,7 @@ def best_partition(cost: Callable[[Group], float], n: int, groups: int,
     groups with the lowest summed cost(group); ties keep the contiguous split. cost(group) gets a sorted tuple
     and is called once per group measured; on_eval(k) after the k-th call (progress)."""
     m = n // groups
-    if m <= 1 or groups <= 1:
+    if not _measured_size(n, groups):
         return [list(range(i * m, (i + 1) * m)) for i in range(groups)]
     seen: dict[Group, float] = {}
 
@@ -91,7 +100,7 @@ def best_partition(cost: Callable[[Group], float], n: int, groups: int,
                 on_eval(len(seen))
         return seen[key]
 
-    if partition_count(n, m) <= EXHAUSTIVE_PARTITIONS:
+    if _exhaustive(n, m):
         best = min(partitions(list(range(n)), m), key=lambda p: sum(measured(g) for g in p))
     else:
         for pair in combinations(range(n), 2):
