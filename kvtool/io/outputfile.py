@@ -32,7 +32,8 @@ from typing import Callable, NamedTuple
 from kvtool.errors import InputError
 
 _NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
-_READ = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
+# O_NONBLOCK: a FIFO swapped in for a source does not block open(); fstat then refuses it
+_READ = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
 TMP_MARK = ".kvtool-tmp-"
 
 

@@ -120,26 +120,35 @@ def _write_in_place(ckpt, text: str) -> str:
         raise UsageError("is a symlink; --in-place never edits through a link (write the change to a DST)",
                          file=str(cfg))
     try:
-        original = _validated_bytes(cfg, ckpt.config_doc.text)
+        original, ident = _validated_bytes(cfg, ckpt.config_doc.text)
         # config.json.bak, .bak.1, ...: a new file each time (a link planted at a name counts as taken)
         backup = outputfile.create_first_free(
             lambda n: cfg.with_name(f"{cfg.name}.bak" + (f".{n}" if n else "")), original)
-        outputfile.replace(cfg, text)
+        try:
+            outputfile.check_unchanged(cfg, ident)  # still the file planned on and backed up
+            outputfile.replace(cfg, text)
+        except BaseException:
+            backup.unlink()
+            raise
     except OSError as exc:
         raise InputError(f"cannot write: {exc.strerror or exc}; {cfg.name} is unchanged", file=str(cfg)) from None
     return f"{cfg} rewritten (backup: {backup.name})"
 
 
-def _validated_bytes(cfg: Path, text: str) -> bytes:
-    """config.json's bytes for the backup, read once; they must still be the text the change was planned on."""
+def _validated_bytes(cfg: Path, text: str) -> tuple[bytes, "outputfile.Identity"]:
+    """config.json's bytes for the backup, read once, and its identity; the bytes must still be the text the
+    change was planned on."""
     fd, ident = outputfile.open_source(cfg)
+    limit = len(text.encode("utf-8")) + 3  # the text read, and a BOM: anything longer has changed
+    data = b""
     try:
-        data = b"".join(iter(lambda: os.read(fd, 1 << 20), b""))
+        while len(data) <= limit and (chunk := os.pread(fd, limit + 1 - len(data), len(data))):
+            data += chunk
     finally:
         os.close(fd)
-    if data.decode("utf-8-sig", "replace") != text:
+    if len(data) > limit or data.decode("utf-8-sig", "replace") != text:
         raise outputfile.SourceChanged(cfg, ident, outputfile.identity_of(os.stat(cfg)))
-    return data
+    return data, ident
 
 
 def _write_dst(ckpt, dst: Path, text: str, *, link: bool = False) -> str:

@@ -88,3 +88,15 @@ def test_the_seam_changes_the_file_it_is_told_to(tmp_path):
         assert after != before
         assert (len(after) == len(before)) == (change in ("rewrite", "replace"))
         assert (p.stat().st_ino == ino) == (change != "replace")
+
+
+@pytest.mark.parametrize("change", racing.CHANGES)
+def test_rope_in_place_never_edits_a_config_json_that_changed_after_it_was_read(tmp_path, change):
+    """The edit was planned on one config.json; a different one (changed once kvtool opened it for the
+    backup) is neither edited nor backed up."""
+    src = models.llama(tmp_path / "src")
+    r = check_refusal(["rope", src, "--in-place", "--type", "linear", "--factor", "2"], sources=[],
+                      names=["config.json"], env=racing.env(file="config.json", when="opened", change=change))
+    assert "after kvtool checked it" in r.lines[0]
+    assert sorted(p.name for p in src.iterdir()) == ["README.md", "config.json", "generation_config.json", SHARD]
+    assert "rope_scaling" not in (src / "config.json").read_text(errors="replace")
