@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import errno
 import os
-import secrets
 import stat
 import sys
 from pathlib import Path
@@ -138,6 +137,8 @@ class _removed_on_error:
 
 def temp_name(target: Path) -> Path:
     """A fresh name beside `target` that nobody can guess in advance: `.NAME.kvtool-tmp-<64 random bits>`."""
+    import secrets  # only where a file is replaced: kept off the start-up path of the reading commands
+
     return target.with_name(f".{target.name}{TMP_MARK}{secrets.token_hex(8)}")
 
 
