@@ -55,13 +55,25 @@ def _flag_names(node: ast.AST) -> set[str]:
             if isinstance(n, (ast.Attribute, ast.Name))}
 
 
-def _writes(node: ast.Call) -> str | None:
+def _imported(tree: ast.AST) -> dict[str, str]:
+    """Names bound by `from os import replace as r` and the like: local name -> "os.replace"."""
+    out = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module in ("os", "shutil", "tempfile"):
+            out.update({a.asname or a.name: f"{node.module}.{a.name}" for a in node.names})
+    return out
+
+
+def _writes(node: ast.Call, imported: dict[str, str] = {}) -> str | None:
     """The name of the write a call makes, or None."""
     f = node.func
     if isinstance(f, ast.Name):
         if f.id == "open" and _mode_writes(node, 1):
             return "open"
-        return f.id if f.id in {"save_file", "copyfile", "copy2", "mkstemp"} else None
+        module, _, name = imported.get(f.id, "").partition(".")
+        if name in {"os": OS_WRITES | {"open"}, "shutil": SHUTIL_WRITES, "tempfile": TEMPFILE_WRITES}.get(module, ()):
+            return imported[f.id]
+        return f.id if f.id in METHOD_WRITES else None
     if not isinstance(f, ast.Attribute):
         return None
     owner = f.value.id if isinstance(f.value, ast.Name) else None
@@ -88,8 +100,10 @@ def write_calls() -> list[tuple[str, int, str]]:
         rel = path.relative_to(REPO).as_posix()
         if rel == PRIMITIVE:
             continue
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.Call) and (name := _writes(node)):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        imported = _imported(tree)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and (name := _writes(node, imported)):
                 out.append((rel, node.lineno, name))
     return out
 
@@ -107,7 +121,9 @@ def test_every_exception_is_still_used():
 
 
 def _calls(src: str) -> list[str]:
-    return [n for node in ast.walk(ast.parse(src)) if isinstance(node, ast.Call) and (n := _writes(node))]
+    tree = ast.parse(src)
+    imported = _imported(tree)
+    return [n for node in ast.walk(tree) if isinstance(node, ast.Call) and (n := _writes(node, imported))]
 
 
 def test_the_scan_sees_each_kind_of_write():
@@ -118,10 +134,13 @@ def test_the_scan_sees_each_kind_of_write():
               "os.open(p, os.O_WRONLY | os.O_CREAT)", "os.open(p, flags)", "shutil.copy2(a, b)",
               "shutil.copyfile(a, b)", "shutil.move(a, b)", "shutil.copystat(a, b)", "tempfile.mkstemp()",
               "save_file(t, p)", "st.save_file(t, p)", "m.save_pretrained(p)", "fig.savefig(p)", "np.save(p, a)",
-              "torch.save(t, p)", "p.touch()", "p.symlink_to(q)", "p.rename(q)"]
+              "torch.save(t, p)", "p.touch()", "p.symlink_to(q)", "p.rename(q)",
+              "from os import replace\nreplace(a, b)", "from shutil import copy2 as c\nc(a, b)",
+              "from tempfile import mkstemp\nmkstemp()", "from os import open as o\no(p, 0)"]
     for src in writes:
         assert _calls(src), src
     reads = ['open(p)', 'open(p, "rb")', 'p.open("r")', "p.read_text()", "os.open(p, os.O_RDONLY | os.O_NONBLOCK)",
-             "os.stat(p)", "tempfile.mkdtemp()", "s.replace(a, b)", "json.dumps(x)"]
+             "os.stat(p)", "tempfile.mkdtemp()", "s.replace(a, b)", "json.dumps(x)", "from os import stat\nstat(p)",
+             "replace(a, b)"]
     for src in reads:
         assert not _calls(src), src
