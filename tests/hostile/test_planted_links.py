@@ -174,3 +174,29 @@ def test_a_plot_file_that_is_a_planted_link_is_refused(ws, cmd, target):
     r = _run(args, ws, allow=(2,))
     assert str(plot) in r.lines[-1] and "symlink" in r.lines[-1]
     assert [p.name for p in ws.iterdir() if "kvtool-tmp" in p.name] == []
+
+
+@pytest.fixture(scope="module")
+def runnable(tmp_path_factory, request):
+    """A tiny llama transformers can run (quantize-kv calibrates it)."""
+    smollm2 = request.getfixturevalue("smollm2_path")
+    return models.llama_with_tokenizer(tmp_path_factory.mktemp("runnable") / "src", smollm2)
+
+
+@pytest.mark.slow
+def test_quantize_kv_never_writes_through_planted_links(ws, runnable, calib_text_file):
+    """quantize-kv's own outputs (scale shard, index, config, kvtool.json) into a DST full of links, and
+    links in SRC named like them."""
+    import shutil
+
+    shutil.rmtree(ws / "src")
+    shutil.copytree(runnable, ws / "src")
+    for name in ("kvtool.json", "kvtool-report.json", ".kvtool-staging.json"):
+        _plant(ws / "src" / name, ws, "missing")
+    dst = ws / "out"
+    dst.mkdir()
+    for name in OUTPUT_NAMES:
+        _plant(dst / name, ws, "file")
+    _run(["quantize-kv", ws / "src", dst, "--calib-text", calib_text_file, "--calib-tokens", "64", "--seq-len", "32",
+          "--device", "cpu", "--no-eval", "--force"], ws, allow=(0,), replaced=dst)
+    assert not _links(dst) and (dst / "model-kv-scales.safetensors").is_file()
