@@ -1,7 +1,8 @@
 """Read a file the user named, safely: regular files only, and never more than a size limit.
 
 Every text or JSON input kvtool reads (config.json, tokenizer.json, the safetensors index,
-recipes, pyproject.toml, --text / --calib-text files, factor lists) goes through `read_bytes`:
+recipes, pyproject.toml, factor lists) goes through `read_bytes`, and --text / --calib-text files through
+`read_chunks`, read only as far as their tokens are used (kvtool.tokenstream):
 
 - it opens with O_NONBLOCK, so a FIFO does not block in open(), then refuses anything fstat does
   not call a regular file (FIFO, character or block device, socket, folder): `/dev/zero` reports
@@ -14,6 +15,7 @@ from __future__ import annotations
 import os
 import stat
 from pathlib import Path
+from typing import Iterator
 
 from kvtool.errors import InputError
 
@@ -47,37 +49,52 @@ def not_regular(path: str | os.PathLike) -> str | None:
     return None if stat.S_ISREG(mode) else f"is {kind_of(mode)}, not a file"
 
 
-def read_bytes(path: str | os.PathLike, *, what: str = "file", limit: int = JSON_LIMIT,
-               field: str | None = None) -> bytes:
-    """The whole file, or InputError (one line naming the file) if it is not a regular file or too big."""
-    name = str(path)
+def _open_regular(name: str, what: str, field: str | None) -> tuple[int, int]:
+    """(fd, size) of a regular file opened for reading; InputError naming the file for anything else."""
     try:
         fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:
         raise InputError("no such file", file=name, field=field) from None
     except OSError as exc:
         raise InputError(f"cannot read {what}: {exc.strerror or type(exc).__name__}", file=name, field=field) from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise InputError(f"{what} is {kind_of(st.st_mode)}; kvtool reads regular files only", file=name, field=field)
+    return fd, st.st_size
+
+
+def read_chunks(path: str | os.PathLike, *, what: str = "file", limit: int = JSON_LIMIT, field: str | None = None,
+                size: int = _CHUNK) -> Iterator[bytes]:
+    """The file's bytes, `size` at a time, read only as far as the caller iterates (a text of which only the
+    first tokens are used is never read further); InputError as `read_bytes`, and at once for a file whose
+    size is over the limit (it is also counted while reading: a file can grow)."""
+    name = str(path)
+    fd, st_size = _open_regular(name, what, field)
     try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            raise InputError(f"{what} is {kind_of(mode)}; kvtool reads regular files only", file=name, field=field)
-        chunks: list[bytes] = []
+        if st_size > limit:
+            raise InputError(f"{what} is larger than the {limit} byte limit", file=name, field=field)
         total = 0
-        while total <= limit:
+        while True:
             try:
-                chunk = os.read(fd, min(_CHUNK, limit + 1 - total))
+                chunk = os.read(fd, min(size, limit + 1 - total))
             except OSError as exc:
                 raise InputError(f"cannot read {what}: {exc.strerror or type(exc).__name__}", file=name,
                                  field=field) from None
             if not chunk:
-                break
-            chunks.append(chunk)
+                return
             total += len(chunk)
-        if total > limit:
-            raise InputError(f"{what} is larger than the {limit} byte limit", file=name, field=field)
-        return b"".join(chunks)
+            if total > limit:
+                raise InputError(f"{what} is larger than the {limit} byte limit", file=name, field=field)
+            yield chunk
     finally:
         os.close(fd)
+
+
+def read_bytes(path: str | os.PathLike, *, what: str = "file", limit: int = JSON_LIMIT,
+               field: str | None = None) -> bytes:
+    """The whole file, or InputError (one line naming the file) if it is not a regular file or too big."""
+    return b"".join(read_chunks(path, what=what, limit=limit, field=field))
 
 
 def read_text(path: str | os.PathLike, *, what: str = "file", limit: int = JSON_LIMIT, field: str | None = None) -> str:
