@@ -41,9 +41,10 @@ class TextFile:
 
     def __init__(self, name: str, option: str, limit: int = inputfile.TEXT_LIMIT):
         self.name, self.option, self.limit = str(name), option, limit
-        for _ in self._chunks():  # opened and checked (regular, size) now: the plan refuses it, not the run
-            break
-        self.size = _stat_size(self.name)
+        try:  # opened and checked (regular, size) now, not read: the plan refuses it, not the run
+            self.size = inputfile.check_size(self.name, what="text file", limit=limit)
+        except InputError as exc:
+            raise self._error(exc.message) from None
 
     def __repr__(self) -> str:
         return f"TextFile({self.name!r})"
@@ -78,12 +79,6 @@ class TextFile:
     def blank(self) -> bool:
         """Whether the file holds only whitespace; read up to its first other character."""
         return all(not piece.strip() for piece in self.pieces())
-
-
-def _stat_size(name: str) -> int:
-    import os
-
-    return os.stat(name).st_size
 
 
 def source_size(source) -> int:

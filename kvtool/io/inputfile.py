@@ -64,16 +64,31 @@ def _open_regular(name: str, what: str, field: str | None) -> tuple[int, int]:
     return fd, st.st_size
 
 
+def _open_within(name: str, what: str, limit: int, field: str | None) -> tuple[int, int]:
+    fd, size = _open_regular(name, what, field)
+    if size > limit:
+        os.close(fd)
+        raise InputError(f"{what} is larger than the {limit} byte limit", file=name, field=field)
+    return fd, size
+
+
+def check_size(path: str | os.PathLike, *, what: str = "file", limit: int = JSON_LIMIT,
+               field: str | None = None) -> int:
+    """The size of a regular file of at most `limit` bytes, opened as read_chunks opens it but not read;
+    InputError as read_chunks for anything else."""
+    fd, size = _open_within(str(path), what, limit, field)
+    os.close(fd)
+    return size
+
+
 def read_chunks(path: str | os.PathLike, *, what: str = "file", limit: int = JSON_LIMIT, field: str | None = None,
                 size: int = _CHUNK) -> Iterator[bytes]:
     """The file's bytes, `size` at a time, read only as far as the caller iterates (a text of which only the
     first tokens are used is never read further); InputError as `read_bytes`, and at once for a file whose
     size is over the limit (it is also counted while reading: a file can grow)."""
     name = str(path)
-    fd, st_size = _open_regular(name, what, field)
+    fd = _open_within(name, what, limit, field)[0]
     try:
-        if st_size > limit:
-            raise InputError(f"{what} is larger than the {limit} byte limit", file=name, field=field)
         total = 0
         while True:
             try:
