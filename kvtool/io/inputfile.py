@@ -112,9 +112,14 @@ def read_bytes(path: str | os.PathLike, *, what: str = "file", limit: int = JSON
     return b"".join(read_chunks(path, what=what, limit=limit, field=field))
 
 
-def read_text(path: str | os.PathLike, *, what: str = "file", limit: int = JSON_LIMIT, field: str | None = None) -> str:
-    """`read_bytes` decoded as UTF-8 (a leading BOM is dropped)."""
+def read_text(path: str | os.PathLike, *, what: str = "file", limit: int = JSON_LIMIT, field: str | None = None,
+              bom: bool = True) -> str:
+    """`read_bytes` decoded as UTF-8 (a leading BOM is dropped; refused with bom=False: a file an engine's own
+    reader refuses, as transformers' json.loads does)."""
     raw = read_bytes(path, what=what, limit=limit, field=field)
+    if not bom and raw.startswith(b"\xef\xbb\xbf"):
+        raise InputError(f"{what} starts with a UTF-8 byte order mark, which transformers' JSON reader refuses "
+                         "(engines cannot load it); save it as UTF-8 without one", file=str(Path(path)), field=field)
     try:
         return raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
