@@ -115,8 +115,9 @@ def packaged_text(source: str) -> str:
     return gzip.decompress((Path(__file__).parent / "data" / "calibration" / name).read_bytes()).decode("utf-8")
 
 
-def source_text(source: str, option: str = "calib_dataset") -> tuple[str, str]:
-    """(text, label) of one text source of a mix (not MODEL_WRITTEN, which needs the model)."""
+def source_text(source: str, option: str = "calib_dataset") -> tuple:
+    """(text, label) of one text source of a mix (not MODEL_WRITTEN, which needs the model): a str, or a
+    `datasets` corpus read lazily (HubText)."""
     if source == BUILTIN:
         return calibration_text(), CALIBRATION_LABEL
     if source in PACKAGED_TEXTS:
@@ -126,7 +127,7 @@ def source_text(source: str, option: str = "calib_dataset") -> tuple[str, str]:
     return load_hub(replace(DATASETS[source], split="train"), source, option), f"{source} (train split)"
 
 
-def calibration_texts(dataset: str | None, option: str = "calib_dataset") -> tuple[list[str], str]:
+def calibration_texts(dataset: str | None, option: str = "calib_dataset") -> tuple[list, str]:
     """([text], label) of a --calib-dataset made of texts only (None: the built-in pydoc calibration part);
     a mix with model-written text is refused (the caller has no model to write it)."""
     parts = calibration_parts(dataset, option)
@@ -153,8 +154,9 @@ DATASETS: dict[str, HubDataset | None] = {
 }
 
 
-def read_texts(files: Sequence[str] | None, dataset: str | None) -> tuple[list[str] | None, str]:
-    """(texts, description); texts None means the built-in pydoc evaluation text."""
+def read_texts(files: Sequence[str] | None, dataset: str | None) -> tuple[list | None, str]:
+    """(texts, description); texts None means the built-in pydoc evaluation text. Files are checked (regular,
+    within the size limit, not blank) but read only as far as kvtool.tokenstream uses them."""
     if files and dataset:
         raise UsageError("give --text or --dataset, not both", option="dataset")
     if files:
@@ -166,25 +168,44 @@ def read_texts(files: Sequence[str] | None, dataset: str | None) -> tuple[list[s
     return [load_hub(DATASETS[dataset], dataset)], dataset
 
 
-def read_text_file(name: str, option: str) -> str:
-    """A regular UTF-8 text file given as option `option` (at most inputfile.TEXT_LIMIT bytes; FIFOs and
-    devices are refused); one-line InputError naming the file and option."""
-    try:
-        return inputfile.read_text(name, what="text file", limit=inputfile.TEXT_LIMIT)
-    except InputError as exc:
-        exc.option = option
-        exc.args = (exc.line(),)
-        raise
+def text_file(name: str, option: str):
+    """A regular UTF-8 text file given as option `option` (kvtool.tokenstream.TextFile: at most
+    inputfile.TEXT_LIMIT bytes, FIFOs and devices refused now, read later only as far as its tokens are used);
+    one-line InputError naming the file and option."""
+    from kvtool.tokenstream import TextFile
+
+    return TextFile(name, option, limit=inputfile.TEXT_LIMIT)
 
 
-def _read_file(name: str) -> str:
-    text = read_text_file(name, "text")
-    if not text.strip():
+def _read_file(name: str):
+    text = text_file(name, "text")
+    if text.blank():
         raise InputError("is empty", file=name, option="text")
     return text
 
 
-def load_hub(ds: HubDataset, label: str, option: str = "dataset") -> str:
+class HubText:
+    """A `datasets` split's text column, rows joined by blank lines, read a batch of rows at a time."""
+
+    def __init__(self, data, column: str):
+        self.data, self.column = data, column
+
+    @property
+    def size(self) -> int:
+        return sum(len(t) for t in self.data[self.column] if t)
+
+    def pieces(self):
+        first = True
+        for batch in self.data.iter(batch_size=1000):
+            for t in batch[self.column]:
+                if t:
+                    if not first:
+                        yield "\n\n"
+                    yield t
+                    first = False
+
+
+def load_hub(ds: HubDataset, label: str, option: str = "dataset") -> HubText:
     try:
         import datasets
     except ImportError:
@@ -198,7 +219,7 @@ def load_hub(ds: HubDataset, label: str, option: str = "dataset") -> str:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise InputError(f"cannot load {label} ({ds.path}/{ds.name}, split {ds.split}): {first}",
                          option=option) from None
-    return "\n\n".join(t for t in data[ds.column] if t)
+    return HubText(data, ds.column)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -188,7 +188,7 @@ def source_fingerprint(ckpt: Checkpoint) -> str:
         h.update(ckpt.index_doc.text.encode("utf-8"))
     for hdr in ckpt.headers:
         with hdr.path.open("rb") as fh:
-            h.update(hdr.file.encode("utf-8"))
+            h.update(hdr.file.encode("utf-8", "surrogateescape"))  # a name's bytes as on disk, UTF-8 or not
             h.update(fh.read(8 + hdr.header_size))
     return "sha256:" + h.hexdigest()
 

@@ -185,15 +185,14 @@ def _evaluate(pool, cands, baseline, *, texts, max_length, stride, max_tokens, b
     base = pool.get(baseline, tokenizer) if baseline is not None else None
     runs = [(c, pool.get(c.model, tokenizer)) for c in cands]
 
-    # One token stream, identical for every model: refuse models whose tokenizers disagree.
-    text = _join(texts)
+    # One token stream, identical for every model: refuse models whose tokenizers disagree. Only the text
+    # max_tokens needs is read and tokenized (kvtool.tokenstream), a window at a time.
+    sources = _sources(texts)
     first = base or runs[0][1]
-    ids = first.encode(text)
+    ids = _encode(first, sources, max_tokens)
     for m in {id(m): m for m in [base] + [r for _, r in runs] if m is not None}.values():
         if m is not first:
-            _same_tokenizer(first, m, text, ids)
-    if max_tokens is not None:
-        ids = ids[:max_tokens]
+            _same_tokenizer(first, m, sources, ids, max_tokens)
     if len(ids) < 2:
         raise InputError(f"the evaluation text has {len(ids)} token(s); at least 2 are needed", option="text")
     ws = windows(len(ids), max_length, stride)
@@ -202,7 +201,7 @@ def _evaluate(pool, cands, baseline, *, texts, max_length, stride, max_tokens, b
 
     emulation = [_emulation(c, m) for c, m in runs]
     accs = [_new_acc() for _ in runs]
-    stream = torch.tensor(ids, dtype=torch.long)
+    stream = torch.frombuffer(ids, dtype=torch.long)  # the int64 array's memory, not a copy
     forwards = len(runs) + (base is not None)
     if isinstance(pool, _LayerwisePool):
         t0 = time.perf_counter()
@@ -261,11 +260,6 @@ class _Loaded:
         emb = model.get_input_embeddings()
         # an embedding accelerate offloaded sits on "meta"; its hook moves the ids to the execution device
         self.input_device = emb.weight.device if emb.weight.device.type != "meta" else "cpu"
-
-    def encode(self, text: str) -> list[int]:
-        if self.tokenizer is None:
-            raise UsageError(f"{self.name}: no tokenizer; pass tokenizer=")
-        return list(self.tokenizer(text, add_special_tokens=True)["input_ids"])
 
     def logits(self, batch, keep: int):
         """Logits predicting the last `keep` tokens of each window: [B, keep, V]."""
@@ -543,22 +537,32 @@ def _unbounded(tok) -> None:
         tok.model_max_length = 10**12  # the stream is windowed later; silence the too-long warning
 
 
-def _same_tokenizer(a: _Loaded, b: _Loaded, text: str, ids: list[int]) -> None:
+def _encode(m, sources: list, max_tokens: int | None):
+    """The token stream: the first max_tokens tokens (with BOS) of the sources, as an int64 array."""
+    if m.tokenizer is None:
+        raise UsageError(f"{m.name}: no tokenizer; pass tokenizer=")
+    from kvtool.tokenstream import first_tokens
+
+    return first_tokens(m.tokenizer, sources, max_tokens, special_tokens=True).ids
+
+
+def _same_tokenizer(a, b, sources: list, ids, max_tokens: int | None) -> None:
     va = a.tokenizer.get_vocab() if a.tokenizer is not None else None
     vb = b.tokenizer.get_vocab() if b.tokenizer is not None else None
-    if va != vb or b.encode(text) != ids:
+    if va != vb or _encode(b, sources, max_tokens) != ids:
         raise UsageError(f"{b.name} and {a.name} have different tokenizers; they cannot be compared on the same "
                          "token stream", field="tokenizer")
 
 
-def _join(texts) -> str:
+def _sources(texts) -> list:
+    """The texts evaluate() takes (None: the built-in evaluation text; a str; strs or TextFiles) as a list."""
     if texts is None:
         from kvtool.datasets import evaluation_text
 
-        return evaluation_text()
+        return [evaluation_text()]
     if isinstance(texts, str):
-        return texts
-    return "\n\n".join(texts)
+        return [texts]
+    return list(texts)
 
 
 # --- FP8 emulation ------------------------------------------------------------------------------

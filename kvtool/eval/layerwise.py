@@ -22,8 +22,6 @@ from typing import Any, Callable
 
 import torch
 
-from kvtool.errors import UsageError
-
 SEGMENT_BYTES = 512 * 2**20  # hidden states of all paths held at once; more windows -> more segments
 CHUNK_ELEMENTS = 4 * 2**20  # logits of one chunk (positions x vocabulary) per path: 16 MiB in float32
 
@@ -34,11 +32,6 @@ class LayerwiseLoaded:
     def __init__(self, name: str, lm, tokenizer, folder: Path, config: dict):
         self.name, self.lm, self.tokenizer, self.folder, self.config = name, lm, tokenizer, folder, config
         self.model = lm.model  # kv_hook and the FP8 emulation read the module tree (no weights needed)
-
-    def encode(self, text: str) -> list[int]:
-        if self.tokenizer is None:
-            raise UsageError(f"{self.name}: no tokenizer; pass tokenizer=")
-        return list(self.tokenizer(text, add_special_tokens=True)["input_ids"])
 
     def close(self) -> None:
         self.lm.close()

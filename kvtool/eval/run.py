@@ -19,11 +19,11 @@ class EvalPlan:
     model: str
     baseline: str | None
     options: EvalOptions
-    texts: list[str] | None  # None: the built-in evaluation text
+    texts: list | None  # str or kvtool.tokenstream.TextFile each (read when evaluated); None: the built-in text
     text_name: str | None
     gates: dict[str, float]
     max_memory: dict | None
-    tokens: int  # tokens scored: max_tokens, else the text's characters / 4 (no tokenizer is loaded)
+    tokens: int  # tokens scored: max_tokens, else the text's characters (a file's bytes) / 4 (no tokenizer)
     tokens_exact: bool  # False: the characters / 4 estimate
     shape: object = None  # kvtool.model.costs shape of the model; None: read from `model` when estimated
 
@@ -94,9 +94,10 @@ def plan(model: str, o: EvalOptions, *, texts=READ, text_name: str | None = None
     exact = tokens is not None
     if tokens is None:
         from kvtool.datasets import evaluation_text
+        from kvtool.tokenstream import source_size
 
-        tokens, exact = planned_tokens(sum(len(t) for t in (texts if texts is not None else [evaluation_text()])),
-                                       o.max_tokens)
+        sizes = [source_size(t) for t in (texts if texts is not None else [evaluation_text()])]
+        tokens, exact = planned_tokens(sum(sizes), o.max_tokens)
     return EvalPlan(model=model, baseline=o.baseline, options=o, texts=texts, text_name=text_name, gates=limits,
                     max_memory=max_memory, tokens=tokens, tokens_exact=exact, shape=shape)
 

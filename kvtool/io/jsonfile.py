@@ -43,7 +43,8 @@ def read_text(path: Path, *, what: str = "file", limit: int = MAX_JSON_BYTES) ->
 
 def load_json_object(path: Path, *, what: str = "JSON file") -> JsonDocument:
     """Read a JSON object; raise InputError naming the file and line/column on any problem."""
-    text = read_text(path, what=what)
+    # transformers (json.loads) and tokenizers (serde_json) refuse a BOM that Python's utf-8-sig would drop
+    text = inputfile.read_text(path, what=what, limit=MAX_JSON_BYTES, bom=False)
     nonstandard: list[str] = []
     data = parse_json(text, path, what=what, nonstandard=nonstandard)
     if not isinstance(data, dict):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,11 +24,13 @@ class QuantizeResult:
     config: dict | None = None
 
 
-def read_texts(files: list[str], option: str) -> list[str]:
-    from kvtool.datasets import read_text_file
+def read_texts(files: list[str], option: str) -> list:
+    """The text files (kvtool.tokenstream.TextFile: checked now, read as far as the tokens are used); refused
+    when all of them are blank."""
+    from kvtool.datasets import text_file
 
-    out = [read_text_file(f, option) for f in files]
-    if not any(t.strip() for t in out):
+    out = [text_file(f, option) for f in files]
+    if all(t.blank() for t in out):
         raise InputError("the text is empty", file=files[0] if files else None, option=option)
     return out
 
@@ -55,12 +56,19 @@ def check_options(opts: QuantizeOptions) -> None:
     get_format(opts.format)
 
 
-def tokenize_windows(tokenizer, texts: list[str], n_tokens: int, seq_len: int):
-    """Calibration batches: the first n_tokens of the joined texts in windows of seq_len tokens,
-    each window starting with BOS when the tokenizer adds one (as every served request does)."""
+def tokenize_windows(tokenizer, texts: list, n_tokens: int, seq_len: int):
+    """Calibration batches of the first n_tokens of the joined texts (calibration_windows), and their count."""
+    from kvtool.tokenstream import first_tokens
+
+    ids = first_tokens(tokenizer, texts, n_tokens).ids.tolist()
+    return calibration_windows(tokenizer, ids, seq_len), len(ids)
+
+
+def calibration_windows(tokenizer, ids: list[int], seq_len: int):
+    """Calibration batches: ids in windows of seq_len tokens, each window starting with BOS when the tokenizer
+    adds one (as every served request does)."""
     import torch
 
-    ids = list(tokenizer("\n\n".join(texts), add_special_tokens=False)["input_ids"])[:n_tokens]
     probe = list(tokenizer("a", add_special_tokens=True)["input_ids"])
     bos = tokenizer.bos_token_id if tokenizer.bos_token_id is not None and probe[:1] == [tokenizer.bos_token_id] else None
     step = seq_len - (1 if bos is not None else 0)
@@ -74,15 +82,7 @@ def tokenize_windows(tokenizer, texts: list[str], n_tokens: int, seq_len: int):
         group.append(w)
     if group:
         batches.append(torch.tensor(group))
-    return batches, len(ids)
-
-
-def text_hash(texts: list[str]) -> str:
-    h = hashlib.sha256()
-    for t in texts:
-        h.update(t.encode("utf-8"))
-        h.update(b"\0")
-    return "sha256:" + h.hexdigest()
+    return batches
 
 
 def check_model(ckpt, *, config: dict | None = None, tensors: dict | None = None):
@@ -165,6 +165,7 @@ def apply(p: QuantizePlan, *, log=print) -> QuantizeResult:
     from kvtool.quantize.observer_specs import canonical
     from kvtool.quantize.write import scale_tensors, write_output
     from kvtool.runtime.torch_utils import load_tokenizer, pick_device, pick_dtype
+    from kvtool.tokenstream import first_tokens
 
     if opts.calib_text:
         calib, calib_label = read_texts(opts.calib_text, "calib_text"), [str(f) for f in opts.calib_text]
@@ -178,7 +179,10 @@ def apply(p: QuantizePlan, *, log=print) -> QuantizeResult:
     with kv_progress.task("calibrate", total=spec.num_layers, unit="layers") as bar:
         bar.set_note("loading the tokenizer")
         tok = load_tokenizer(src)
-        batches, n = tokenize_windows(tok, calib, opts.calib_tokens, opts.seq_len)
+        bar.set_note("tokenizing the calibration text")
+        used = first_tokens(tok, calib, opts.calib_tokens)  # only the text these tokens need is read
+        n = len(used.ids)
+        batches = calibration_windows(tok, used.ids.tolist(), opts.seq_len)
         if n < MIN_CALIB_TOKENS:
             raise InputError(f"the calibration text has {n} tokens; at least {MIN_CALIB_TOKENS} are needed",
                              file=calib_label[0], option="calib_text" if opts.calib_text else "calib_dataset")
@@ -205,7 +209,7 @@ def apply(p: QuantizePlan, *, log=print) -> QuantizeResult:
     scales = scale_tensors(result, arch.attn_prefix, per_head=opts.strategy == "attn_head")
     meta = {kv_scale_names.SCALE_POINT_METADATA_KEY: "post_rope", "kvtool_version": __version__,
             "kvtool_observer": result.observer, "kvtool_strategy": opts.strategy, "kvtool_format": fmt.name}
-    prov = _provenance(p, result, scales, calib, calib_label, n, held, fmt)
+    prov = _provenance(p, result, scales, used.sha256, calib_label, n, held, fmt)
     quality = []
     if not opts.no_eval:
         if model is None:  # the folder: the report reads one decoder layer at a time (kvtool.eval.layerwise)
@@ -223,7 +227,7 @@ def apply(p: QuantizePlan, *, log=print) -> QuantizeResult:
                           linked=summary.linked, copied=summary.copied, quality=quality, config=new_config)
 
 
-def _provenance(p: QuantizePlan, result, scales: dict, calib: list[str], calib_label: list[str], n: int, held,
+def _provenance(p: QuantizePlan, result, scales: dict, text_sha256: str, calib_label: list[str], n: int, held,
                 fmt) -> dict:
     """kvtool.json's record of a calibration: inputs, settings, every scale and the amax it came from."""
     from kvtool import __version__
@@ -233,7 +237,7 @@ def _provenance(p: QuantizePlan, result, scales: dict, calib: list[str], calib_l
         "model_type": p.spec.model_type, "format": fmt.name, "vllm_kv_cache_dtype": fmt.vllm_cache_dtype,
         "strategy": p.opts.strategy, "observer": result.observer, "scale_point": "post_rope",
         "calibration": {"tokens": n, "sequences": result.sequences, "seq_len": p.opts.seq_len,
-                        "text_sha256": text_hash(calib), "files": calib_label,
+                        "text_sha256": "sha256:" + text_sha256, "files": calib_label,
                         "device": result.device, "seconds": round(result.seconds, 2), "model": held},
         "scales": {name: [round(float(x), 8) for x in t.reshape(-1)] for name, t in scales.items()},
         "amax": {"k": {str(i): [round(float(x), 6) for x in a] for i, a in result.k_amax.items()},

@@ -80,15 +80,9 @@ def run_convert_step(ctx: RunContext, step: Step) -> StepResult:
     section = step.options.get("calibration") or {}
     if o.method == "aware" and not ctx.recipe.text_files(section) and section.get("dataset") not in (None, "pydoc"):
         o.calib_text, o.calib_dataset = None, section["dataset"]  # a built-in mix (checked by the plan)
-    elif o.method == "aware":  # the recipe's text: its files (one file: joined), or a built-in dataset
+    elif o.method == "aware":  # the recipe's text: its files (several: one text, read as far as it is used)
         files = _texts(ctx, section, "calibration")
-        if len(files) > 1:  # the aware method reads one file: join them
-            from kvtool.datasets import read_text_file
-
-            joined = outputfile.make_subdirs(ctx.work, "text") / f"step{step.index}-calib.txt"
-            outputfile.write_new(joined, "\n\n".join(read_text_file(f, "calib_text") for f in files))
-            files = [str(joined)]
-        o.calib_text, o.calib_dataset = files[0], None
+        o.calib_text, o.calib_dataset = (files if len(files) > 1 else files[0]), None
     shard_bytes, method_obj = check_options(o.max_shard_size, o.method, method_options(o))  # the command's checks
     plan = make_plan(o.src, to=o.to, groups=o.groups, method=o.method, dtype=o.dtype, max_shard_size=shard_bytes)
     res = run_convert(plan, out, method_obj=method_obj, progress=ctx.progress, device=_device(ctx))

@@ -99,7 +99,7 @@ def plan_convert(recipe: Recipe, step: Step, state: PlanState) -> str:
         _text_paths(recipe, step, step.options.get("calibration"), required=True, datasets=OFFLINE_MIXES)
         files = recipe.text_files(step.options.get("calibration"))
         if files:
-            o.calib_text = str(files[0][1])  # the run joins several into one file
+            o.calib_text = str(files[0][1])  # the run reads several as one text
     try:
         # the command's order: the options and the merge method, then the model
         shard_bytes, method_obj = check_options(o.max_shard_size, o.method, method_options(o))

@@ -39,7 +39,8 @@ def test_tokens_are_max_tokens_or_a_quarter_of_the_characters(src, tmp_path):
     text = tmp_path / "t.txt"
     text.write_text("x" * 4000)
     p = plan(src, EvalOptions(model=src, text=[str(text)]))
-    assert (p.tokens, p.tokens_exact, p.texts) == (1000, False, ["x" * 4000])
+    assert (p.tokens, p.tokens_exact, [t.name for t in p.texts]) == (1000, False, [str(text)])
+    assert "".join(p.texts[0].pieces()) == "x" * 4000  # checked by the plan, read when evaluated
     p = plan(src, EvalOptions(model=src, text=[str(text)], max_tokens=100))
     assert (p.tokens, p.tokens_exact) == (100, True)
     assert render_plan(p).splitlines()[1].startswith("  tokens       100 through ")

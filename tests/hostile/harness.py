@@ -104,3 +104,41 @@ def check_refusal(args: list[str], *, sources: list[Path], dst: Path | None = No
     if trap is not None:
         assert not trap.exists(), f"checkpoint code ran (trap {trap} exists)\n{what}"
     return r
+
+
+@dataclass
+class Measured(Result):
+    peak_rss_kib: int = 0  # the kvtool process's own peak resident memory (wait4's ru_maxrss)
+    cpu_s: float = 0.0  # its user + system CPU time
+
+
+def run_measured(args: list[str], *, env: dict | None = None, timeout: float = TIME_BOUND_S) -> Measured:
+    """run_kvtool, with the peak RSS and CPU time of that one process (os.wait4: not RUSAGE_CHILDREN, which
+    mixes in every child the test process ever waited for). Compare them with a reference run in the same
+    test, not with fixed numbers: the machine's speed and load do not cancel out otherwise."""
+    import tempfile
+
+    e = dict(os.environ)
+    e.setdefault("OMP_NUM_THREADS", "1")
+    e.pop("KVTOOL_DEBUG", None)
+    e.update(env or {})
+    t0 = time.monotonic()
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        p = subprocess.Popen([sys.executable, "-m", "kvtool", *map(str, args)], env=e, stdin=subprocess.DEVNULL,
+                             stdout=out, stderr=err)
+        while True:  # wait4 reaps it and returns its rusage; Popen.wait would reap it first
+            pid, status, usage = os.wait4(p.pid, os.WNOHANG)
+            if pid:
+                break
+            if time.monotonic() - t0 > timeout:
+                p.kill()
+                os.wait4(p.pid, 0)
+                p.returncode = -9
+                raise subprocess.TimeoutExpired(args, timeout)
+            time.sleep(0.05)
+        p.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read().decode("utf-8", "replace"), err.read().decode("utf-8", "replace")
+    return Measured(p.returncode, stdout, stderr, time.monotonic() - t0,
+                    [ln for ln in stderr.splitlines() if ln.strip()], usage.ru_maxrss, usage.ru_utime + usage.ru_stime)

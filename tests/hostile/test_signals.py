@@ -190,3 +190,76 @@ def test_disk_full_mid_write_is_one_line_and_leaves_nothing(ws, cmd):
     assert len(lines) == 1 and "file too large" in lines[0] and "nothing was written" in lines[0], err
     assert not dst.exists() and _staging_left(ws) == []
     assert tree_digest(src) == before
+
+
+# --- long steps before anything is written: tokenizing a text --------------------------------------------------
+# kvtool.tokenstream tokenizes a window at a time, so a signal is handled within one window. Before, one
+# tokenizer call on the whole text held the interpreter: SIGTERM waited until it returned (or the kernel killed
+# the process for memory). The text's read position (/proc/PID/fdinfo) says when kvtool is tokenizing it.
+TEXT_MIB = 32
+
+
+def _read_position(pid: int, path: Path) -> int | None:
+    """Where process pid is reading path (None: it has not opened it, or it has closed it)."""
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return None
+    for fd in fds:
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}") == str(path):
+                info = Path(f"/proc/{pid}/fdinfo/{fd}").read_text()
+                return int(next(ln.split()[1] for ln in info.splitlines() if ln.startswith("pos:")))
+        except (OSError, StopIteration, ValueError):
+            continue
+    return None
+
+
+@pytest.fixture(scope="module")
+def long_text(tmp_path_factory) -> Path:
+    from kvtool.datasets import calibration_text
+
+    path = tmp_path_factory.mktemp("text") / "long.txt"
+    block = calibration_text().encode("utf-8")
+    with path.open("wb") as fh:
+        while fh.tell() < TEXT_MIB << 20:
+            fh.write(block)
+    return path
+
+
+TOKENIZING = {
+    "eval": lambda m, t, out: ["eval", m, "--text", t, "--device", "cpu"],  # every token: the whole text
+    "quantize-kv": lambda m, t, out: ["quantize-kv", m, out, "--calib-text", t, "--calib-tokens", str(1 << 30),
+                                      "--no-eval", "--device", "cpu"],
+}
+
+
+@pytest.mark.torch
+@pytest.mark.skipif(not Path("/proc/self/fdinfo").is_dir(), reason="reads /proc/PID/fdinfo (Linux)")
+@pytest.mark.parametrize("sig", list(SIGNALS))
+@pytest.mark.parametrize("cmd", sorted(TOKENIZING))
+def test_a_signal_stops_tokenizing_a_long_text(tmp_path, long_text, cmd, sig):
+    model, dst = REPO / "examples" / "llama-gqa-tiny", tmp_path / "out"
+    proc = _start(TOKENIZING[cmd](model, long_text, dst), when=None, dst=dst, ready=tmp_path / "R")
+    first: list[float] = []
+
+    def reading_far() -> bool:
+        pos = _read_position(proc.pid, long_text)
+        if pos and not first:
+            first.append(time.monotonic())
+        return bool(pos and pos >= 1 << 20)
+
+    _wait_for(reading_far, proc, "the text was being tokenized")
+    took = time.monotonic() - first[0]  # to read and tokenize 1 MiB
+    proc.send_signal(SIGNALS[sig])
+    t0, last = time.monotonic(), 0
+    while proc.poll() is None and time.monotonic() - t0 < WAIT_S:
+        last = max(last, _read_position(proc.pid, long_text) or 0)
+        time.sleep(0.01)
+    stopped = time.monotonic() - t0
+    rc, lines = _finish(proc)
+    assert rc == 130, lines
+    assert lines[-1] == "kvtool: interrupted: nothing was written", lines
+    assert not dst.exists() and _staging_left(tmp_path) == []
+    assert last < long_text.stat().st_size  # it stopped reading: the text was never read through
+    assert stopped < took + 5.0, (stopped, took)  # within about a window, not the rest of the text

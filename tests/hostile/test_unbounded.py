@@ -11,7 +11,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from harness import check_refusal, run_kvtool
+from harness import check_refusal, run_kvtool, run_measured
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = REPO / "examples" / "llama-gqa-tiny"
@@ -151,3 +151,99 @@ def test_pyproject_fifo_in_cwd_is_skipped(tmp_path, model) -> None:
 def test_lint_config_option_not_a_regular_file(tmp_path, model, kind) -> None:
     cfg = SPECIALS[kind](tmp_path / "pyproject.toml")
     check_refusal(["lint", model, "--config", cfg], sources=[model], names=[str(cfg), "--config", KIND_WORDS[kind]])
+
+
+# --- text read and tokenized only as far as its tokens are used (kvtool.tokenstream) ---------------------------
+# A text under the 256 MiB limit, with a small token budget, must cost what the budget costs: the same peak memory
+# and CPU time as a 4 KB text, measured on the kvtool process itself (harness.run_measured) against that reference
+# run in the same test. Before kvtool.tokenstream, eval tokenized the whole text first: a 4 MB text took 1.9 GiB
+# and a 255 MiB one grew past 23 GiB until the kernel killed it.
+TEXT_LIMIT = 256 * 1024 * 1024
+
+
+def _prose(path: Path, size: int) -> Path:
+    from kvtool.datasets import calibration_text
+
+    block = calibration_text().encode("utf-8")
+    with path.open("wb") as fh:
+        while fh.tell() < size:
+            fh.write(block[: size - fh.tell()])
+    return path
+
+
+def _nul(path: Path, size: int) -> Path:
+    with path.open("wb") as fh:  # sparse: no disk, and NUL is valid UTF-8 text the tokenizer reads
+        fh.truncate(size)
+    return path
+
+
+BIG_TEXTS = {"prose-64MiB": lambda p: _prose(p, 64 << 20), "nul-255MiB": lambda p: _nul(p, TEXT_LIMIT - (1 << 20))}
+BUDGETED = {
+    "eval": lambda m, t, out: ["eval", m, "--text", t, "--max-tokens", "32", "--device", "cpu", "--format", "json"],
+    "quantize-kv": lambda m, t, out: ["quantize-kv", m, out, "--calib-text", t, "--calib-tokens", "64", "--seq-len",
+                                      "32", "--no-eval", "--device", "cpu"],
+    "convert-aware": lambda m, t, out: ["convert", m, out, "--to", "mqa", "--method", "aware", "--no-eval",
+                                        "--calib-text", t, "--calib-tokens", "64", "--seq-len", "32"],
+}
+
+
+def _recipe(tmp_path: Path, first: Path, text: Path) -> Path:
+    """An aware convert calibrated on [first, text] (one text joined), then an eval step on text."""
+    recipe = tmp_path / f"r-{text.stem}.yaml"
+    recipe.write_text("version: 1\nname: t\nsteps:\n"
+                      f"  - convert: {{to: mqa, method: aware, calibration: {{text: [{first.name}, {text.name}], "
+                      "tokens: 64, seq_len: 32}}\n"
+                      f"  - eval: {{text: {text.name}, max_tokens: 32, thresholds: {{max_ppl_increase: 1000%}}}}\n")
+    return recipe
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("command", sorted(BUDGETED))
+def test_a_huge_text_costs_what_its_used_tokens_cost(tmp_path, model, command) -> None:
+    small = _prose(tmp_path / "small.txt", 4096)
+    kinds = sorted(BIG_TEXTS) if command == "eval" else ["nul-255MiB"]
+    runs = {}
+    for name in ["reference", *kinds]:
+        text = small if name == "reference" else BIG_TEXTS[name](tmp_path / f"{name}.txt")
+        out = tmp_path / f"out-{name}"
+        r = run_measured(BUDGETED[command](model, text, out), timeout=600)
+        assert r.rc == 0 and "Traceback" not in r.stderr, f"{name}: rc {r.rc}\n{r.stderr[-3000:]}"
+        runs[name] = r
+        text.unlink()
+    ref = runs["reference"]
+    for name in kinds:
+        r = runs[name]
+        # measured for eval on the shared 2-core machine: peak RSS 419 MB (4 KB text), 420 MB (245 MiB text);
+        # whole-text tokenization peaked at 1.8 GB for a 3.4 MB text
+        assert r.peak_rss_kib < ref.peak_rss_kib * 1.15 + 64 * 1024, (name, r.peak_rss_kib, ref.peak_rss_kib)
+        assert r.cpu_s < ref.cpu_s * 1.5 + 2.0, (name, r.cpu_s, ref.cpu_s)
+
+
+@pytest.mark.torch
+def test_a_recipe_reads_its_texts_as_far_as_its_steps_use_them(tmp_path, model) -> None:
+    first = _prose(tmp_path / "a.txt", 16)  # 16 one-character tokens: the calibration reads on into `text`
+    small = _prose(tmp_path / "small.txt", 4096)
+    big = _nul(tmp_path / "big.txt", TEXT_LIMIT - (1 << 20))
+    ref = run_measured(["apply", _recipe(tmp_path, first, small), model, tmp_path / "o1", "--device", "cpu"],
+                       timeout=600)
+    r = run_measured(["apply", _recipe(tmp_path, first, big), model, tmp_path / "o2", "--device", "cpu"], timeout=600)
+    assert ref.rc == 0 and r.rc == 0, ref.stderr[-2000:] + r.stderr[-2000:]
+    assert r.peak_rss_kib < ref.peak_rss_kib * 1.15 + 64 * 1024, (r.peak_rss_kib, ref.peak_rss_kib)
+    assert r.cpu_s < ref.cpu_s * 1.5 + 2.0, (r.cpu_s, ref.cpu_s)
+
+
+@pytest.mark.parametrize("option", ["--text", "--calib-text"])
+def test_a_text_over_the_limit_is_refused_before_it_is_read(tmp_path, model, option) -> None:
+    """The 256 MiB limit holds for a file's size as it is opened, even when the budget would need one piece."""
+    big = _nul(tmp_path / "big.txt", TEXT_LIMIT + 1)
+    out = tmp_path / "out"
+    args = (["eval", model, "--text", big, "--max-tokens", "32", "--device", "cpu"] if option == "--text" else
+            ["quantize-kv", model, out, "--calib-text", big, "--calib-tokens", "64", "--no-eval", "--device", "cpu"])
+    check_refusal(args, sources=[model], dst=out, names=[str(big), option, "byte limit"], timeout=QUICK_S * 8)
+
+
+def test_a_blank_text_is_refused_after_reading_only_its_whitespace(tmp_path, model) -> None:
+    text = tmp_path / "blank.txt"
+    text.write_text(" \n\t" * 1000)
+    check_refusal(["eval", model, "--text", text, "--device", "cpu"], sources=[model],
+                  names=[str(text), "--text", "empty"], timeout=QUICK_S * 8)

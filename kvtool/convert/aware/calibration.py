@@ -30,12 +30,16 @@ if TYPE_CHECKING:
 LayerFn = Callable[[int, LayerInputs, Proj], Proj]
 
 
-def calibration_ids(tokenizer, text: str, tokens: int, seq_len: int, source: str) -> torch.Tensor:
-    """First `tokens` tokens of text as [tokens // seq_len, seq_len] (whole sequences only)."""
-    # a prefix is enough (tokenizing a whole book to use 2k tokens is slow); the whole text if it falls short
-    ids = tokenizer(text[: tokens * 16], add_special_tokens=False)["input_ids"]
-    if len(ids) < tokens and len(text) > tokens * 16:
-        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+def calibration_ids(tokenizer, text, tokens: int, seq_len: int, source: str, used: list | None = None) -> torch.Tensor:
+    """First `tokens` tokens of text (a str, a kvtool.tokenstream.TextFile or a list of them, joined) as
+    [tokens // seq_len, seq_len] (whole sequences only); only the text they need is read and tokenized.
+    used: gets the kvtool.tokenstream.Tokens (the used text's sha256)."""
+    from kvtool.tokenstream import first_tokens
+
+    got = first_tokens(tokenizer, text if isinstance(text, list) else [text], tokens)
+    if used is not None:
+        used.append(got)
+    ids = got.ids.tolist()
     seq_len = min(seq_len, tokens)
     if len(ids) < seq_len or seq_len < 2:
         raise UsageError(f"calibration text has {len(ids)} tokens; at least {max(seq_len, 2)} are needed",
@@ -137,14 +141,20 @@ def run_layerwise(lm: "LayerwiseModel", ids: torch.Tensor, layer_fn: LayerFn, nu
 
 @dataclass(frozen=True)
 class Source:
-    """One part of the calibration set: a text, or (text None) what the model writes itself."""
+    """One part of the calibration set: a text (a str, or files read as far as they are used: a
+    kvtool.tokenstream.TextFile or a list of them, joined), or (text None) what the model writes itself."""
 
-    text: str | None
+    text: object
     label: str
 
 
-def calibration_sources(path: str | Path | None, dataset: str | None = None) -> list[Source]:
-    """--calib-text, else the parts of the --calib-dataset (default: kvtool.datasets.MERGE_CALIBRATION)."""
+def calibration_sources(path, dataset: str | None = None) -> list[Source]:
+    """--calib-text (a path; a recipe's several files: a list of paths, one text joined by blank lines), else
+    the parts of the --calib-dataset (default: kvtool.datasets.MERGE_CALIBRATION)."""
+    if isinstance(path, (list, tuple)):
+        from kvtool.datasets import text_file
+
+        return [Source([text_file(str(f), "calib_text") for f in path], ", ".join(map(str, path)))]
     if path is not None:
         text, label = read_text(path)
         return [Source(text, label)]
@@ -161,10 +171,10 @@ def calibration_shares(k: int, tokens: int, seq_len: int) -> list[int]:
 
 
 def calibration_batch(tokenizer, sources: list[Source], tokens: int, seq_len: int,
-                      write: Callable[[int, int], torch.Tensor]) -> torch.Tensor:
+                      write: Callable[[int, int], torch.Tensor], used: list | None = None) -> torch.Tensor:
     """[n, seq_len] ids, the sources in equal shares of whole sequences (the first ones get the remainder),
-    interleaved (`interleave`). A text source gives its first tokens (calibration_ids); write(rows, seq_len) the
-    model-written ones."""
+    interleaved (`interleave`). A text source gives its first tokens (calibration_ids; `used` gets their
+    kvtool.tokenstream.Tokens); write(rows, seq_len) the model-written ones."""
     seq_len = min(seq_len, tokens)
     parts = []
     for src, n in zip(sources, calibration_shares(len(sources), tokens, seq_len)):
@@ -173,7 +183,7 @@ def calibration_batch(tokenizer, sources: list[Source], tokens: int, seq_len: in
         if src.text is None:
             parts.append(write(n, seq_len))
         else:
-            parts.append(calibration_ids(tokenizer, src.text, n * seq_len, seq_len, src.label))
+            parts.append(calibration_ids(tokenizer, src.text, n * seq_len, seq_len, src.label, used))
     return interleave(parts)
 
 
@@ -188,13 +198,23 @@ def interleave(parts: list[torch.Tensor]) -> torch.Tensor:
     return torch.stack(rows)
 
 
-def read_text(path: str | Path | None, dataset: str | None = None) -> tuple[str, str]:
-    """(text, label) from --calib-text, else the --calib-dataset (default: the built-in pydoc calibration part)."""
+def read_text(path, dataset: str | None = None) -> tuple:
+    """(text, label) from --calib-text (a kvtool.tokenstream.TextFile, read later as far as it is used), else the
+    --calib-dataset joined (default: the built-in pydoc calibration part)."""
     if path is None:
         from kvtool.datasets import calibration_texts
 
         texts, label = calibration_texts(dataset)
         return "\n\n".join(texts), label
-    from kvtool.datasets import read_text_file
+    from kvtool.datasets import text_file
 
-    return read_text_file(str(path), "calib_text"), str(Path(path))
+    return text_file(str(path), "calib_text"), str(Path(path))
+
+
+def text_sha256(used: list) -> str:
+    """sha256 of the calibration text used: of one source's text, or of the sources' sha256s in order."""
+    import hashlib
+
+    if len(used) == 1:
+        return used[0].sha256
+    return hashlib.sha256(" ".join(t.sha256 for t in used).encode()).hexdigest()

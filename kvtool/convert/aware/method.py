@@ -145,7 +145,7 @@ class AwareMerge(MergeMethod):
             import torch
 
             from kvtool.convert.aware.calibration import (calibration_batch, calibration_sources, calibration_shares,
-                                                          run_layerwise)
+                                                          run_layerwise, text_sha256)
             from kvtool.convert.aware.merge import MergeSettings, merge_layer
             from kvtool.runtime.layerwise import describe, open_layerwise, release_free_memory
             from kvtool.runtime.torch_utils import load_tokenizer
@@ -166,11 +166,11 @@ class AwareMerge(MergeMethod):
                 written.update(rows=rows, seconds=round(time.perf_counter() - t1, 2), sampling=vars(Sampling()))
                 return out
 
-            ids = calibration_batch(tokenizer, sources, s["calib_tokens"], s["seq_len"], write)
+            used: list = []  # the texts' Tokens: the sha256 of the text each one used
+            ids = calibration_batch(tokenizer, sources, s["calib_tokens"], s["seq_len"], write, used)
             # the provenance names the sources that gave sequences (a short calibration may not reach all of them)
             sources = [src for src, n in zip(sources, calibration_shares(len(sources), s["calib_tokens"],
                                                                          s["seq_len"])) if n]
-            text = "\n\n".join(src.text for src in sources if src.text is not None)
             label = " + ".join(src.label for src in sources)
             del tokenizer
             release_free_memory()  # the tokenizer (~100 MB for a 49k vocabulary) is gone before the model comes
@@ -224,7 +224,7 @@ class AwareMerge(MergeMethod):
             bar.close()
         errs = [reports[k].err_final for k in sorted(reports)]
         self._info = {
-            "calib_text": label, "calib_text_sha256": hashlib.sha256(text.encode("utf-8")).hexdigest(),
+            "calib_text": label, "calib_text_sha256": text_sha256(used) if used else None,
             "calib_ids_sha256": hashlib.sha256(ids.numpy().astype("<i8").tobytes()).hexdigest(),
             "calib_tokens": int(ids.numel()), "seq_len": int(ids.shape[1]), "refine_steps": s["refine_steps"],
             "grouping": s["grouping"], "o_ridge": s["o_ridge"], "cov_shrink": s["cov_shrink"],
