@@ -194,7 +194,7 @@ def _check(root: Path, rel: str, path: Path, row: ModelFile, loaded: bool) -> No
         st = os.stat(path)
     except OSError as exc:
         if loaded and row.kind != "weights":
-            raise InputError(_loaded_reason(exc, row), file=str(path)) from None
+            raise InputError(_reason(exc), file=str(path)) from None
         return
     folder_row = row.kind == "folder"
     if stat.S_ISREG(st.st_mode) and not folder_row:
@@ -206,8 +206,8 @@ def _check(root: Path, rel: str, path: Path, row: ModelFile, loaded: bool) -> No
         if row.kind != "weights":  # unreadable weights are named by kvtool.io.weight_files
             _must_open(path, row)
     elif loaded and row.kind != "weights" and not (folder_row and stat.S_ISDIR(st.st_mode)):
-        raise InputError(f"is {kind_of(st.st_mode)}, and transformers would open it ({row.opened_by} reads "
-                         f"{row.pattern}); kvtool reads regular files only", file=str(path))
+        raise InputError(f"is {kind_of(st.st_mode)}; transformers would open it, and kvtool hands it regular "
+                         "files only", file=str(path))
 
 
 def _resolves_to_data(path: Path) -> bool:
@@ -225,13 +225,12 @@ def _must_open(path: Path, row: ModelFile) -> None:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except OSError as exc:
-        raise InputError(f"{_os_reason(exc)}; {row.opened_by.replace(', ', ' and ')} would open it",
-                         file=str(path)) from None
+        raise InputError(_reason(exc, row.opened_by.replace(", ", " and ")), file=str(path)) from None
     os.close(fd)
 
 
-def _loaded_reason(exc: OSError, row: ModelFile) -> str:
-    return f"{_os_reason(exc)}; transformers would open it ({row.pattern})"
+def _reason(exc: OSError, who: str = "transformers") -> str:
+    return f"{_os_reason(exc)}; {who} would open it"
 
 
 def _os_reason(exc: OSError) -> str:

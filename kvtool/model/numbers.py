@@ -216,14 +216,14 @@ def head_split_problem(spec) -> tuple[str, str] | None:
     return None
 
 
-def require_valid_numbers(spec, file: str) -> None:
-    """Refuse (InputError, exit 2) a config with any value outside its bound, or query heads that do not
-    split over the KV heads (lint's KV101 / KV102): commands compute with them."""
+def require_valid_numbers(spec, file: str, *, heads: bool = True) -> None:
+    """Refuse (InputError, exit 2) a config with any value outside its bound, or (heads=True) query heads that
+    do not split over the KV heads (lint's KV101 / KV102): commands compute with them."""
     for name, bad in spec.invalid.items():
         if name in LINT_ONLY:
             continue
         raise InputError(f"got {bad.got}; it must be {bad.need}", file=file, field=bad.key)
-    split = head_split_problem(spec)
+    split = head_split_problem(spec) if heads else None
     if split is not None:
         raise InputError(split[1], file=file, field=split[0])
     from kvtool.model.layer_types import layer_types_problems

@@ -105,3 +105,22 @@ def check_refusal(args: list[str], *, sources: list[Path], dst: Path | None = No
     if trap is not None:
         assert not trap.exists(), f"checkpoint code ran (trap {trap} exists)\n{what}"
     return r
+
+
+def command_args(m: Path, ws: Path) -> dict[str, tuple[list, Path | None]]:
+    """Every command on model folder `m` as (arguments, the DST it must not leave), files it needs made in `ws`."""
+    out = ws / "out"
+    (ws / "calib.txt").write_text("the quick brown fox jumps over the lazy dog\n" * 20)
+    recipe = ws / "r.yaml"
+    recipe.write_text("version: 1\nname: r\nsteps:\n  - convert: {to: mqa}\n")
+    return {
+        "lint": (["lint", m], None),
+        "kv-budget": (["kv-budget", m, "--gpu", "L4"], None),
+        "convert": (["convert", m, out, "--to", "mqa"], out),
+        "convert-dry-run": (["convert", m, "--to", "mqa", "--dry-run"], None),
+        "eval": (["eval", m, "--device", "cpu", "--max-tokens", "16"], None),
+        "quantize-kv": (["quantize-kv", m, out, "--calib-text", ws / "calib.txt", "--no-eval", "--device", "cpu"], out),
+        "rope": (["rope", m, out, "--type", "linear", "--factor", "2"], out),
+        "rope-show": (["rope", m, "--show"], None),
+        "apply": (["apply", recipe, m, out], out),
+    }

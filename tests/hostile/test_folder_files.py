@@ -13,7 +13,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from harness import check_refusal
+from harness import check_refusal, command_args
 
 from kvtool.io.model_files import MODEL_FILES, TEMPLATE_DIR, TEMPLATE_LIMIT
 
@@ -22,19 +22,7 @@ SECRET = '{"api_token": "hunter2"}'
 
 
 def _commands(m: Path, ws: Path) -> dict:
-    out = ws / "out"
-    (ws / "calib.txt").write_text("the quick brown fox jumps over the lazy dog\n" * 20)
-    recipe = ws / "r.yaml"
-    recipe.write_text("version: 1\nname: r\nsteps:\n  - convert: {to: mqa}\n")
-    return {
-        "lint": (["lint", m], None),
-        "kv-budget": (["kv-budget", m, "--gpu", "L4"], None),
-        "convert": (["convert", m, out, "--to", "mqa"], out),
-        "eval": (["eval", m, "--device", "cpu", "--max-tokens", "16"], None),
-        "quantize-kv": (["quantize-kv", m, out, "--calib-text", ws / "calib.txt", "--no-eval", "--device", "cpu"], out),
-        "rope": (["rope", m, out, "--type", "linear", "--factor", "2"], out),
-        "apply": (["apply", recipe, m, out], out),
-    }
+    return command_args(m, ws)
 
 
 COMMANDS = ["lint", "kv-budget", "convert", "eval", "quantize-kv", "rope", "apply"]

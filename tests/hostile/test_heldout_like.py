@@ -13,23 +13,13 @@ import shutil
 from pathlib import Path
 
 import pytest
-from harness import check_refusal, run_kvtool
+from harness import check_refusal, command_args, run_kvtool
 
 TINY = Path(__file__).resolve().parents[2] / "examples" / "llama-gqa-tiny"
 
 
 def _commands(m: Path, out: Path) -> dict:
-    recipe = out.parent / "r.yaml"
-    recipe.write_text("version: 1\nname: r\nsteps:\n  - convert: {to: mqa}\n")
-    return {
-        "lint": (["lint", m], None),
-        "kv-budget": (["kv-budget", m, "--gpu", "L4"], None),
-        "convert": (["convert", m, out, "--to", "mqa"], out),
-        "convert-dry-run": (["convert", m, "--to", "mqa", "--dry-run"], None),
-        "rope": (["rope", m, out, "--type", "linear", "--factor", "2"], out),
-        "rope-show": (["rope", m, "--show"], None),
-        "apply": (["apply", recipe, m, out], out),
-    }
+    return command_args(m, out.parent)
 
 
 @pytest.fixture

@@ -253,6 +253,28 @@ def test_every_file_transformers_opens_is_in_the_table(rich_folder, gemma3_path,
             assert expected <= opened, expected - opened
 
 
+def test_every_file_a_model_load_opens_is_in_the_table(smollm2_path, tmp_path, monkeypatch) -> None:
+    """AutoModelForCausalLM too: config, weights (opened by safetensors' Rust code: its safe_open is traced)."""
+    import transformers.modeling_utils as modeling_utils
+    from transformers import AutoModelForCausalLM
+
+    from tests.hostile.models import llama_with_tokenizer
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    folder = llama_with_tokenizer(tmp_path / "tiny", smollm2_path)
+    trace = _OpenTrace(folder)
+    real_safe_open = modeling_utils.safe_open
+    monkeypatch.setattr(modeling_utils, "safe_open", lambda path, *a, **k: trace._add(path) or real_safe_open(path, *a, **k))
+    try:
+        AutoModelForCausalLM.from_pretrained(str(folder), trust_remote_code=False)
+        _load_everything(folder)
+    finally:
+        opened = trace.stop()
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= opened, opened
+    unlisted = sorted(rel for rel in opened if row_of(rel) is None or "transformers" not in row_of(rel).opened_by)
+    assert not unlisted, f"transformers opened files kvtool's table does not list for it: {unlisted}"
+
+
 def test_every_file_transformers_opens_is_checked_first(rich_folder, tmp_path, monkeypatch) -> None:
     """Each file the loaders opened, linked outside: kvtool's gate refuses the folder before any load."""
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
