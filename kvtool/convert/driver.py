@@ -244,9 +244,6 @@ def plan(ckpt: Checkpoint, *, to: str, groups: int | None = None, method: str = 
     for name, val in (("num_heads", H), ("num_kv_heads", KV), ("head_dim", hd), ("num_layers", L)):
         if not val or val <= 0:
             raise InputError(f"cannot read {name} from the config", file=config_file, field=spec.key(name))
-    if H % KV:
-        raise InputError(f"{H} query heads do not split into {KV} KV heads", file=config_file,
-                         field=spec.key("num_kv_heads"))
     flag = kv_field_is_boolean(arch, spec.config)
     G = resolve_target(to, groups, H, KV, flag_field=flag)
     from kvtool.model.layer_types import KV_CACHE_TYPES

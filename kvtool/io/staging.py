@@ -127,6 +127,12 @@ def sigterm_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, old)
 
 
+def os_error_file(exc: OSError, default: str | Path) -> str:
+    """The file an OSError is about (its filename, set by open / stat / copy), else `default`."""
+    name = exc.filename if exc.filename is not None else None
+    return os.fsdecode(name) if isinstance(name, (str, bytes, os.PathLike)) else str(default)
+
+
 def _os_error_message(exc: OSError) -> str:
     if exc.errno == errno.ENOSPC:
         return "no space left on device; nothing was written"
@@ -222,8 +228,9 @@ def staged_output(dst: str | Path, *, force: bool = False, protect: Iterable[Pat
                 COMPLETED.append(dst)
             raise
         shutil.rmtree(tmp, ignore_errors=True)
-        if isinstance(exc, OSError) and not isinstance(exc, KvtoolError):
-            raise InputError(_os_error_message(exc), file=str(dst)).relocate(str(tmp), str(dst)) from None
+        if isinstance(exc, OSError) and not isinstance(exc, KvtoolError):  # named by the file that failed (a
+            # source kvtool could not read is not DST), else DST
+            raise InputError(_os_error_message(exc), file=os_error_file(exc, dst)).relocate(str(tmp), str(dst)) from None
         if isinstance(exc, KvtoolError):  # errors name DST/file, never the hidden staging folder
             exc.relocate(str(tmp), str(dst))
         raise

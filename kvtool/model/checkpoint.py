@@ -128,10 +128,11 @@ def _open_folder(text: str, root: Path, read_weights: bool, read_side_files: boo
         raise InputError("symlink loop", file=str(cfg))
     if not cfg.exists() and not cfg.is_symlink():
         raise InputError("no config.json in the model folder", file=str(cfg))
-    from kvtool.io.staging import check_inside
+    from kvtool.io.model_files import check_model_files
 
-    if cfg.is_file():  # kvtool reads only the folders it was given (as for weights, KV704); a FIFO or
-        check_inside(root, cfg)  # device is refused below by what it is, unread
+    # before any file is read: every file kvtool or transformers may open (config.json, the index,
+    # tokenizer files, chat templates...) that leads outside the folder or exceeds its size limit is refused
+    check_model_files(root)
     # a config.json that is a folder, FIFO or device: load_json_object names what it is
     ckpt = Checkpoint(source=text, root=root, config_doc=load_json_object(cfg, what="config"))
     if read_side_files:
@@ -155,7 +156,7 @@ def _read_weights(ckpt: Checkpoint, root: Path) -> None:
 
 
 def _optional_json(path: Path) -> dict | None:
-    if not is_inside(path.parent, path.name) or not path.is_file():  # outside the folder: never read
+    if not is_inside(path.parent, path.name) or not path.is_file():  # outside the folder: refused before
         return None
     try:
         return load_json_object(path).data
@@ -201,19 +202,35 @@ def _os_message(exc: OSError) -> str:
 
 
 def _open_hub(repo_id: str) -> Checkpoint:
-    """Config and safetensors header metadata from the hub; never the weights."""
+    """Config and safetensors header metadata from the hub; never the weights. Without a network (or with
+    HF_HUB_OFFLINE) only the local cache is read: one line and no retries when it misses (kvtool.io.hub)."""
     try:
         import huggingface_hub as hf
     except ImportError:
         raise InputError("is not a local path, and reading from the hub needs `pip install huggingface_hub`", file=repo_id) from None
+    from kvtool.io.hub import ETAG_TIMEOUT_S, offline_reason, quiet_hub, stay_offline
+
+    offline = offline_reason()
+    if offline:
+        stay_offline()
     try:
-        cfg_file = hf.hf_hub_download(repo_id, "config.json")
+        with quiet_hub():
+            if offline:
+                cfg_file = hf.hf_hub_download(repo_id, "config.json", local_files_only=True)
+            else:
+                cfg_file = hf.hf_hub_download(repo_id, "config.json", etag_timeout=ETAG_TIMEOUT_S)
     except Exception as exc:  # offline, missing repo, gated: all one line for the user
+        if offline:
+            raise InputError(f"is not a local folder or file, and its config.json is not in the local Hugging Face "
+                             f"cache ({offline})", file=repo_id) from None
         raise InputError(f"cannot fetch config.json from the Hugging Face hub ({type(exc).__name__}); "
                          "check the id, your network, or HF_HUB_OFFLINE", file=repo_id) from None
     ckpt = Checkpoint(source=repo_id, root=None, config_doc=load_json_object(Path(cfg_file), what="config"), hub=True)
+    if offline:
+        return ckpt  # header metadata needs the hub: config-only checks still run
     try:
-        meta = hf.get_safetensors_metadata(repo_id)
+        with quiet_hub():
+            meta = hf.get_safetensors_metadata(repo_id)
     except Exception:
         return ckpt  # no safetensors on the hub: config-only checks still run
     for fname, fmeta in meta.files_metadata.items():

@@ -199,12 +199,33 @@ def invalid_rope(spec) -> dict[str, BadNumber]:
     return out
 
 
-def require_valid_numbers(spec, file: str) -> None:
-    """Refuse (InputError, exit 2) a config with any value outside its bound: commands compute with them."""
+def head_split_problem(spec) -> tuple[str, str] | None:
+    """(config key, why) when the query heads do not split evenly over the KV heads, else None.
+
+    One verdict for lint (KV101 / KV102) and every command: transformers' repeat_kv and vLLM's attention
+    layers share each KV head among num_heads // num_kv_heads query heads; MLA models decompress one K/V
+    head per query head, so only num_kv_heads == num_heads runs (kvtool/rules/heads.py)."""
+    h, kv = spec.get("num_heads"), spec.get("num_kv_heads")
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (h, kv)):
+        return None  # missing or invalid values are reported by the bounds (KV906 / KV101)
+    key = spec.key("num_kv_heads") or "num_key_value_heads"
+    if spec.is_mla and kv != h:
+        return key, f"{h} query heads need {h} KV heads on an MLA model (one decompressed K/V head each), not {kv}"
+    if h % kv:
+        return key, f"{h} query heads do not split into {kv} KV heads"
+    return None
+
+
+def require_valid_numbers(spec, file: str, *, heads: bool = True) -> None:
+    """Refuse (InputError, exit 2) a config with any value outside its bound, or (heads=True) query heads that
+    do not split over the KV heads (lint's KV101 / KV102): commands compute with them."""
     for name, bad in spec.invalid.items():
         if name in LINT_ONLY:
             continue
         raise InputError(f"got {bad.got}; it must be {bad.need}", file=file, field=bad.key)
+    split = head_split_problem(spec) if heads else None
+    if split is not None:
+        raise InputError(split[1], file=file, field=split[0])
     from kvtool.model.layer_types import layer_types_problems
 
     key = spec.prefixed("layer_types")

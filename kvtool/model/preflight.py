@@ -47,19 +47,24 @@ def preflight(source: str | os.PathLike, *, model_code: bool = False, read_side_
     if ckpt.root is not None:
         raise_first_error(ckpt, ckpt.root, require_weights=require_weights)
         if model_code:
+            from kvtool.io.model_files import check_model_files
+
+            check_model_files(ckpt.root, loaded=True)  # FIFOs, devices, unreadable files transformers would open
             refuse_auto_map(ckpt.root)
             refuse_unreadable_json(ckpt.root)
+            refuse_named_files(ckpt.root)
     elif model_code:
         _refuse_entries(ckpt.config.get("auto_map"), str(ckpt.config_path) if not ckpt.hub else ckpt.source)
     return ckpt
 
 
 def check_loadable(*paths: str | os.PathLike | None) -> None:
-    """Each local folder among `paths` must pass preflight with model code refused (hub ids and None pass).
+    """Each folder or hub id among `paths` must pass preflight with model code refused (None passes): a bad
+    folder, a missing path, or a hub id without a network (kvtool.io.hub) is one line here.
 
     Loaders call it, and commands that import torch call it first so a refusal costs no torch import."""
     for path in paths:
-        if path is not None and Path(path).is_dir():
+        if path is not None and (Path(path).is_dir() or not Path(path).exists()):
             preflight(path, model_code=True, read_side_files=False)
 
 
@@ -84,6 +89,31 @@ def refuse_unreadable_json(root: Path) -> None:
         if path.is_file():
             check_inside(root, path)
         load_json_object(path, what=name.removesuffix(".json").replace("_", " "))
+
+
+# Lists in a JSON file naming other files for transformers to open (transformers 5.24 configuration_utils.py
+# get_configuration_file, tokenization_utils_base.py get_fast_tokenizer_file pick one by version and open it
+# joined to the folder): each entry must be a plain file name, so the file is one of the folder's own.
+NAMED_FILES = (("config.json", "configuration_files"), ("tokenizer_config.json", "fast_tokenizer_files"))
+
+
+def refuse_named_files(root: Path) -> None:
+    from kvtool.io.jsonfile import load_json_object
+    from kvtool.io.weight_files import is_inside
+
+    for name, key in NAMED_FILES:
+        path = root / name
+        if not path.is_file():
+            continue
+        listed = load_json_object(path).data.get(key)
+        if listed is None:
+            continue
+        if not isinstance(listed, list):
+            raise InputError(f"must be a list of file names, got {type(listed).__name__}", file=str(path), field=key)
+        for i, entry in enumerate(listed):
+            if not isinstance(entry, str) or "/" in entry or not is_inside(root, entry):
+                raise InputError(f"names {entry!r:.80}, not a file of the model folder; transformers would open it",
+                                 file=str(path), field=f"{key}[{i}]")
 
 
 def _refuse_entries(auto_map, file: str) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from kvtool.model.numbers import head_split_problem
 from kvtool.rules.registry import checker, define
 
 define("KV101", "kv-heads-invalid", "error",
@@ -46,12 +47,14 @@ def check_kv_heads(ctx) -> None:
         return
     if kv > h:
         ctx.report("KV101", f"{kv_key} = {kv} exceeds {spec.key('num_heads')} = {h}", path=kv_key)
-    elif spec.is_mla and kv != h:
+    elif head_split_problem(spec) is None:  # the verdict every command refuses by (kvtool.model.numbers)
+        return
+    elif spec.is_mla:
         # MLA decompresses one K/V head per query head; transformers then repeats them by H // KV
         ctx.report("KV102", f"{kv_key} = {kv} differs from {spec.key('num_heads')} = {h} on an MLA model: transformers "
                             f"decompresses {h} K/V heads and repeats them {h // kv} times (only {kv_key} = {h} runs)",
                    path=kv_key)
-    elif h % kv:
+    else:
         ctx.report("KV102", f"{spec.key('num_heads')} = {h} is not divisible by {kv_key} = {kv} "
                             f"(valid: {_divisors(h)})", path=kv_key)
 

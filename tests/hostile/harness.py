@@ -54,7 +54,8 @@ class Result:
 
 
 def run_kvtool(args: list[str], *, cwd: Path | None = None, env: dict | None = None, stdin=subprocess.DEVNULL,
-               timeout: float = TIME_BOUND_S, input: bytes | None = None) -> Result:
+               timeout: float = TIME_BOUND_S, input: bytes | None = None, prefix: list[str] = ()) -> Result:
+    """kvtool in a subprocess; `prefix` runs it under a wrapper (e.g. setpriv dropping root's file capabilities)."""
     e = dict(os.environ)
     e.setdefault("OMP_NUM_THREADS", "1")
     e.pop("KVTOOL_DEBUG", None)
@@ -62,7 +63,7 @@ def run_kvtool(args: list[str], *, cwd: Path | None = None, env: dict | None = N
         e.update(env)
     t0 = time.monotonic()
     kw = {"input": input} if input is not None else {"stdin": stdin}
-    p = subprocess.run([sys.executable, "-m", "kvtool", *map(str, args)], cwd=cwd, env=e, capture_output=True,
+    p = subprocess.run([*prefix, sys.executable, "-m", "kvtool", *map(str, args)], cwd=cwd, env=e, capture_output=True,
                        timeout=timeout, **kw)
     dt = time.monotonic() - t0
     err = p.stderr.decode("utf-8", "replace")
@@ -73,13 +74,13 @@ def run_kvtool(args: list[str], *, cwd: Path | None = None, env: dict | None = N
 def check_refusal(args: list[str], *, sources: list[Path], dst: Path | None = None, exit_code: int = 2,
                   names: list[str] = (), trap: Path | None = None, timeout: float = TIME_BOUND_S,
                   stdin=subprocess.DEVNULL, input: bytes | None = None, env: dict | None = None,
-                  allow_progress: bool = False) -> Result:
+                  allow_progress: bool = False, prefix: list[str] = ()) -> Result:
     """Run and assert the hostile-input contract; `names` must all appear in the error line."""
     before = tree_digest(*sources)
     e = dict(env or {})
     if trap is not None:
         e[TRAP_ENV] = str(trap)
-    r = run_kvtool(args, env=e, timeout=timeout, stdin=stdin, input=input)
+    r = run_kvtool(args, env=e, timeout=timeout, stdin=stdin, input=input, prefix=prefix)
     what = f"kvtool {' '.join(map(str, args))}\nrc={r.rc}\nstderr:\n{r.stderr}\nstdout:\n{r.stdout[-2000:]}"
     assert r.rc == exit_code, what
     assert "Traceback" not in r.stderr and "Traceback" not in r.stdout, what
@@ -142,3 +143,22 @@ def run_measured(args: list[str], *, env: dict | None = None, timeout: float = T
         stdout, stderr = out.read().decode("utf-8", "replace"), err.read().decode("utf-8", "replace")
     return Measured(p.returncode, stdout, stderr, time.monotonic() - t0,
                     [ln for ln in stderr.splitlines() if ln.strip()], usage.ru_maxrss, usage.ru_utime + usage.ru_stime)
+
+
+def command_args(m: Path, ws: Path) -> dict[str, tuple[list, Path | None]]:
+    """Every command on model folder `m` as (arguments, the DST it must not leave), files it needs made in `ws`."""
+    out = ws / "out"
+    (ws / "calib.txt").write_text("the quick brown fox jumps over the lazy dog\n" * 20)
+    recipe = ws / "r.yaml"
+    recipe.write_text("version: 1\nname: r\nsteps:\n  - convert: {to: mqa}\n")
+    return {
+        "lint": (["lint", m], None),
+        "kv-budget": (["kv-budget", m, "--gpu", "L4"], None),
+        "convert": (["convert", m, out, "--to", "mqa"], out),
+        "convert-dry-run": (["convert", m, "--to", "mqa", "--dry-run"], None),
+        "eval": (["eval", m, "--device", "cpu", "--max-tokens", "16"], None),
+        "quantize-kv": (["quantize-kv", m, out, "--calib-text", ws / "calib.txt", "--no-eval", "--device", "cpu"], out),
+        "rope": (["rope", m, out, "--type", "linear", "--factor", "2"], out),
+        "rope-show": (["rope", m, "--show"], None),
+        "apply": (["apply", recipe, m, out], out),
+    }

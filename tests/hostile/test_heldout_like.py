@@ -13,23 +13,13 @@ import shutil
 from pathlib import Path
 
 import pytest
-from harness import check_refusal, run_kvtool
+from harness import check_refusal, command_args, run_kvtool
 
 TINY = Path(__file__).resolve().parents[2] / "examples" / "llama-gqa-tiny"
 
 
 def _commands(m: Path, out: Path) -> dict:
-    recipe = out.parent / "r.yaml"
-    recipe.write_text("version: 1\nname: r\nsteps:\n  - convert: {to: mqa}\n")
-    return {
-        "lint": (["lint", m], None),
-        "kv-budget": (["kv-budget", m, "--gpu", "L4"], None),
-        "convert": (["convert", m, out, "--to", "mqa"], out),
-        "convert-dry-run": (["convert", m, "--to", "mqa", "--dry-run"], None),
-        "rope": (["rope", m, out, "--type", "linear", "--factor", "2"], out),
-        "rope-show": (["rope", m, "--show"], None),
-        "apply": (["apply", recipe, m, out], out),
-    }
+    return command_args(m, out.parent)
 
 
 @pytest.fixture
@@ -80,7 +70,8 @@ def test_config_json_symlinked_out_of_the_model_folder_is_not_read(model, tmp_pa
 
 @pytest.mark.parametrize("name", ["tokenizer.json", "tokenizer_config.json", "generation_config.json"])
 def test_lint_does_not_read_side_files_symlinked_outside(model, tmp_path, monkeypatch, name) -> None:
-    """lint and kv-budget read these for cross-checks only; one that leads outside is left unread."""
+    """lint and kv-budget read these for cross-checks only; one that leads outside is refused, unread."""
+    from kvtool.errors import InputError
     from kvtool.model.checkpoint import open_checkpoint
 
     outside = tmp_path / "secret.json"
@@ -98,10 +89,9 @@ def test_lint_does_not_read_side_files_symlinked_outside(model, tmp_path, monkey
     real_builtin = builtins.open
     monkeypatch.setattr(builtins, "open", lambda f, *a, **kw: guarded(Path(f), *a, **kw) if isinstance(f, (str, Path))
                         else real_builtin(f, *a, **kw))
-    ckpt = open_checkpoint(model, read_weights=False)
-    assert ckpt.tokenizer_vocab_size is None if name == "tokenizer.json" else True
-    assert (ckpt.generation_config if name == "generation_config.json" else ckpt.tokenizer_config
-            if name == "tokenizer_config.json" else None) is None
+    with pytest.raises(InputError, match="outside the model folder") as exc:
+        open_checkpoint(model, read_weights=False)
+    assert exc.value.file == str(model / name)
 
 
 def _empty_weights(model: Path, header: dict) -> Path:

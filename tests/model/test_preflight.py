@@ -60,5 +60,13 @@ def test_weightless_folder_only_when_allowed(tmp_path):
         preflight(tmp_path, require_weights=False)
 
 
-def test_hub_ids_and_missing_paths_pass_the_loader_gate():
-    check_loadable(None, "org/not-a-local-folder")
+def test_hub_ids_and_missing_paths_are_checked_by_the_loader_gate(monkeypatch, tmp_path):
+    """A missing path, or a hub id the hub cannot serve, is one line before torch is imported (None passes)."""
+    constants = pytest.importorskip("huggingface_hub.constants")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", constants.HF_HUB_OFFLINE)  # stay_offline() sets it
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    check_loadable(None)
+    with pytest.raises(InputError, match="not in the local Hugging Face cache"):
+        check_loadable("org/not-a-local-folder")
+    with pytest.raises(InputError, match="no such file"):
+        check_loadable(str(tmp_path / "missing" / "x"))
