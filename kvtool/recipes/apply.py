@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from kvtool import __version__
+from kvtool import __version__, console
 from kvtool.errors import GateFailed, InputError, KvtoolError, UsageError
 from kvtool.model.preflight import preflight
 from kvtool.model.numbers import require_valid_numbers
@@ -193,7 +193,7 @@ def _versions() -> dict:
 
 def apply_recipe(recipe_path: str | Path, src: str | Path, dst: str | Path, *, dry_run: bool = False,
                  keep_intermediate: bool = False, force: bool = False, device: str = "auto",
-                 progress: bool | None = None, echo: Callable[[str], None] = print) -> dict:
+                 progress: bool | None = None, echo: Callable[[str], None] = console.out) -> dict:
     """Validate the whole recipe, then run it. Returns the report; raises GateFailed on a failed gate."""
     recipe = load_recipe(recipe_path)
     src = Path(src)
