@@ -231,19 +231,8 @@ def _entry() -> None:
         rc = main()
     except KeyboardInterrupt:  # between main's own handler and the exit
         rc = _interrupted()
-    _settle_stdout()
+    console.settle()
     sys.exit(rc)
-
-
-def _settle_stdout() -> None:
-    """Output a full device refused stays unwritten: drop it, so the interpreter's last flush adds no
-    second error report (and no exit 120) to the one line already printed."""
-    try:
-        sys.stdout.flush()
-    except (OSError, ValueError):
-        fd = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(fd, 1)
-        os.close(fd)
 
 
 def _sigterm(signum, frame) -> None:

@@ -18,6 +18,7 @@ carry characters that rewrite a terminal (ESC, CSI U+009B, OSC), end a line (CR,
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 import unicodedata
@@ -55,11 +56,11 @@ def escape(value: str) -> str:
     return "".join(_escape_char(c) if unsafe(c) else c for c in value)
 
 
-def _neutral(line: str) -> str:
-    """An escaped line that no CI runner reads as a workflow command."""
+def _neutral(line: str, command: bool = False) -> str:
+    """An escaped line that no CI runner reads as a workflow command (but the `command` it is)."""
     if _LEGACY_COMMAND in line:
         line = line.replace(_LEGACY_COMMAND, "##\\x5b")
-    if line.lstrip().startswith("::"):
+    if not command and line.lstrip().startswith("::"):
         line = _COMMAND_START.sub(lambda m: m.group(1) + "\\x3a", line, count=1)
     return line
 
@@ -105,7 +106,7 @@ def command(name: str, props: dict, message_lines: Iterable[str]) -> str:
         raise ValueError(f"not a workflow command name: {name!r}")
     shown = ",".join(f"{k}={_github_property(str(v))}" for k, v in props.items() if v not in (None, ""))
     data = "%0A".join(_github_data(m) for m in message_lines)
-    return _Command(f"::{name}{' ' + shown if shown else ''}::{data.replace(_LEGACY_COMMAND, '##%5B')}")
+    return _Command(_neutral(f"::{name}{' ' + shown if shown else ''}::{data}", command=True))
 
 
 class OutputFailed(OSError):
@@ -131,6 +132,17 @@ def out(text: str | Iterable[str], *, err: bool = False, stream: TextIO | None =
 def redraw(line: str, stream: TextIO) -> None:
     """A progress bar's line drawn over the previous one (a carriage return, no newline): kvtool's one \\r."""
     _write("\r" + _neutral(escape(line)), err=True, stream=stream)
+
+
+def settle() -> None:
+    """At exit: output a full device refused stays unwritten (dropped), so the interpreter's last flush
+    adds no second error report (and no exit 120) to the one line already printed."""
+    try:
+        sys.stdout.flush()
+    except (OSError, ValueError):
+        fd = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(fd, 1)
+        os.close(fd)
 
 
 def stderr() -> TextIO:
