@@ -87,6 +87,13 @@ def parse_json(text: str, path: Path | str, *, what: str = "JSON file", nonstand
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
+def lone_surrogate(s: str) -> str | None:
+    """What is wrong with `s` if it holds a lone surrogate (from a `\\ud800` escape), else None."""
+    m = _SURROGATE.search(s)
+    return None if m is None else f"a lone surrogate \\u{ord(m.group()):04x} in a string (not valid Unicode: " \
+                                  f"UTF-8 cannot encode it)"
+
+
 def check_unicode(data, text: str, path: Path | str) -> None:
     """Refuse a string (key or value) holding a lone surrogate (`"\\ud800"` unpaired): JSON Python reads but
     no UTF-8 writer, Rust parser (safetensors, tokenizers) or terminal takes; named by its field."""
@@ -99,9 +106,8 @@ def check_unicode(data, text: str, path: Path | str) -> None:
         for k, v in items:
             here = f"{where}[{k}]" if isinstance(k, int) else f"{where}.{k}" if where else k
             for s in ((k, v) if isinstance(v, str) else (k,)):
-                if isinstance(s, str) and (m := _SURROGATE.search(s)):
-                    raise InputError(f"a lone surrogate \\u{ord(m.group()):04x} in a string (not valid Unicode: "
-                                     f"UTF-8 cannot encode it)", file=str(path), field=here)
+                if isinstance(s, str) and (problem := lone_surrogate(s)):
+                    raise InputError(problem, file=str(path), field=here)
             if isinstance(v, (dict, list)):
                 stack.append((v, here))
 
