@@ -104,6 +104,9 @@ def _main(argv: list[str] | None) -> int:
 
         done = f"; {', '.join(str(p) for p in COMPLETED)} is written" if COMPLETED else ""
         return _error(f"kvtool: error: {exc.stream}: cannot write: {exc.strerror}{done}", EXIT_INPUT)
+    except OSError as exc:  # the system refused (a name too long, a read-only or vanished place): not a kvtool bug
+        where = f"{exc.filename}: " if exc.filename else ""
+        return _error(f"kvtool: error: {one_line(where + (exc.strerror or str(exc)))}", EXIT_INPUT)
     except ModuleNotFoundError as exc:
         from kvtool.deps import missing
 
