@@ -1,9 +1,7 @@
 """kvtool/console.py: the one writer of stdout / stderr, and what it escapes.
 
-The GitHub runner's parsing is emulated from its source (actions/runner src/Runner.Common/ActionCommand.cs:
-TryParseV2 trims leading white space and needs `::name ...::`; TryParse finds `##[name ...]` anywhere in a
-line; properties unescape %0D %0A %3A %2C %25, data %0D %0A %25), so the tests can ask what a line makes
-the runner do.
+The GitHub runner's parsing is emulated from its source (kvtest.runner_command), so the tests can ask what a
+line makes the runner do.
 """
 
 from __future__ import annotations
@@ -18,49 +16,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvtest import REPO
+from kvtest import HOSTILE_PIECES, REPO, raw_controls, runner_command
 from kvtool import console
 
-RUNNER_COMMANDS = {"error", "warning", "notice", "debug", "group", "endgroup", "add-mask", "set-output",
-                   "save-state", "stop-commands", "echo", "add-matcher", "remove-matcher", "set-env", "add-path"}
 BIDI_CONTROLS = {"LRE", "RLE", "LRO", "RLO", "PDF", "LRI", "RLI", "FSI", "PDI"}
-# pieces an attacker strings together: terminal escapes, line breaks, workflow commands, GitHub's escapes
-PIECES = ["\r", "\n", "\r\n", "\x1b[2J", "\x1b]0;pwned\x07", "\x9b31m", "\x7f", "\x00", "\t", "\x85", "\u2028",
-          "\u2029", "\u202e", "\u2066", "\u200b", "\ufeff", "\U000e0041", "\ud800", "\udcff", "::error file=x::forged",
-          "::set-output name=a::b", "##[error]forged", "  ::warning::w", "%0A", "%25", "%", ":", ",", "a", "é", " "]
-hostile = st.lists(st.sampled_from(PIECES), min_size=1, max_size=8).map("".join) | st.text(max_size=20)
-
-
-def runner_command(line: str) -> tuple[str, dict, str] | None:
-    """What the GitHub runner executes for one output line (name, properties, data), or None."""
-    msg = line.lstrip()  # .NET TrimStart: Unicode white space (our escaped lines hold no other kind)
-    if msg.startswith("::"):
-        end = msg.find("::", 2)
-        if end >= 0:
-            info = msg[2:end]
-            name, _, props = info.partition(" ")
-            if name.lower() in RUNNER_COMMANDS:
-                out = {}
-                for p in filter(None, props.strip().split(",")):  # .NET Trim, Split(RemoveEmptyEntries)
-                    k, eq, v = p.partition("=")
-                    if eq and k and v:
-                        for a, b in (("%0D", "\r"), ("%0A", "\n"), ("%3A", ":"), ("%2C", ","), ("%25", "%")):
-                            v = v.replace(a, b)
-                        out[k] = v
-                data = msg[end + 2:]
-                for a, b in (("%0D", "\r"), ("%0A", "\n"), ("%25", "%")):
-                    data = data.replace(a, b)
-                return name.lower(), out, data
-    at = line.find("##[")
-    if at >= 0 and "]" in line[at:]:
-        name = line[at + 3:line.index("]", at)].partition(" ")[0]
-        if name.lower() in RUNNER_COMMANDS:
-            return name.lower(), {}, ""
-    return None
-
-
-def unsafe_chars(text: str) -> list[str]:
-    return [c for c in text if c != "\n" and console.unsafe(c)]
+hostile = st.lists(st.sampled_from(HOSTILE_PIECES), min_size=1, max_size=8).map("".join) | st.text(max_size=20)
 
 
 def test_every_control_separator_format_and_surrogate_character_is_escaped():
@@ -82,7 +42,7 @@ def test_printable_text_is_unchanged():
 @given(hostile)
 def test_escape_is_one_safe_line_and_idempotent(value):
     shown = console.escape(value)
-    assert "\n" not in shown and unsafe_chars(shown) == []
+    assert "\n" not in shown and raw_controls(shown) == []
     assert console.escape(shown) == shown
     shown.encode("utf-8")  # lone surrogates too: never a UnicodeEncodeError on stdout
 
@@ -95,7 +55,7 @@ def test_lines_keep_each_value_on_its_line_and_start_no_workflow_command(values)
     out = text[:-1].split("\n")
     assert len(out) == 2 * len(values)
     for line in out:
-        assert unsafe_chars(line) == [] and runner_command(line) is None, line
+        assert raw_controls(line) == [] and runner_command(line) is None, line
 
 
 @settings(max_examples=300, deadline=None)
@@ -104,14 +64,14 @@ def test_json_text_is_the_same_data_and_nothing_a_terminal_or_runner_acts_on(obj
     text = console.json_text(obj, indent=2, sort_keys=True)
     assert json.loads(text) == json.loads(json.dumps(obj))  # (two lone surrogates side by side make a pair)
     for line in text.splitlines():
-        assert unsafe_chars(line) == [] and runner_command(line) is None and line.isascii(), line
+        assert raw_controls(line) == [] and runner_command(line) is None and line.isascii(), line
 
 
 @settings(max_examples=300, deadline=None)
 @given(hostile, hostile, st.lists(hostile, min_size=1, max_size=3))
 def test_a_workflow_command_carries_exactly_its_values(file, title, message):
     line = console.lines([console.command("error", {"file": file, "line": 3, "title": title}, message)])[:-1]
-    assert "\n" not in line and unsafe_chars(line) == []
+    assert "\n" not in line and raw_controls(line) == []
     name, props, data = runner_command(line)
     assert name == "error"
     # the legacy `##[` syntax is shown escaped everywhere, inside a command too

@@ -348,7 +348,8 @@ def _finish(ctx: RunContext, dst: Path, report: dict, *, force: bool) -> None:
             for item in final.iterdir():
                 os.replace(item, tmp / item.name)
         (tmp / "kvtool-report.json").write_text(json.dumps(report, indent=2, default=str) + "\n", encoding="utf-8")
-        (tmp / "kvtool-report.md").write_text(render_markdown(report), encoding="utf-8")
+        # a path from a file name that is not UTF-8 holds lone surrogates: written as \udcff, never an error
+        (tmp / "kvtool-report.md").write_text(render_markdown(report), encoding="utf-8", errors="backslashreplace")
 
 
 def _copy_tree(src: Path, dst: Path) -> None:
