@@ -230,6 +230,7 @@ def _entry() -> None:
     os.dup2(fd, 0)
     os.close(fd)
     signal.signal(signal.SIGTERM, _sigterm)
+    console.guard_streams()  # a library's own log lines are escaped too
     try:
         rc = main()
     except KeyboardInterrupt:  # between main's own handler and the exit

@@ -135,9 +135,13 @@ def redraw(line: str, stream: TextIO) -> None:
 
 
 def settle() -> None:
-    """At exit: output a full device refused stays unwritten (dropped), so the interpreter's last flush
-    adds no second error report (and no exit 120) to the one line already printed."""
+    """At exit: a guarded stream's last partial line is written; output a full device refused stays unwritten
+    (dropped), so the interpreter's last flush adds no second error report (and no exit 120) to the one line
+    already printed."""
     try:
+        for stream in (sys.stderr, sys.stdout):
+            if isinstance(stream, _Guard):
+                stream.close_line()
         sys.stdout.flush()
     except (OSError, ValueError):
         fd = os.open(os.devnull, os.O_WRONLY)
@@ -150,8 +154,42 @@ def stderr() -> TextIO:
     return sys.stderr
 
 
+class _Guard:
+    """sys.stdout / sys.stderr for code other than this module (a library's log record or load report, a
+    Python warning): what it writes is escaped line by line, as kvtool's own output; kvtool.console writes
+    to the stream underneath. A partial line waits for its newline (or the end of the run)."""
+
+    def __init__(self, target: TextIO):
+        self.guarded = target
+        self._pending = ""
+
+    def write(self, text: str) -> int:
+        *done, self._pending = (self._pending + text).split("\n")
+        for line in done:
+            self.guarded.write(_neutral(escape(line)) + "\n")
+        return len(text)
+
+    def close_line(self) -> None:
+        if self._pending:
+            self.guarded.write(_neutral(escape(self._pending)) + "\n")
+            self._pending = ""
+
+    def __getattr__(self, name):  # flush, isatty, fileno, encoding...: the stream's own
+        return getattr(self.guarded, name)
+
+
+def guard_streams() -> None:
+    """Route every other writer of sys.stdout / sys.stderr through the escaping (the CLI's entry point calls it
+    before any command, so transformers' and Python's handlers, made later, write through it)."""
+    if not isinstance(sys.stdout, _Guard):
+        sys.stdout = _Guard(sys.stdout)
+    if not isinstance(sys.stderr, _Guard):
+        sys.stderr = _Guard(sys.stderr)
+
+
 def _write(data: str, *, err: bool, stream: TextIO | None) -> None:
     target = stream if stream is not None else (sys.stderr if err else sys.stdout)
+    target = getattr(target, "guarded", target)  # kvtool's own output is escaped already
     try:
         target.write(data)
         target.flush()

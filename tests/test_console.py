@@ -145,3 +145,28 @@ def test_only_kvtool_console_writes_to_stdout_or_stderr():
     bad = [f"{p.relative_to(REPO)}:{line}" for p in modules if p != REPO / "kvtool" / "console.py"
            for line in printing_calls(p.read_text(encoding="utf-8"))]
     assert bad == []
+
+
+def test_what_a_library_writes_to_the_guarded_streams_is_escaped_too(monkeypatch):
+    import logging
+    import warnings
+
+    out, err = io.StringIO(), io.StringIO()
+    monkeypatch.setattr(sys, "stdout", out)
+    monkeypatch.setattr(sys, "stderr", err)
+    console.guard_streams()
+    log = logging.getLogger("a-library")
+    log.addHandler(logging.StreamHandler())  # made after the guard, as transformers makes its handler
+    log.propagate = False
+    log.warning("weights of %s not used\n::error file=x::forged", "q\x1b]0;t\x07")
+    warnings.warn("bad value \u202e\r\n##[error]x")
+    sys.stderr.write("a partial line ::\x9b")
+    console.out("kvtool's own line", err=True)  # kvtool's output goes underneath, never escaped twice
+    console.settle()
+    lines = err.getvalue().split("\n")[:-1]
+    assert lines[0] == "weights of q\\x1b]0;t\\x07 not used"
+    assert lines[1] == "\\x3a:error file=x::forged"
+    assert any(ln.endswith("bad value \\u202e\\r") for ln in lines) and "##\\x5berror]x" in lines
+    assert "kvtool's own line" in lines and lines[-1] == "a partial line ::\\x9b"
+    assert all(raw_controls(ln) == [] and runner_command(ln) is None for ln in lines), lines
+    assert out.getvalue() == ""

@@ -160,8 +160,7 @@ SPOTS = {  # where the generated text goes
 }
 
 
-@SLOW
-@settings(max_examples=max(12, 4 * EXAMPLES))
+@settings(SLOW, max_examples=max(12, 4 * EXAMPLES))
 @given(spot=st.sampled_from(sorted(SPOTS)), tag=st.sampled_from(["", *TAGS]), scalar=st.sampled_from(SCALARS),
        key=st.sampled_from(KEYS))
 def test_recipe_keys_and_tagged_scalars_are_one_line(tmp_path_factory, spot, tag, scalar, key) -> None:
@@ -236,8 +235,7 @@ def test_a_hostile_pyproject_is_one_line_for_the_lint_step(tmp_path, kind) -> No
     assert r.rc == 2 and str(py) in r.lines[0], r.stderr
 
 
-@SLOW
-@settings(max_examples=max(10, 3 * EXAMPLES))
+@settings(SLOW, max_examples=max(10, 3 * EXAMPLES))
 @given(key=st.sampled_from(KNOWN_KEYS), value=st.sampled_from(VALUES))
 def test_tool_kvtool_values_of_any_type_are_one_line_or_accepted(tmp_path_factory, key, value) -> None:
     root = tmp_path_factory.mktemp("pyproject")
