@@ -6,8 +6,10 @@
   several files with no index);
 - a folder whose weights exist only as pickle files (kvtool never unpickles: transformers would call
   torch.load on them);
-- with `model_code=True` (the command loads the model or tokenizer with transformers): a config with a value
-  outside its bound or a RoPE dict transformers cannot build (kvtool.model.numbers.require_valid_numbers); an auto_map in
+- with `model_code=True` or `require_weights` (the command loads the model with transformers, or computes
+  with its weights): a config value outside its bound or a RoPE dict transformers cannot build
+  (kvtool.model.numbers.require_valid_numbers), weights that contradict the config (kvtool.model.weight_shapes);
+- with `model_code=True`: an auto_map in
   config.json or tokenizer_config.json, which names Python files shipped with the checkpoint. kvtool
   passes trust_remote_code=False as well, but refuses by name rather than let a loader decide; and
   every other JSON file transformers parses while loading (generation_config.json, tokenizer.json...)

@@ -23,6 +23,7 @@ from typing import Callable
 from kvtool import __version__, console
 from kvtool.errors import GateFailed, InputError, KvtoolError, UsageError
 from kvtool.model.preflight import preflight
+from kvtool.model.weight_shapes import require_weights_match_config
 from kvtool.model.numbers import require_valid_numbers
 from kvtool.recipes.load import Recipe, Step, load_recipe
 from kvtool.recipes.plan import plan_recipe
@@ -263,7 +264,10 @@ def _plan(recipe: Recipe, src: Path) -> list[str]:
     # (a convert step's plan refuses it for a method that runs the model, where `kvtool convert` does)
     loads_model = any(s.kind in ("quantize-kv", "eval") for s in recipe.steps)
     ckpt = preflight(src, model_code=loads_model, require_weights=False)
-    require_valid_numbers(build_spec(ckpt.config), str(ckpt.config_path))
+    spec = build_spec(ckpt.config)
+    require_valid_numbers(spec, str(ckpt.config_path))
+    if ckpt.has_weights and any(s.kind in ("convert", "quantize-kv", "eval") for s in recipe.steps):
+        require_weights_match_config(ckpt, spec)  # what those commands' preflight refuses, before any step
     return plan_recipe(recipe, ckpt)
 
 

@@ -132,7 +132,8 @@ CONTRADICTIONS = {  # config edit -> the field the line names
 }
 
 
-@pytest.mark.parametrize("command", ["convert", "convert-dry-run", "quantize-kv-dry-run", "eval-dry-run"])
+@pytest.mark.parametrize("command", ["convert", "convert-dry-run", "quantize-kv-dry-run", "eval-dry-run",
+                                     "apply-dry-run"])
 @pytest.mark.parametrize("kind", sorted(CONTRADICTIONS))
 def test_weights_that_contradict_the_config_are_one_line(tmp_path, command, kind) -> None:
     change, field = CONTRADICTIONS[kind]
@@ -217,7 +218,8 @@ PYPROJECTS = {
     "surrogate": '[tool.kvtool]\nselect = ["\\ud800"]\n',
 }
 VALUES = ["1", '"x"', "[1]", "{a = 1}", "true", "1.5", "1979-05-27", '["\\u001b]0;x\\u0007"]', "-1", "inf"]
-KNOWN_KEYS = ["select", "ignore", "strict", "tensor-parallel-size", "format", "per-file-ignores", "tensor_parallel_size"]
+KNOWN_KEYS = ["select", "ignore", "strict", "tensor-parallel-size", "format", "per-file-ignores",
+              "tensor_parallel_size"]
 
 
 def _lint_in(folder: Path, model: Path):
