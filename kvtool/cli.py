@@ -15,6 +15,7 @@ import sys
 
 import typer
 
+from kvtool import console
 from kvtool.commands import COMMANDS
 from kvtool.errors import EXIT_INPUT, KvtoolError, one_line
 
@@ -33,7 +34,7 @@ def _print_version(value: bool) -> None:
     if value:
         from kvtool import __version__
 
-        typer.echo(f"kvtool {__version__}")
+        console.out(f"kvtool {__version__}")
         raise typer.Exit(0)
 
 
@@ -84,21 +85,28 @@ def _main(argv: list[str] | None) -> int:
     except click.exceptions.Exit as exc:
         return exc.exit_code
     except click.exceptions.Abort:
-        typer.echo("kvtool: aborted", err=True)
+        console.out("kvtool: aborted", err=True)
         return 130
     except click.exceptions.NoArgsIsHelpError as exc:  # bare `kvtool`: the help, as a usage error
         exc.show()
         return EXIT_INPUT
     except click.ClickException as exc:
-        typer.echo(f"kvtool: error: {one_line(_click_line(exc))}", err=True)
+        console.out(f"kvtool: error: {one_line(_click_line(exc))}", err=True)
         return EXIT_INPUT
     except KvtoolError as exc:
-        typer.echo(f"kvtool: error: {exc.line()}", err=True)
-        return exc.exit_code
+        return _error(f"kvtool: error: {exc.line()}", exc.exit_code)
     except (KeyboardInterrupt, _CommandInterrupted):  # Ctrl-C, or SIGTERM (kvtool.io.staging.Interrupted)
         return _interrupted()
     except BrokenPipeError:
         return 0
+    except console.OutputFailed as exc:  # stdout on a full device: say so, and whether DST is written
+        from kvtool.io.staging import COMPLETED
+
+        done = f"; {', '.join(str(p) for p in COMPLETED)} is written" if COMPLETED else ""
+        return _error(f"kvtool: error: {exc.stream}: cannot write: {exc.strerror}{done}", EXIT_INPUT)
+    except OSError as exc:  # the system refused (a name too long, a read-only or vanished place): not a kvtool bug
+        where = f"{exc.filename}: " if exc.filename else ""
+        return _error(f"kvtool: error: {one_line(where + (exc.strerror or str(exc)))}", EXIT_INPUT)
     except ModuleNotFoundError as exc:
         from kvtool.deps import missing
 
@@ -107,8 +115,7 @@ def _main(argv: list[str] | None) -> int:
         err = missing(exc.name or "", f"kvtool {command}" if command else None)
         if err is None or os.environ.get("KVTOOL_DEBUG"):
             return _internal(exc)
-        typer.echo(f"kvtool: error: {err.line()}", err=True)
-        return err.exit_code
+        return _error(f"kvtool: error: {err.line()}", err.exit_code)
     except Exception as exc:  # noqa: BLE001 - the contract is one line, not a traceback
         return _internal(exc)
     return rv if isinstance(rv, int) else 0
@@ -137,16 +144,23 @@ def _interrupted() -> int:
     """Exit 130 with one line saying what was, and was not, written."""
     from kvtool.io.staging import interrupted_line
 
-    typer.echo(interrupted_line(), err=True)
-    return 130
+    return _error(interrupted_line(), 130)
 
 
 def _internal(exc: BaseException) -> int:
     if os.environ.get("KVTOOL_DEBUG"):
         raise exc
-    typer.echo(f"kvtool: internal error: {type(exc).__name__}: {one_line(str(exc))} (set KVTOOL_DEBUG=1 for a "
-               "traceback)", err=True)
-    return EXIT_INPUT
+    return _error(f"kvtool: internal error: {type(exc).__name__}: {one_line(str(exc))} (set KVTOOL_DEBUG=1 for a "
+                  "traceback)", EXIT_INPUT)
+
+
+def _error(line: str, code: int) -> int:
+    """Print the one error line on stderr and return the exit code (stderr gone too: the code alone)."""
+    try:
+        console.out(line, err=True)
+    except OSError:
+        pass
+    return code
 
 
 def _click_line(exc) -> str:
@@ -216,10 +230,12 @@ def _entry() -> None:
     os.dup2(fd, 0)
     os.close(fd)
     signal.signal(signal.SIGTERM, _sigterm)
+    console.guard_streams()  # a library's own log lines are escaped too
     try:
         rc = main()
     except KeyboardInterrupt:  # between main's own handler and the exit
         rc = _interrupted()
+    console.settle()
     sys.exit(rc)
 
 

@@ -18,6 +18,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Sequence
 
+from kvtool import console
 from kvtool.errors import InputError, UsageError
 from kvtool.io import inputfile
 
@@ -225,10 +226,10 @@ def load_hub(ds: HubDataset, label: str, option: str = "dataset") -> HubText:
 def main(argv: list[str] | None = None) -> int:
     args = argv if argv is not None else sys.argv[1:]
     if len(args) != 1:
-        print("usage: python -m kvtool.datasets FOLDER   (writes FOLDER/calib.txt and FOLDER/eval.txt)", file=sys.stderr)
+        console.out("usage: python -m kvtool.datasets FOLDER   (writes FOLDER/calib.txt and FOLDER/eval.txt)", err=True)
         return 2
     for path in write_text_files(args[0]):
-        print(path)
+        console.out(str(path))
     return 0
 
 

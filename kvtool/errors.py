@@ -6,20 +6,17 @@ Exit codes: 0 success / nothing at failing severity, 1 findings or a failed qual
 
 from __future__ import annotations
 
+from kvtool.console import escape
+
 EXIT_OK = 0
 EXIT_FINDINGS = 1
 EXIT_INPUT = 2
 
 
-# Characters that would end or rewrite a terminal line: C0/C1 controls and Unicode line separators.
-_LINE_BREAKERS = {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7f, *range(0x80, 0xa0))}
-_LINE_BREAKERS.update({0x0a: "\\n", 0x0d: "\\r", 0x09: "\\t", 0x2028: "\\u2028", 0x2029: "\\u2029"})
-
-
 def one_line(text: str) -> str:
     """`text` with every character that could break the one-line error contract escaped: a folder or
     shard named with a newline must not let a checkpoint forge a second `kvtool: error:` line."""
-    return text.translate(_LINE_BREAKERS)
+    return escape(text)
 
 
 class KvtoolError(Exception):

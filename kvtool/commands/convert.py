@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import typer
 
+from kvtool import console
 from kvtool import progress as kv_progress
 from kvtool.commands.options_cli import command
 from kvtool.deps import require_torch
@@ -29,9 +30,9 @@ def register(app: typer.Typer) -> None:
 
         plan = make_plan(o.src, to=o.to, groups=o.groups, method=o.method, dtype=o.dtype, max_shard_size=shard_bytes)
         for w in plan.warnings:
-            typer.echo(f"kvtool: warning: {w}", err=True)
+            console.out(f"kvtool: warning: {w}", err=True)
         if o.dry_run:
-            typer.echo(render_plan(plan, o.dst, method_obj, o.eval_tokens if o.eval else None), nl=False)
+            console.out(render_plan(plan, o.dst, method_obj, o.eval_tokens if o.eval else None))
             return EXIT_OK
         if method_obj.array_api == "torch" or o.eval:
             require_torch(f"kvtool convert {'--eval' if o.eval else '--method ' + o.method}")
@@ -49,7 +50,7 @@ def register(app: typer.Typer) -> None:
             refuse_auto_map(Path(o.src))
         with kv_progress.session(o.progress):
             result = run_convert(plan, o.dst, method_obj=method_obj, force=o.force, device=device)
-            typer.echo(render_result(result), nl=False)
+            console.out(render_result(result))
             if want_eval:
                 return _run_eval(o.src, o.dst, device, o.eval_tokens, gates)
         return EXIT_OK
@@ -106,11 +107,11 @@ def _run_eval(src: str, dst: str, device: str, max_tokens: int, gates: dict) -> 
     evaluate = _eval_api()
     r = evaluate(dst, baseline=src, device=device, max_tokens=max_tokens, gates=gates or None)
     # every figure with its standard error (tokens treated as independent: a lower bound, see kvtool eval)
-    typer.echo(f"eval ({r.tokens} tokens of {r.text}, {r.device}): perplexity {r.baseline_ppl:.3f} -> {r.ppl:.3f} "
+    console.out(f"eval ({r.tokens} tokens of {r.text}, {r.device}): perplexity {r.baseline_ppl:.3f} -> {r.ppl:.3f} "
                f"({(r.ppl_ratio - 1) * 100:+.1f}% ± {r.ppl_ratio_se * 100:.1f}%), mean KLD {r.kld_mean:.4f} "
                f"± {r.kld_se:.4f}, top-1 agreement {r.top1_agreement:.3f} ± {r.top1_se:.3f}")
     for g in r.gates:
-        typer.echo(f"  gate {g.line()}")
+        console.out(f"  gate {g.line()}")
     if not r.passed:
         raise GateFailed(f"quality gate failed ({', '.join(g.flag for g in r.failed_gates)}); the converted "
                          f"checkpoint was kept for inspection", file=str(dst))

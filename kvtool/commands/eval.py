@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import math
 
 import typer
 
+from kvtool import console
 from kvtool import progress as kv_progress
 from kvtool.commands.options_cli import command
 from kvtool.deps import require_torch
@@ -22,7 +22,7 @@ def register(app: typer.Typer) -> None:
 
         p = plan(o.model, o)
         if o.dry_run:
-            typer.echo(render_plan(p), nl=False)
+            console.out(render_plan(p))
             return EXIT_OK
         require_torch("kvtool eval")
         with kv_progress.session(o.progress):
@@ -30,12 +30,12 @@ def register(app: typer.Typer) -> None:
                 from kvtool.eval.api import evaluate  # noqa: F401  (the import is the task)
             report = apply(p)
         if o.format == "json":
-            typer.echo(json.dumps(_finite(report.as_dict()), indent=2, sort_keys=True))
+            console.out(console.json_text(_finite(report.as_dict()), indent=2, sort_keys=True))
         else:
-            typer.echo(render_text(report))
+            console.out(render_text(report))
         if not report.passed:
             names = ", ".join(f"{g.metric} ({g.flag})" for g in report.failed_gates)
-            typer.echo(f"kvtool: gate failed: {names}", err=True)
+            console.out(f"kvtool: gate failed: {names}", err=True)
             return EXIT_FINDINGS
         return EXIT_OK
 
@@ -51,7 +51,7 @@ def _finite(obj):
     return obj
 
 
-def render_text(r) -> str:
+def render_text(r) -> console.Text:
     m = r.metrics
     lines = [f"model     {r.model}" + (f"  (baseline {r.baseline})" if r.baseline else "")]
     lines.append(f"text      {r.text}: {m['tokens']} tokens scored, {r.windows} windows of {r.window} (stride {r.stride})")
@@ -77,4 +77,4 @@ def render_text(r) -> str:
         lines.append(f"gate      {g.line()}")
     if r.gates:
         lines.append("result    " + ("passed" if r.passed else "FAILED"))
-    return "\n".join(lines)
+    return console.lines(lines)

@@ -6,6 +6,7 @@ from typing import List, Optional
 
 import typer
 
+from kvtool import console
 from kvtool.errors import EXIT_OK, UsageError
 
 
@@ -30,7 +31,7 @@ def register(app: typer.Typer) -> None:
         short = {v: k for k, v in fx.ALIASES.items()}
         for name in full:
             folder = fx.cached_dir(name) or _build(fx, name)
-            typer.echo(str(folder) if path else f"{short.get(name, name):8} {folder}")
+            console.out(str(folder) if path else f"{short.get(name, name):8} {folder}")
         return EXIT_OK
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import typer
 
+from kvtool import console
 from kvtool.commands.options_cli import command
 from kvtool.errors import EXIT_FINDINGS, EXIT_OK
 from kvtool.options.kv_budget import KvBudgetOptions
@@ -24,5 +25,5 @@ def register(app: typer.Typer) -> None:
             from kvtool.budget.plot import write_plot
 
             write_plot(p.spec, b, o.plot)
-        typer.echo(render_json(b) if o.format == "json" else render_text(b), nl=False)
+        console.out(render_json(b) if o.format == "json" else render_text(b))
         return EXIT_FINDINGS if b.problems else EXIT_OK

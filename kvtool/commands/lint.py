@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import typer
 
+from kvtool import console
 from kvtool.commands.options_cli import command
 from kvtool.errors import EXIT_FINDINGS, EXIT_INPUT, EXIT_OK
 from kvtool.options.lint import LintOptions
@@ -25,10 +26,10 @@ def register(app: typer.Typer) -> None:
 
             for rep in reports:
                 if rep.error:
-                    typer.echo(error_line(rep), err=True)
+                    console.out(error_line(rep), err=True)
         rendered = render(reports, p.format)
         if rendered.strip():
-            typer.echo(rendered, nl=False)
+            console.out(rendered)
         if any(r.error for r in reports):
             return EXIT_INPUT
         if any(r.failing(p.engine.strict) for r in reports):

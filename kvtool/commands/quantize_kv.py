@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import typer
 
+from kvtool import console
 from kvtool import progress as kv_progress
 from kvtool.commands.options_cli import command
 from kvtool.deps import require_torch
@@ -24,8 +25,7 @@ def register(app: typer.Typer) -> None:
 
             check_options(opts)
 
-            typer.echo(render_plan(opts.src, opts.dst, opts.calib_tokens, 0 if opts.no_eval else opts.eval_tokens),
-                       nl=False)
+            console.out(render_plan(opts.src, opts.dst, opts.calib_tokens, 0 if opts.no_eval else opts.eval_tokens))
             return EXIT_OK
         if not opts.dst:
             raise UsageError("missing required argument (only --dry-run goes without one)", option="dst")
@@ -37,5 +37,5 @@ def register(app: typer.Typer) -> None:
 
             check_options(opts)
             result = run(opts.src, opts.dst, opts)
-        typer.echo(render(result), nl=False)
+        console.out(render(result))
         return EXIT_OK

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import typer
 
+from kvtool import console
 from kvtool.commands.options_cli import command
 from kvtool.options.rope import RopeOptions
 
@@ -14,4 +15,4 @@ def register(app: typer.Typer) -> None:
     def rope(opts: RopeOptions) -> int:
         from kvtool.rope.command import run
 
-        return run(opts, echo=typer.echo)
+        return run(opts, echo=console.out)

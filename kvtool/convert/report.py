@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
+from kvtool import console
 from kvtool.units import fmt_bytes
 
 
@@ -49,7 +50,7 @@ def estimate(plan, method_obj=None, eval_tokens: int | None = None):
     return est
 
 
-def render_plan(plan, dst, method_obj=None, eval_tokens: int | None = None) -> str:
+def render_plan(plan, dst, method_obj=None, eval_tokens: int | None = None) -> console.Text:
     H, a, b = plan.num_heads, plan.from_kv, plan.to_kv
     how = {"pool": method_obj.summary() if method_obj is not None else f"method {plan.method!r}",
            "expand": "each KV head repeated (exact: same outputs)",
@@ -76,10 +77,10 @@ def render_plan(plan, dst, method_obj=None, eval_tokens: int | None = None) -> s
     lines.append(f"  estimate     {est.line() if est else f'no cost model for method {plan.method!r}'}")
     for w in plan.warnings:
         lines.append(f"  warning      {w}")
-    return "\n".join(lines) + "\n"
+    return console.lines(lines)
 
 
-def render_result(result) -> str:
+def render_result(result) -> console.Text:
     plan = result.plan
     lines = [
         f"converted {plan.src} -> {result.dst}: KV heads {plan.from_kv} -> {plan.to_kv} "
@@ -88,4 +89,4 @@ def render_result(result) -> str:
         f"{len(plan.touched)} tensors reshaped, {len(plan.outputs)} written in {len(result.files)} file(s)",
         f"  copied: {', '.join(result.side_files) or 'nothing'}; provenance in kvtool.json",
     ]
-    return "\n".join(lines) + "\n"
+    return console.lines(lines)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping
 
+from kvtool import console
 from kvtool.errors import UsageError
 from kvtool.eval.windows import check_settings
 from kvtool.options.eval import FORMATS, EvalOptions
@@ -113,11 +114,12 @@ def apply(p: EvalPlan, *, device: str | None = None, progress: bool | None = Non
                     device_map=o.device_map, max_memory=p.max_memory, gates=p.gates, progress=progress)
 
 
-def render_plan(p: EvalPlan) -> str:
+def render_plan(p: EvalPlan) -> console.Text:
     """--dry-run: what will be evaluated and its estimated cost (kvtool.model.costs)."""
     shape = p.model_shape()
     about = "" if p.tokens_exact else "~"
-    return (f"kvtool eval plan: {p.model}" + (f" against {p.baseline}" if p.baseline else "") + "\n"
-            f"  tokens       {about}{p.tokens} through {shape.layers} layers"
-            + (", candidate and baseline" if p.baseline else "") + "\n"
-            f"  estimate     {p.estimate(shape).line()}\n")
+    return console.lines([
+        f"kvtool eval plan: {p.model}" + (f" against {p.baseline}" if p.baseline else ""),
+        f"  tokens       {about}{p.tokens} through {shape.layers} layers"
+        + (", candidate and baseline" if p.baseline else ""),
+        f"  estimate     {p.estimate(shape).line()}"])

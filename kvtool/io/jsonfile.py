@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -49,6 +50,7 @@ def load_json_object(path: Path, *, what: str = "JSON file") -> JsonDocument:
     data = parse_json(text, path, what=what, nonstandard=nonstandard)
     if not isinstance(data, dict):
         raise InputError(f"expected a JSON object, found {type(data).__name__}", file=str(path))
+    check_unicode(data, text, path)
     return JsonDocument(path=path, data=data, text=text, nonstandard=nonstandard)
 
 
@@ -80,6 +82,34 @@ def parse_json(text: str, path: Path | str, *, what: str = "JSON file", nonstand
     if _deeper_than(data, MAX_JSON_DEPTH):
         raise InputError(f"JSON nested more than {MAX_JSON_DEPTH} levels deep", file=str(path))
     return data
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def lone_surrogate(s: str) -> str | None:
+    """What is wrong with `s` if it holds a lone surrogate (from a `\\ud800` escape), else None."""
+    m = _SURROGATE.search(s)
+    return None if m is None else f"a lone surrogate \\u{ord(m.group()):04x} in a string (not valid Unicode: " \
+                                  f"UTF-8 cannot encode it)"
+
+
+def check_unicode(data, text: str, path: Path | str) -> None:
+    """Refuse a string (key or value) holding a lone surrogate (`"\\ud800"` unpaired): JSON Python reads but
+    no UTF-8 writer, Rust parser (safetensors, tokenizers) or terminal takes; named by its field."""
+    if "\\ud" not in text and "\\uD" not in text:  # only a \u escape makes one (UTF-8 text cannot hold it)
+        return
+    stack: list[tuple[object, str]] = [(data, "")]
+    while stack:
+        node, where = stack.pop()
+        items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+        for k, v in items:
+            here = f"{where}[{k}]" if isinstance(k, int) else f"{where}.{k}" if where else k
+            for s in ((k, v) if isinstance(v, str) else (k,)):
+                if isinstance(s, str) and (problem := lone_surrogate(s)):
+                    raise InputError(problem, file=str(path), field=here)
+            if isinstance(v, (dict, list)):
+                stack.append((v, here))
 
 
 def _deeper_than(data, limit: int) -> bool:

@@ -34,6 +34,7 @@ import uuid
 from pathlib import Path
 from typing import Iterable, Iterator
 
+from kvtool.console import out
 from kvtool.errors import InputError, KvtoolError, UsageError
 from kvtool.io.outputfile import copy_source, make_dir, make_parents, move, write_new
 
@@ -198,11 +199,11 @@ def sweep_stale(parent: Path, dst_name: str) -> None:
         if not p.exists():
             gone.append(p.name)
     if gone:
-        print(f"kvtool: removed {len(gone)} staging folder(s) left by an interrupted kvtool run: {', '.join(gone)}",
-              file=sys.stderr)
+        out(f"kvtool: removed {len(gone)} staging folder(s) left by an interrupted kvtool run: "
+                    f"{', '.join(gone)}", err=True)
     if foreign:
-        print(f"kvtool: note: left alone {len(foreign)} folder(s) named like kvtool staging but without its marker "
-              f"(or from another host): {', '.join(str(p) for p in foreign)}", file=sys.stderr)
+        out(f"kvtool: note: left alone {len(foreign)} folder(s) named like kvtool staging but without its "
+                    f"marker (or from another host): {', '.join(str(p) for p in foreign)}", err=True)
 
 
 @contextlib.contextmanager

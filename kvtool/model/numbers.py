@@ -231,6 +231,25 @@ def require_valid_numbers(spec, file: str, *, heads: bool = True) -> None:
     key = spec.prefixed("layer_types")
     for _code, path, what in layer_types_problems(spec.config, key):
         raise InputError(f"{key} {what}", file=file, field=path)
+    for path, what in rope_refusals(spec):
+        raise InputError(what, file=file, field=path)
+
+
+def rope_refusals(spec):
+    """(config path, what is wrong) for each RoPE dict transformers cannot build, found by lint's own
+    check (kvtool.model.rope.types.validate, codes REFUSED_CODES): lint reports it, every command refuses."""
+    if spec.position != "rope":
+        return
+    from kvtool.model.rope import types as rt
+    from kvtool.model.rope.params import geometry_for, rope_dict
+
+    for rp in spec.rope.values():
+        g = geometry_for(spec, rp)
+        if g is None:  # dims unknown: lint cannot check the length either
+            continue
+        for p in rt.validate(rope_dict(rp, spec), g):
+            if p.code in rt.REFUSED_CODES:
+                yield f"{rp.path}.{p.key}", p.message
 
 
 def bounds_markdown() -> str:

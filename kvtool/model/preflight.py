@@ -6,7 +6,10 @@
   several files with no index);
 - a folder whose weights exist only as pickle files (kvtool never unpickles: transformers would call
   torch.load on them);
-- with `model_code=True` (the command loads the model or tokenizer with transformers): an auto_map in
+- with `model_code=True` or `require_weights` (the command loads the model with transformers, or computes
+  with its weights): a config value outside its bound or a RoPE dict transformers cannot build
+  (kvtool.model.numbers.require_valid_numbers), weights that contradict the config (kvtool.model.weight_shapes);
+- with `model_code=True`: an auto_map in
   config.json or tokenizer_config.json, which names Python files shipped with the checkpoint. kvtool
   passes trust_remote_code=False as well, but refuses by name rather than let a loader decide; and
   every other JSON file transformers parses while loading (generation_config.json, tokenizer.json...)
@@ -55,6 +58,15 @@ def preflight(source: str | os.PathLike, *, model_code: bool = False, read_side_
             refuse_named_files(ckpt.root)
     elif model_code:
         _refuse_entries(ckpt.config.get("auto_map"), str(ckpt.config_path) if not ckpt.hub else ckpt.source)
+    if model_code or require_weights:  # transformers builds this config, or the command computes with it
+        from kvtool.model.numbers import require_valid_numbers
+        from kvtool.model.spec import build_spec
+        from kvtool.model.weight_shapes import require_weights_match_config
+
+        spec = build_spec(ckpt.config)
+        require_valid_numbers(spec, str(ckpt.config_path) if not ckpt.hub else ckpt.source)
+        if require_weights and ckpt.has_weights:  # the same check as lint's KV601 / KV603
+            require_weights_match_config(ckpt, spec)
     return ckpt
 
 

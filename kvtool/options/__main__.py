@@ -8,6 +8,7 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
+    from kvtool import console
     from kvtool.options import docs, schema
 
     ap = argparse.ArgumentParser(prog="python -m kvtool.options", description=__doc__)
@@ -22,13 +23,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.write:
         for p in stale:
             p.write_text(files[p], encoding="utf-8")
-            print(f"wrote {p}")
+            console.out(f"wrote {p}")
         for p in gone:
             p.unlink()
-            print(f"removed {p} (every command's page holds its table)")
+            console.out(f"removed {p} (every command's page holds its table)")
         return 0
     for p in stale + gone:
-        print(f"stale: {p} (run python -m kvtool.options --write)", file=sys.stderr)
+        console.out(f"stale: {p} (run python -m kvtool.options --write)", err=True)
     return 1 if stale or gone else 0
 
 

@@ -1,42 +1,29 @@
 """`--format github`: GitHub Actions workflow commands, one annotation per finding.
 
-`::error file=F,line=N,title=CODE::message` (warning / notice for the other severities); values are
-escaped as the runner expects (% CR LF in messages, plus : and , in properties).
+`::error file=F,line=N,title=CODE::message` (warning / notice for the other severities), built by
+`kvtool.console.command`, which escapes values as the runner expects (% in messages, plus : and , in
+properties) and shows every other line-breaking character as in text output; a hint is the message's
+second line (%0A).
 """
 
 from __future__ import annotations
 
+from kvtool import console
 from kvtool.io.locations import display_path
 
 COMMANDS = {"error": "error", "warning": "warning", "info": "notice"}
 
 
-def _data(text: str) -> str:
-    return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
-
-
-def _prop(text: str) -> str:
-    return _data(text).replace(":", "%3A").replace(",", "%2C")
-
-
-def render_github(reports) -> str:
+def render_github(reports) -> console.Text:
     lines: list[str] = []
     for rep in reports:
         if rep.error:
-            lines.append(f"::error title=kvtool::{_data(f'{rep.model}: {rep.error}')}")
+            lines.append(console.command("error", {"title": "kvtool"}, [f"{rep.model}: {rep.error}"]))
             continue
         for f in rep.findings:
-            props = []
             file = display_path(f.file)
-            if file:
-                props.append(f"file={_prop(file)}")
-                if f.line:
-                    props.append(f"line={int(f.line)}")
-            props.append(f"title={_prop(f.code)}")
-            msg = f"{f.code} [{f.name}] {f.message}"
-            if f.path:
-                msg += f" ({f.path})"
-            if f.hint:
-                msg += f"\nhint: {f.hint}"
-            lines.append(f"::{COMMANDS.get(f.severity, 'notice')} {','.join(props)}::{_data(msg)}")
-    return "\n".join(lines) + ("\n" if lines else "")
+            props = {"file": file, "line": int(f.line) if file and f.line else None, "title": f.code}
+            msg = f"{f.code} [{f.name}] {f.message}" + (f" ({f.path})" if f.path else "")
+            hint = [f"hint: {f.hint}"] if f.hint else []
+            lines.append(console.command(COMMANDS.get(f.severity, "notice"), props, [msg, *hint]))
+    return console.lines(lines)

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import json
+from kvtool import console
 
 
-def render_json(reports) -> str:
-    return json.dumps({"models": [r.as_dict() for r in reports]}, indent=2, sort_keys=True) + "\n"
+def render_json(reports) -> console.Text:
+    return console.json_text({"models": [r.as_dict() for r in reports]}, indent=2, sort_keys=True)

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from urllib.parse import quote
 
+from kvtool import console
 from kvtool.io.locations import display_path
 
 SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
@@ -59,7 +59,7 @@ def _location(f) -> list[dict]:
     return locs
 
 
-def render_sarif(reports) -> str:
+def render_sarif(reports) -> console.Text:
     from kvtool import __version__
 
     rules = _rules()
@@ -84,4 +84,4 @@ def render_sarif(reports) -> str:
         "invocations": [{"executionSuccessful": not notes, "toolExecutionNotifications": notes}],
         "results": results,
     }
-    return json.dumps({"$schema": SARIF_SCHEMA, "version": "2.1.0", "runs": [run]}, indent=2) + "\n"
+    return console.json_text({"$schema": SARIF_SCHEMA, "version": "2.1.0", "runs": [run]}, indent=2)

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from kvtool import console
 from kvtool.units import fmt_bytes
 
 
-def render_text(reports) -> str:
+def render_text(reports) -> console.Text:
     lines: list[str] = []
     for r in reports:
         if r.error:  # unusable input: `kvtool lint` prints it on stderr (error_line), not among the findings
@@ -27,7 +28,7 @@ def render_text(reports) -> str:
             lines.append(f"{r.model}: KV cache {fmt_bytes(kv['bytes_per_token'])}/token ({dtype}){tail}")
         counts = {s: sum(1 for f in r.findings if f.severity == s) for s in ("error", "warning", "info")}
         lines.append(f"{r.model}: {counts['error']} error(s), {counts['warning']} warning(s), {counts['info']} info")
-    return "\n".join(lines) + "\n"
+    return console.lines(lines)
 
 
 def error_line(report) -> str:

@@ -2,24 +2,27 @@
 
 from __future__ import annotations
 
+from kvtool import console
+
 
 def _fmt_range(values) -> str:
     vals = [float(x) for t in values for x in t.reshape(-1)]
     return f"{min(vals):.4g} .. {max(vals):.4g}" if vals else "-"
 
 
-def render_plan(src, dst, calib_tokens: int, eval_tokens: int) -> str:
+def render_plan(src, dst, calib_tokens: int, eval_tokens: int) -> console.Text:
     """--dry-run: what the run costs (kvtool.model.costs), before torch is imported."""
     from kvtool.model import costs
 
     shape = costs.for_checkpoint(src)
     report = f", quality report on {eval_tokens} tokens" if eval_tokens else ""
-    return (f"kvtool quantize-kv plan: {src} -> {dst or '(dry run)'}\n"
-            f"  calibration  {calib_tokens} tokens through {shape.layers} layers, one layer at a time{report}\n"
-            f"  estimate     {costs.quantize_kv(shape, calib_tokens, eval_tokens).line()}\n")
+    return console.lines([
+        f"kvtool quantize-kv plan: {src} -> {dst or '(dry run)'}",
+        f"  calibration  {calib_tokens} tokens through {shape.layers} layers, one layer at a time{report}",
+        f"  estimate     {costs.quantize_kv(shape, calib_tokens, eval_tokens).line()}"])
 
 
-def render(result) -> str:
+def render(result) -> console.Text:
     c = result.calibration
     lines = [
         f"wrote {result.dst}",
@@ -47,7 +50,7 @@ def render(result) -> str:
         verdict = versus_scale_one(result.quality)
         if verdict:
             lines.append(f"  {verdict}")
-    return "\n".join(lines) + "\n"
+    return console.lines(lines)
 
 
 def versus_scale_one(rows) -> str | None:

@@ -146,12 +146,12 @@ def plan(src: str, dst: str, opts: QuantizeOptions) -> QuantizePlan:
     return QuantizePlan(src=src, dst=dst, opts=opts, ckpt=ckpt, arch=arch, spec=spec, new_config=new_config)
 
 
-def quantize_kv(src: str, dst: str, opts: QuantizeOptions, *, log=print) -> QuantizeResult:
+def quantize_kv(src: str, dst: str, opts: QuantizeOptions, *, log=None) -> QuantizeResult:
     """plan, then apply: bad input is refused before torch is imported."""
     return apply(plan(src, dst, opts), log=log)
 
 
-def apply(p: QuantizePlan, *, log=print) -> QuantizeResult:
+def apply(p: QuantizePlan, *, log=None) -> QuantizeResult:
     """Calibrate, report quality and write DST (staged) for a plan."""
     src, dst, opts, arch, spec, new_config = p.src, p.dst, p.opts, p.arch, p.spec, p.new_config
     from kvtool import __version__

@@ -19,10 +19,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from kvtool import __version__
+from kvtool import __version__, console
 from kvtool.errors import GateFailed, InputError, KvtoolError, UsageError
 from kvtool.io import outputfile
 from kvtool.model.preflight import preflight
+from kvtool.model.weight_shapes import require_weights_match_config
 from kvtool.model.numbers import require_valid_numbers
 from kvtool.recipes.load import Recipe, Step, load_recipe
 from kvtool.recipes.plan import plan_recipe
@@ -187,7 +188,7 @@ def _versions() -> dict:
 
 def apply_recipe(recipe_path: str | Path, src: str | Path, dst: str | Path, *, dry_run: bool = False,
                  keep_intermediate: bool = False, force: bool = False, device: str = "auto",
-                 progress: bool | None = None, echo: Callable[[str], None] = print) -> dict:
+                 progress: bool | None = None, echo: Callable[[str], None] = console.out) -> dict:
     """Validate the whole recipe, then run it. Returns the report; raises GateFailed on a failed gate."""
     recipe = load_recipe(recipe_path)
     src = Path(src)
@@ -197,16 +198,19 @@ def apply_recipe(recipe_path: str | Path, src: str | Path, dst: str | Path, *, d
         echo(f"  {step.index}. {step.kind}: {desc}")
     if dry_run:
         return {"recipe": str(recipe.path), "plan": plan, "dry_run": True}
-    from kvtool.io.staging import check_destination, make_staging_dir, scratch_outputs, sweep_stale
+    from kvtool.io.staging import _os_error_message, check_destination, make_staging_dir, scratch_outputs, sweep_stale
 
     dst = Path(dst)
     check_destination(dst, force=force, protect=[src])
     kept = dst.parent / f"{dst.name}.intermediate"
     if keep_intermediate:
         _check_intermediate(kept, force=force, src=src)
-    outputfile.make_parents(dst.parent)
-    sweep_stale(dst.parent, dst.name)
-    work = make_staging_dir(dst.parent, dst.name, "work")
+    try:  # DST under a file, in /proc, a name too long: one line, as staged_output says it for the commands
+        outputfile.make_parents(dst.parent)
+        sweep_stale(dst.parent, dst.name)
+        work = make_staging_dir(dst.parent, dst.name, "work")
+    except OSError as exc:
+        raise InputError(f"cannot create the output folder: {_os_error_message(exc)}", file=str(dst)) from None
     ctx = RunContext(recipe=recipe, src=src, current=src, work=work, device=device, progress=progress,
                      validated=validated)
     report = {"kvtool_report_version": 1, "recipe": {"path": str(recipe.path), "name": recipe.name,
@@ -258,9 +262,12 @@ def _plan(recipe: Recipe, src: Path) -> tuple[list[str], dict]:
     # (a convert step's plan refuses it for a method that runs the model, where `kvtool convert` does)
     loads_model = any(s.kind in ("quantize-kv", "eval") for s in recipe.steps)
     ckpt = preflight(src, model_code=loads_model, require_weights=False)
+    spec = build_spec(ckpt.config)
     # a recipe that only lints reports split heads as lint does (KV102, exit 1); any other step refuses them
     computes = any(s.kind != "lint" for s in recipe.steps)
-    require_valid_numbers(build_spec(ckpt.config), str(ckpt.config_path), heads=computes)
+    require_valid_numbers(spec, str(ckpt.config_path), heads=computes)
+    if ckpt.has_weights and any(s.kind in ("convert", "quantize-kv", "eval") for s in recipe.steps):
+        require_weights_match_config(ckpt, spec)  # what those commands' preflight refuses, before any step
     return plan_recipe(recipe, ckpt), outputfile.identities(ckpt.headers)
 
 
@@ -338,7 +345,8 @@ def _finish(ctx: RunContext, dst: Path, report: dict, *, force: bool) -> None:
             for item in final.iterdir():
                 outputfile.move(item, tmp / item.name)
         outputfile.write_new(tmp / "kvtool-report.json", json.dumps(report, indent=2, default=str) + "\n")
-        outputfile.write_new(tmp / "kvtool-report.md", render_markdown(report))
+        # a path from a file name that is not UTF-8 holds lone surrogates: written as \udcff, never an error
+        outputfile.write_new(tmp / "kvtool-report.md", render_markdown(report).encode("utf-8", "backslashreplace"))
 
 
 def _copy_tree(src: Path, dst: Path, validated: dict) -> None:

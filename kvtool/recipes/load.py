@@ -17,6 +17,7 @@ import yaml
 from kvtool.model.architectures import schemas_dir
 from kvtool.errors import InputError
 from kvtool.io.inputfile import RECIPE_LIMIT, read_text
+from kvtool.io.jsonfile import lone_surrogate
 
 RECIPE_SUFFIXES = (".yaml", ".yml")
 # A recipe is a few dozen nodes. Anchors and aliases are allowed, but the document they expand to is
@@ -198,9 +199,56 @@ def _load_bounded(text: str, file: str) -> tuple[yaml.Node | None, object]:
         if too_long is not None:
             raise RecipeError(f"an integer with {len(too_long.value)} characters; recipe numbers have at most "
                               f"{MAX_INT_CHARS}", lineno=too_long.start_mark.line + 1, file=file)
+        _check_nodes(loader, node, file)
         return node, loader.construct_document(node)
     finally:
         loader.dispose()
+
+
+_STR_TAG = "tag:yaml.org,2002:str"
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+def _check_nodes(loader: yaml.SafeLoader, root: yaml.Node, file: str) -> None:
+    """Before constructing: every mapping key a string (recipe keys are names; an int beside a str key
+    cannot even be sorted), and every scalar constructible as its tag says (`!!int "x"`, `!!bool maybe`,
+    `!!timestamp x` raise ValueError / KeyError / AttributeError inside PyYAML), each named by line and key."""
+    stack: list[tuple[yaml.Node, tuple]] = [(root, ())]
+    seen: set[int] = set()
+    while stack:
+        node, path = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, yaml.ScalarNode):
+            if problem := lone_surrogate(node.value):
+                raise RecipeError(problem, file=file, field=_dotted(path) if path else None,
+                                  lineno=node.start_mark.line + 1, column=node.start_mark.column + 1)
+            try:
+                loader.construct_object(node)  # cached: construct_document reuses it
+            except yaml.YAMLError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - PyYAML's scalar constructors raise anything
+                tag = node.tag.rsplit(":", 1)[-1]
+                raise RecipeError(f"invalid YAML: {node.value[:60]!r} is not a valid !!{tag} "
+                                  f"({type(exc).__name__})", file=file, field=_dotted(path) if path else None,
+                                  lineno=node.start_mark.line + 1, column=node.start_mark.column + 1) from None
+        elif isinstance(node, yaml.MappingNode):
+            for k, v in node.value:
+                if k.tag == _MERGE_TAG:
+                    stack.append((v, path))
+                    continue
+                if not isinstance(k, yaml.ScalarNode) or k.tag != _STR_TAG:
+                    shown = k.value[:60] if isinstance(k, yaml.ScalarNode) else f"a {k.id}"
+                    raise RecipeError(f"keys are names (strings); {shown!r} is read as !!{k.tag.rsplit(':', 1)[-1]} "
+                                      f"(quote it if it is meant as a name)", file=file, field=_dotted(path) if path
+                                      else None, lineno=k.start_mark.line + 1, column=k.start_mark.column + 1)
+                if problem := lone_surrogate(k.value):
+                    raise RecipeError(problem, file=file, field=_dotted(path) if path else None,
+                                      lineno=k.start_mark.line + 1, column=k.start_mark.column + 1)
+                stack.append((v, path + (k.value,)))
+        elif isinstance(node, yaml.SequenceNode):
+            stack.extend((item, path + (i,)) for i, item in enumerate(node.value))
 
 
 def _first_long_integer(root: yaml.Node) -> yaml.ScalarNode | None:

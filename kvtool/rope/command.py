@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 from typing import Callable
 
+from kvtool import console
 from kvtool.model.checkpoint import open_checkpoint
 from kvtool.model.preflight import preflight
 from kvtool.errors import EXIT_OK, InputError, UsageError
@@ -42,7 +43,7 @@ def write(ckpt, plan: Plan, *, dst: str | Path | None = None, in_place: bool = F
     return _write_dst(ckpt, Path(dst), text, link=link)
 
 
-def run(a: RopeOptions, echo: Callable[[str], None] = print) -> int:
+def run(a: RopeOptions, echo: Callable[[str], None] = console.out) -> int:
     """Show, preview or write the RoPE change `a` asks for; each line of the account goes to `echo`."""
     writes = a.dst is not None or a.in_place
     if a.type is None:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kvtool import console
 from kvtool.errors import UsageError
 from kvtool.model.rope import types as rt
 from kvtool.model.rope.freqs import wavelengths
@@ -102,7 +103,7 @@ def describe(before: RopeState, after: RopeState | None = None, *, original: int
                 ctx += " (differs!)"
         lines.append(ctx)
     if before.inv_freq is None or (after is not None and after.inv_freq is None):
-        return "\n".join(lines)
+        return console.lines(lines)
     orig = original or (before.params.get("original_max_position_embeddings") or before.max_position)
     wb = wavelengths(before.inv_freq)
     if orig:
@@ -118,7 +119,7 @@ def describe(before: RopeState, after: RopeState | None = None, *, original: int
         for i in _rows(len(wb)):
             ratio = wa[i] / wb[i] if np.isfinite(wa[i]) and np.isfinite(wb[i]) else float("nan")
             lines.append(f"  {i:4d}  {_fmt_len(wb[i]):>14}  {_fmt_len(wa[i]):>15}  {ratio:8.3f}")
-    return "\n".join(lines)
+    return console.lines(lines)
 
 
 def plot(out, before: RopeState, after: RopeState | None, title: str) -> None:

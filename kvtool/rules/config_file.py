@@ -79,6 +79,8 @@ def _load_toml(path: Path) -> dict:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise UsageError(f"invalid TOML: {exc}", file=str(path)) from None
+    except RecursionError:  # tomllib parses nested arrays / inline tables recursively
+        raise UsageError("invalid TOML: arrays or inline tables nested too deeply", file=str(path)) from None
 
 
 def _codes(value, path: Path, key: str) -> tuple[str, ...]:
@@ -94,12 +96,19 @@ def load_settings(path: Path | None, *, formats: tuple[str, ...] | None = None) 
     formats `format` must be one of (given by the caller that renders, so the engine imports no renderer)."""
     if path is None:
         return LintSettings()
-    table = _load_toml(path).get("tool", {}).get("kvtool")
+    tool = _load_toml(path).get("tool", {})
+    if not isinstance(tool, dict):  # `tool = 1`: another tool's section cannot be read, nor kvtool's
+        raise UsageError("must be a table", file=str(path), field="tool")
+    table = tool.get("kvtool")
     if table is None:
         return LintSettings(source=path)
     if not isinstance(table, dict):
         raise UsageError("must be a table", file=str(path), field="tool.kvtool")
     norm = {k.replace("_", "-"): v for k, v in table.items()}
+    if len(norm) != len(table):
+        twice = sorted(k for k in norm if sum(1 for t in table if t.replace("_", "-") == k) > 1)
+        raise UsageError(f"{twice[0]} is given twice (as kebab-case and snake_case)", file=str(path),
+                         field=f"tool.kvtool.{twice[0]}")
     unknown = sorted(set(norm) - _KEYS)
     if unknown:
         raise UsageError(f"unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(_KEYS))}",

@@ -8,14 +8,10 @@ from __future__ import annotations
 
 import re
 
+from kvtool.model.weight_shapes import MAX_LAYERS, embedding_mismatch, projection_mismatches
 from kvtool.rules.registry import checker, define
 from kvtool.values import is_int as _is_int
 
-# Storage dtypes of packed quantized weights (GPTQ/AWQ int32 words, bitsandbytes / NVFP4 bytes):
-# their shapes are not the logical matrix shape.
-PACKED_DTYPES = ("U8", "I32", "U32", "F4", "I16")
-# Layer counts above this are not real models (the layer-type resolver uses the same bound).
-MAX_LAYERS = 100_000
 # Layers beyond num_hidden_layers that checkpoints legitimately carry (multi-token prediction).
 EXTRA_LAYER_KEYS = ("num_nextn_predict_layers",)
 
@@ -196,72 +192,10 @@ def check_reader_problems(ctx) -> None:
                    file=ctx.file_of(prob.file) if prob.file else None)
 
 
-def _expected_shapes(spec) -> dict[str, tuple[int, int, str]]:
-    """role -> (out, in, explanation) for the attention projections the table names."""
-    arch = spec.arch
-    hidden, h = spec.hidden_size, spec.num_heads
-    if not (hidden and h):
-        return {}
-    if not spec.is_mla and spec.get("kv_lora_rank") is not None:
-        return {}  # MLA fields under a non-MLA table: the projection names are unknown
-    out: dict[str, tuple[int, int, str]] = {}
-    if spec.is_mla:
-        g = spec.get
-        rope, nope, v, kvr, qr = (g("qk_rope_head_dim"), g("qk_nope_head_dim"), g("v_head_dim"),
-                                  g("kv_lora_rank"), g("q_lora_rank"))
-        if not all(_is_int(x) and x > 0 for x in (rope, nope, v, kvr)):
-            return {}
-        qk = nope + rope
-        mla = arch.weights.get("mla", {})
-        if _is_int(qr) and qr > 0:
-            out[mla.get("q_a", "")] = (qr, hidden, f"q_lora_rank {qr} x hidden {hidden}")
-            out[mla.get("q_b", "")] = (h * qk, qr, f"{h} heads x (nope {nope} + rope {rope}) x q_lora_rank {qr}")
-        else:
-            out[mla.get("q", "")] = (h * qk, hidden, f"{h} heads x (nope {nope} + rope {rope}) x hidden {hidden}")
-        out[mla.get("kv_a", "")] = (kvr + rope, hidden, f"(kv_lora_rank {kvr} + rope {rope}) x hidden {hidden}")
-        out[mla.get("kv_b", "")] = (h * (nope + v), kvr, f"{h} heads x (nope {nope} + v {v}) x kv_lora_rank {kvr}")
-        out[arch.weights.get("o", "")] = (hidden, h * v, f"hidden {hidden} x {h} heads x v {v}")
-        out.pop("", None)
-        return out
-    kv, hd = spec.num_kv_heads, spec.head_dim
-    if not (kv and hd):
-        return {}
-    w = arch.weights
-    if w.get("qkv"):
-        out[w["qkv"]] = ((h + 2 * kv) * hd, hidden,
-                         f"({h} query + 2 x {kv} KV heads) x head_dim {hd} x hidden {hidden}")
-    for role, heads, label in (("q", h, "query"), ("k", kv, "KV"), ("v", kv, "KV")):
-        if w.get(role):
-            out[w[role]] = (heads * hd, hidden, f"{heads} {label} heads x head_dim {hd} x hidden {hidden}")
-    if w.get("o"):
-        out[w["o"]] = (hidden, h * hd, f"hidden {hidden} x {h} heads x head_dim {hd}")
-    return out
-
-
 @checker("weights")
 def check_projection_shapes(ctx) -> None:
-    spec, tensors = ctx.spec, ctx.checkpoint.tensors
-    n = spec.num_layers
-    if not tensors or not n or n > MAX_LAYERS or spec.arch.generic:
-        return  # the generic table only guesses names and head layout (e.g. per-layer heads in nemotron-nas)
-    expected = _expected_shapes(spec)
-    transposed = bool(spec.arch.weights.get("transposed"))  # Conv1D layouts (GPT-2) store [in, out]
-    for local, (rows, cols, why) in expected.items():
-        if transposed:
-            rows, cols = cols, rows
-        bad: list[tuple[str, tuple]] = []
-        for layer in range(n):
-            name = f"{spec.arch.attn_prefix(layer)}.{local}.weight"
-            t = tensors.get(name)
-            if t is None or len(t.shape) != 2 or t.dtype in PACKED_DTYPES:
-                continue
-            if t.shape != (rows, cols):
-                bad.append((name, t.shape))
-        if bad:
-            name, shape = bad[0]
-            more = f" (and {len(bad) - 1} more layer{'s' if len(bad) > 2 else ''})" if len(bad) > 1 else ""
-            ctx.report("KV601", f"{name} has shape {list(shape)} but the config implies [{rows}, {cols}] "
-                                f"({why}){more}", path=name, file=ctx.file_of(tensors[name].file))
+    for m in projection_mismatches(ctx.spec, ctx.checkpoint.tensors):
+        ctx.report("KV601", m.message(), path=m.name, file=ctx.file_of(ctx.checkpoint.tensors[m.name].file))
 
 
 def _incomplete(ckpt) -> bool:
@@ -305,13 +239,10 @@ def check_embeddings(ctx) -> None:
         return
     w = spec.arch.weights
     embed = tensors.get(w.get("embed", "")) if w.get("embed") else None
-    vocab = spec.get("vocab_size")
-    if embed is not None and _is_int(vocab) and embed.shape and embed.dtype not in PACKED_DTYPES:
-        if embed.shape[0] != vocab:
-            key = spec.key("vocab_size") or "vocab_size"
-            ctx.report("KV603", f"{key} = {vocab} but {embed.name} has {embed.shape[0]} rows "
-                                f"(shape {list(embed.shape)})",
-                       path=key, file=ctx.file_of(embed.file))
+    bad = embedding_mismatch(spec, tensors)
+    if bad is not None:
+        key, message = bad
+        ctx.report("KV603", message, path=key, file=ctx.file_of(embed.file))
     if embed is None or not w.get("lm_head"):
         return  # without the embedding the table's names may not fit these weights
     r = spec.values.get("tie_word_embeddings")

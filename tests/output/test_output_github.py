@@ -34,7 +34,8 @@ def test_escaping():
                 "", line=3)
     line = render_github([ModelReport("m", findings=[f])]).rstrip("\n")
     assert "file=dir%2Ca%3Ab/config.json,line=3,title=KV201::" in line
-    assert line.endswith("50%25 off, a: b%0D%0Anext (rope_scaling)")
+    # a value's CR LF is shown (as in text output), never a line break, even inside the annotation
+    assert line.endswith("50%25 off, a: b\\r\\nnext (rope_scaling)")
 
 
 def test_input_error_is_an_error_annotation():

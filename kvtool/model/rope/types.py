@@ -138,6 +138,14 @@ def _check_yarn(params: dict, g: Geometry) -> list[Problem]:
     return out
 
 
+# Defects every command refuses (kvtool.model.numbers.rope_refusals), not only lint: transformers builds the
+# model and then fails inside torch. longrope's factor lists divide the inverse frequencies element-wise
+# (transformers modeling_rope_utils._compute_longrope_parameters: `1.0 / (ext_factors * base**inv_freq_shape)`;
+# its _validate_longrope_parameters only logs a warning), so a wrong length is a shape error at the first
+# forward pass, and vLLM's Phi3LongRoPEScaledRotaryEmbedding asserts the length (rotary_dim // 2).
+REFUSED_CODES = ("KV207",)
+
+
 def _check_longrope(params: dict, g: Geometry) -> list[Problem]:
     out = _check_scaled(params, g)
     want = g.dim // 2 if g.dim else None
