@@ -159,6 +159,9 @@ def test_what_a_library_writes_to_the_guarded_streams_is_escaped_too(monkeypatch
     log.addHandler(logging.StreamHandler())  # made after the guard, as transformers makes its handler
     log.propagate = False
     log.warning("weights of %s not used\n::error file=x::forged", "q\x1b]0;t\x07")
+    # pytest records warnings instead of showing them: show this one as Python does outside pytest
+    monkeypatch.setattr(warnings, "_showwarnmsg_impl",
+                        lambda msg: sys.stderr.write(warnings._formatwarnmsg_impl(msg)))
     warnings.warn("bad value \u202e\r\n##[error]x")
     sys.stderr.write("a partial line ::\x9b")
     console.out("kvtool's own line", err=True)  # kvtool's output goes underneath, never escaped twice
