@@ -1,6 +1,7 @@
-"""The convert driver: `make_plan` (what will change, from headers only) and `run_convert`.
+"""The convert driver: `plan_checkpoint` (what will change, from config and headers only) and `write`, behind
+the front door kvtool/convert/run.py (`plan(options)` / `apply(plan, dst)`).
 
-run_convert streams the source tensor by tensor (kvtool.io.reader), hands each layer's attention
+write streams the source tensor by tensor (kvtool.io.reader), hands each layer's attention
 projections to the merge method as unfused `AttentionWeights` (splitting and re-fusing fused QKV
 tensors per the table's `qkv_layout`), passes every other tensor through unchanged (cast when
 --dtype asks), and writes shards straight to their final place in a staged folder
@@ -20,8 +21,8 @@ from kvtool import __version__
 from kvtool import progress as kv_progress
 from kvtool.model.architectures import Architecture
 from kvtool.model.checkpoint import Checkpoint
-from kvtool.model.preflight import preflight
 from kvtool.convert.config_edit import dump_config, kv_field_is_boolean, rewrite_config
+from kvtool.convert.methods import MergeMethod
 from kvtool.errors import InputError, UsageError
 from kvtool.io.writer import PlannedTensor
 from kvtool.io.jsonfile import load_json_object
@@ -31,7 +32,6 @@ from kvtool.model.spec import ModelSpec, build_spec, get_path
 OUT_DTYPES = {"keep": None, "bf16": "BF16", "fp16": "F16", "fp32": "F32"}
 CONFIG_DTYPE_NAMES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}
 FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")
-TARGETS = ("gqa", "mqa", "mha")
 
 # Per-layer roles: (AttentionWeights field, table role, tensor suffix).
 ROLES = (
@@ -54,7 +54,7 @@ class ConvertPlan:
     head_dim: int
     from_kv: int
     to_kv: int
-    method: str
+    method: MergeMethod  # the merge method, built with its options (its name: method.name)
     out_dtype: str | None  # safetensors dtype, None = keep
     max_shard_size: int
     layers: dict[int, dict[str, str]]  # attention layer -> (AttentionWeights field -> tensor name)
@@ -100,8 +100,6 @@ def valid_groups(num_heads: int, kv_heads: int, *, flag_field: bool = False) -> 
 
 
 def resolve_target(to: str, groups: int | None, num_heads: int, kv_heads: int, *, flag_field: bool) -> int:
-    if to not in TARGETS:
-        raise UsageError(f"--to must be one of {', '.join(TARGETS)}, not {to!r}", option="to")
     if to == "mqa":
         if groups not in (None, 1):
             raise UsageError("--to mqa means one KV head; drop --groups", option="groups")
@@ -193,49 +191,13 @@ def source_fingerprint(ckpt: Checkpoint) -> str:
     return "sha256:" + h.hexdigest()
 
 
-def check_dtype(dtype: str) -> str | None:
-    """The safetensors dtype for a --dtype choice (None: keep)."""
-    if dtype not in OUT_DTYPES:
-        raise UsageError(f"--dtype must be one of {', '.join(OUT_DTYPES)}, not {dtype!r}", option="dtype")
-    return OUT_DTYPES[dtype]
-
-
-def check_options(max_shard_size: str, method: str, method_options: dict) -> tuple[int, object]:
-    """What `kvtool convert` and a recipe's convert step check before opening the model: the shard size, and
-    the merge method with its options (kvtool.options.convert.method_options: an option another method owns
-    is refused by name). Returns (shard bytes, the method object)."""
-    from kvtool.convert.methods import get_method
-    from kvtool.units import parse_size
-
-    try:
-        shard_bytes = parse_size(max_shard_size)
-    except ValueError as exc:
-        raise UsageError(str(exc), option="max_shard_size") from None
-    if shard_bytes <= 0:
-        raise UsageError("must be positive", option="max_shard_size")
-    return shard_bytes, get_method(method, **method_options)
-
-
-def make_plan(src: str | Path, *, to: str, groups: int | None = None, method: str = "mean",
-              dtype: str = "keep", max_shard_size: int = 5 * 10**9) -> ConvertPlan:
-    """Everything the conversion will do, from config and headers (no tensor data read)."""
-    check_dtype(dtype)
-    src_path = Path(src)
-    if not src_path.is_dir():
-        raise InputError("SRC must be a model folder (config.json + safetensors)", file=str(src))
-    ckpt = preflight(src_path)  # corrupt weights, escaping index, pickles only: refused before any read
-    p = plan(ckpt, to=to, groups=groups, method=method, dtype=dtype, max_shard_size=max_shard_size)
-    p.src = src_path  # as the user wrote it: the dry-run and provenance name it so
-    return p
-
-
-def plan(ckpt: Checkpoint, *, to: str, groups: int | None = None, method: str = "mean", dtype: str = "keep",
-         max_shard_size: int = 5 * 10**9, config: dict | None = None, tensors: dict | None = None) -> ConvertPlan:
-    """The conversion of an opened checkpoint: every refusal `kvtool convert` and a recipe's convert step make.
+def plan_checkpoint(ckpt: Checkpoint, *, to: str, groups: int | None, method: MergeMethod, dtype: str,
+                    max_shard_size: int, config: dict | None = None, tensors: dict | None = None) -> ConvertPlan:
+    """The conversion of an opened checkpoint: the model's refusals (kvtool.convert.run.plan checked the options).
 
     A recipe plans a step on the model as its earlier steps leave it: `config` (default: the checkpoint's)
     and `tensors` (name -> dtype / shape; default: the checkpoint's headers)."""
-    out_dtype = check_dtype(dtype)
+    out_dtype = OUT_DTYPES[dtype]  # a declared choice (kvtool/options/convert.py)
     config, tensors, spec = ckpt.planned(config, tensors)
     config_file = str(ckpt.config_path)
     arch = spec.arch
@@ -276,9 +238,7 @@ def plan(ckpt: Checkpoint, *, to: str, groups: int | None = None, method: str = 
             "k_norm" in n for n in layers.values()):
         p.warnings.append("k_norm spans all KV heads (one weight per channel): it is pooled like the K rows; "
                           "the RMS it divides by now covers fewer heads, so the result is approximate")
-    from kvtool.convert.methods import get_method
-
-    if getattr(get_method(method), "array_api", "torch") == "torch" and ckpt.root is not None:
+    if method.array_api == "torch" and ckpt.root is not None:
         from kvtool.model.preflight import refuse_auto_map
 
         refuse_auto_map(ckpt.root)  # the method runs the model with transformers: checkpoint code is refused
@@ -372,31 +332,31 @@ def _check_merged(before, after, plan: ConvertPlan) -> None:
         if (a is None) != (b is None) or (b is not None and b.shape[0] != G * hd):
             problems.append(f"{f} does not have {G}*{hd} rows")
     if problems:
-        raise RuntimeError(f"merge method {plan.method!r} returned bad tensors for layer {before.layer}: "
+        raise RuntimeError(f"merge method {plan.method.name!r} returned bad tensors for layer {before.layer}: "
                            + "; ".join(problems))
 
 
 # --- running -----------------------------------------------------------------------------------
-def provenance(plan: ConvertPlan, method_obj=None) -> dict:
+def provenance(plan: ConvertPlan) -> dict:
     prov = {
         "kvtool_version": __version__,
         "command": "convert",
         "source": str(plan.src),
         "source_hash": plan.source_hash,
         "model_type": plan.arch.model_type,
-        "method": plan.method,
+        "method": plan.method.name,
         "from_kv_heads": plan.from_kv,
         "to_kv_heads": plan.to_kv,
         "num_heads": plan.num_heads,
         "dtype": CONFIG_DTYPE_NAMES.get(plan.out_dtype, "keep") if plan.out_dtype else "keep",
         "exact": plan.direction != "pool",
     }
-    if method_obj is not None:
-        if getattr(method_obj, "options", None):
-            prov["method_options"] = {k: v for k, v in method_obj.options.items() if _jsonable(v)}
-        extra = method_obj.provenance()
-        if extra:
-            prov["method_details"] = extra
+    method = plan.method
+    if method.options:
+        prov["method_options"] = {k: v for k, v in method.options.items() if _jsonable(v)}
+    extra = method.provenance()
+    if extra:
+        prov["method_details"] = extra
     previous = plan.src / "kvtool.json"
     if previous.is_file():
         try:
@@ -420,29 +380,29 @@ def _torch_dtype(st: str):
     return {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32}[st]
 
 
-def run_convert(plan: ConvertPlan, dst: str | Path, *, method_obj=None, force: bool = False,
-                progress: bool | None = None, device: str = "cpu", method_options: dict | None = None) -> ConvertResult:
+def write(plan: ConvertPlan, dst: str | Path, *, force: bool = False, progress: bool | None = None,
+          device: str = "cpu") -> ConvertResult:
     """Write the converted checkpoint to `dst` (staged; the source is only read)."""
-    from kvtool.convert.methods import MergeJob, get_method
+    from kvtool.convert.methods import MergeJob
     from kvtool.io.reader import CheckpointReader
     from kvtool.io.staging import check_destination, copy_side_files, staged_output
     from kvtool.io.writer import ShardWriter
 
     dst = Path(dst)
     check_destination(dst, force=force, protect=[plan.src])
-    method_obj = method_obj or get_method(plan.method, **(method_options or {}))
-    torch_api = getattr(method_obj, "array_api", "torch") == "torch"
+    method_obj = plan.method
+    torch_api = method_obj.array_api == "torch"
     out_dtype = _torch_dtype(plan.out_dtype) if plan.out_dtype and torch_api else None
     prov = None
     with CheckpointReader(plan.src) as reader:
         job = MergeJob(src=plan.src, spec=plan.spec, arch=plan.arch, target_groups=plan.to_kv, device=device,
                        dtype=out_dtype, options=dict(method_obj.options), reader=reader)
         method_obj.prepare(job)
-        prov = provenance(plan, method_obj)
-        meta = {"kvtool_version": __version__, "kvtool_source_hash": plan.source_hash, "kvtool_method": plan.method,
+        prov = provenance(plan)
+        meta = {"kvtool_version": __version__, "kvtool_source_hash": plan.source_hash, "kvtool_method": method_obj.name,
                 "kvtool_kv_heads": f"{plan.from_kv}->{plan.to_kv}"}
         layer_of = {n: i for i, names in plan.layers.items() for n in names.values()}
-        io = _NumpyIO(reader, plan) if getattr(method_obj, "array_api", "torch") == "numpy" else _TorchIO(reader, plan)
+        io = _NumpyIO(reader, plan) if not torch_api else _TorchIO(reader, plan)
         with staged_output(dst, force=force, protect=[plan.src]) as tmp:
             bar = kv_progress.task("convert", total=reader.total_bytes, scale="bytes", enabled=progress)
             try:
@@ -474,7 +434,7 @@ def run_convert(plan: ConvertPlan, dst: str | Path, *, method_obj=None, force: b
                                     else:
                                         io.cast_through(writer, n)
                                 elif f not in read:
-                                    raise RuntimeError(f"merge method {plan.method!r} changed {f}, which it "
+                                    raise RuntimeError(f"merge method {method_obj.name!r} changed {f}, which it "
                                                        f"declares it does not read")
                                 else:
                                     io.write(writer, n, out[f], storage)

@@ -109,5 +109,10 @@ class MeanPooling(MergeMethod):
     def summary(self) -> str:
         return "mean of each group's K/V heads (approximate without retraining)"
 
+    def estimate(self, plan, shape):
+        from kvtool.model import costs
+
+        return costs.convert_mean(shape)
+
     def merge_layer(self, layer: int, w: "AttentionWeights") -> "AttentionWeights":
         return mean_pool(w)

@@ -70,8 +70,7 @@ def _texts(ctx: RunContext, section: dict, purpose: str) -> list[str]:
 
 # --- step runners ---------------------------------------------------------------------------------
 def run_convert_step(ctx: RunContext, step: Step) -> StepResult:
-    from kvtool.convert.driver import check_options, make_plan, run_convert
-    from kvtool.options.convert import method_options
+    from kvtool.convert.run import apply, plan
     from kvtool.recipes.plan import convert_options
 
     out = ctx.new_folder(step)
@@ -89,11 +88,10 @@ def run_convert_step(ctx: RunContext, step: Step) -> StepResult:
             joined.write_text("\n\n".join(read_text_file(f, "calib_text") for f in files), encoding="utf-8")
             files = [str(joined)]
         o.calib_text, o.calib_dataset = files[0], None
-    shard_bytes, method_obj = check_options(o.max_shard_size, o.method, method_options(o))  # the command's checks
-    plan = make_plan(o.src, to=o.to, groups=o.groups, method=o.method, dtype=o.dtype, max_shard_size=shard_bytes)
-    res = run_convert(plan, out, method_obj=method_obj, progress=ctx.progress, device=_device(ctx))
+    p = plan(o)  # `kvtool convert`'s plan and apply: the same refusals, now on the written model
+    res = apply(p, out, progress=ctx.progress, device=_device(ctx))
     return StepResult(step.index, step.kind, dict(step.options), str(out),
-                      details={"kv_heads": f"{plan.from_kv}->{plan.to_kv}", "method": o.method, "files": res.files})
+                      details={"kv_heads": f"{p.from_kv}->{p.to_kv}", "method": o.method, "files": res.files})
 
 
 def run_lint_step(ctx: RunContext, step: Step) -> StepResult:

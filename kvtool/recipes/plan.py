@@ -89,8 +89,8 @@ def convert_options(options: dict, **given):
 
 
 def plan_convert(recipe: Recipe, step: Step, state: PlanState) -> str:
-    from kvtool.convert.driver import check_options, plan
-    from kvtool.options.convert import method_options
+    from kvtool.convert.report import estimate
+    from kvtool.convert.run import plan
 
     o = convert_options(step.options)
     if o.method == "aware":
@@ -100,19 +100,13 @@ def plan_convert(recipe: Recipe, step: Step, state: PlanState) -> str:
         files = recipe.text_files(step.options.get("calibration"))
         if files:
             o.calib_text = str(files[0][1])  # the run joins several into one file
-    try:
-        # the command's order: the options and the merge method, then the model
-        shard_bytes, method_obj = check_options(o.max_shard_size, o.method, method_options(o))
-        p = plan(state.ckpt, to=o.to, groups=o.groups, method=o.method, dtype=o.dtype, max_shard_size=shard_bytes,
-                 config=state.config, tensors=state.tensors)
+    try:  # `kvtool convert`'s plan, on the model as the previous steps leave it
+        p = plan(o, ckpt=state.ckpt, config=state.config, tensors=state.tensors)
     except KvtoolError as exc:
         raise _refused(recipe, step, exc) from None
-    from kvtool.convert.report import estimate
-
-    est = estimate(p, method_obj)  # on the model as the previous steps leave it
     state.config = p.new_config
     state.tensors = {t.name: t for t in p.outputs}
-    return f"{o.to}: {p.from_kv} -> {p.to_kv} KV heads ({o.method})" + _estimate_note(est)
+    return f"{o.to}: {p.from_kv} -> {p.to_kv} KV heads ({o.method})" + _estimate_note(estimate(p))
 
 
 def rope_options(options: dict, recipe: Recipe, **given):
