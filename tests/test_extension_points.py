@@ -161,6 +161,7 @@ def test_a_merge_method_is_one_class(tmp_path, capsys):
             def first(t):
                 return np.ascontiguousarray(t.reshape(w.target_groups, -1, w.head_dim, t.shape[-1])[:, 0]
                                             .reshape(w.target_groups * w.head_dim, -1))
+            # target_groups: the name before issue 30 (target_kv_heads), kept so such a plug-in still works
             return w.with_(k=first(w.k), v=first(w.v), num_kv_heads=w.target_groups)
 
     src = _model(tmp_path / "src")

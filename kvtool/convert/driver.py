@@ -52,8 +52,8 @@ class ConvertPlan:
     arch: Architecture
     num_heads: int
     head_dim: int
-    from_kv: int
-    to_kv: int
+    source_kv_heads: int
+    target_kv_heads: int
     method: MergeMethod  # the merge method, built with its options (its name: method.name)
     out_dtype: str | None  # safetensors dtype, None = keep
     max_shard_size: int
@@ -68,9 +68,9 @@ class ConvertPlan:
 
     @property
     def direction(self) -> str:
-        if self.to_kv == self.from_kv:
+        if self.target_kv_heads == self.source_kv_heads:
             return "unchanged"
-        return "pool" if self.to_kv < self.from_kv else "expand"
+        return "pool" if self.target_kv_heads < self.source_kv_heads else "expand"
 
     @property
     def output_bytes(self) -> int:
@@ -210,7 +210,7 @@ def plan_checkpoint(ckpt: Checkpoint, *, to: str, groups: int | None, method: Me
         raise InputError(f"{H} query heads do not split into {KV} KV heads", file=config_file,
                          field=spec.key("num_kv_heads"))
     flag = kv_field_is_boolean(arch, spec.config)
-    G = resolve_target(to, groups, H, KV, flag_field=flag)
+    target_kv_heads = resolve_target(to, groups, H, KV, flag_field=flag)
     from kvtool.model.layer_types import KV_CACHE_TYPES
 
     # Layers without attention (Mamba, linear attention) have no KV heads: streamed through as they are.
@@ -223,18 +223,19 @@ def plan_checkpoint(ckpt: Checkpoint, *, to: str, groups: int | None, method: Me
                 raise InputError(f"tensor {n!r} is {tensors[n].dtype}: quantized weights cannot be pooled",
                                  file=getattr(tensors[n], "file", where))
     p = ConvertPlan(src=ckpt.root or ckpt.config_path.parent, ckpt=ckpt, spec=spec, arch=arch, num_heads=H,
-                    head_dim=hd, from_kv=KV, to_kv=G, method=method, out_dtype=out_dtype,
+                    head_dim=hd, source_kv_heads=KV, target_kv_heads=target_kv_heads, method=method,
+                    out_dtype=out_dtype,
                     max_shard_size=max_shard_size, layers=layers)
     _plan_tensors(p, tensors)
     from kvtool.model import kvcache
 
-    p.new_config = rewrite_config(config, arch, num_heads=H, new_kv_heads=G,
+    p.new_config = rewrite_config(config, arch, num_heads=H, target_kv_heads=target_kv_heads,
                                   dtype_name=CONFIG_DTYPE_NAMES.get(out_dtype) if out_dtype else None)
     # the figure lint and kv-budget print: the cache vLLM allocates for the written checkpoint
     _, elem, _ = kvcache.serving_kv_dtype(build_spec(p.new_config))
     p.kv_bytes_before = kvcache.bytes_per_token(spec, elem)
-    p.kv_bytes_after = kvcache.bytes_per_token(spec, elem, kv_heads=G)
-    if G < KV and arch.weights.get("k_norm") and arch.weights.get("k_norm_scope") == "all" and any(
+    p.kv_bytes_after = kvcache.bytes_per_token(spec, elem, kv_heads=target_kv_heads)
+    if target_kv_heads < KV and arch.weights.get("k_norm") and arch.weights.get("k_norm_scope") == "all" and any(
             "k_norm" in n for n in layers.values()):
         p.warnings.append("k_norm spans all KV heads (one weight per channel): it is pooled like the K rows; "
                           "the RMS it divides by now covers fewer heads, so the result is approximate")
@@ -247,14 +248,14 @@ def plan_checkpoint(ckpt: Checkpoint, *, to: str, groups: int | None, method: Me
 
 
 def _planned_shape(plan: ConvertPlan, fld: str, shape: tuple) -> tuple:
-    """Output shape of one attention tensor: merge methods keep q / o and give K/V G heads."""
-    H, G, hd = plan.num_heads, plan.to_kv, plan.head_dim
+    """Output shape of one attention tensor: merge methods keep q / o and give K/V the target's heads."""
+    H, target_kv_heads, hd = plan.num_heads, plan.target_kv_heads, plan.head_dim
     if fld in ("k", "v", "k_bias", "v_bias"):
-        return (G * hd, *shape[1:])
+        return (target_kv_heads * hd, *shape[1:])
     if fld in ("qkv", "qkv_bias"):
-        return ((H + 2 * G) * hd, *shape[1:])
+        return ((H + 2 * target_kv_heads) * hd, *shape[1:])
     if fld == "k_norm" and plan.arch.weights.get("k_norm_scope", "head") == "all":
-        return (G * hd,) if len(shape) == 1 else (G, *shape[1:])
+        return (target_kv_heads * hd,) if len(shape) == 1 else (target_kv_heads, *shape[1:])
     return tuple(shape)
 
 
@@ -277,7 +278,8 @@ def _merge_layer(plan: ConvertPlan, layer: int, t: dict, merge, storage: str | N
     from kvtool.convert.fused import fuse_qkv, split_qkv
     from kvtool.convert.layout import AttentionWeights
 
-    arch, H, KV, G, hd = plan.arch, plan.num_heads, plan.from_kv, plan.to_kv, plan.head_dim
+    arch, H, KV, hd = plan.arch, plan.num_heads, plan.source_kv_heads, plan.head_dim
+    target_kv_heads = plan.target_kv_heads
     layout = arch.weights.get("qkv_layout", "concat")
     parts = dict(t)
     if "qkv" in t:
@@ -292,7 +294,7 @@ def _merge_layer(plan: ConvertPlan, layer: int, t: dict, merge, storage: str | N
         k_norm = k_norm.reshape(-1)  # [KV, hd] (cohere) and [KV*hd] (olmo2) are the same channels
     w = AttentionWeights(
         layer=layer, q=parts["q"], k=parts["k"], v=parts["v"], o=parts["o"], num_heads=H, num_kv_heads=KV,
-        head_dim=hd, target_groups=G, q_bias=parts.get("q_bias"), k_bias=parts.get("k_bias"),
+        head_dim=hd, target_kv_heads=target_kv_heads, q_bias=parts.get("q_bias"), k_bias=parts.get("k_bias"),
         v_bias=parts.get("v_bias"), o_bias=parts.get("o_bias"), q_norm=parts.get("q_norm"), k_norm=k_norm,
         norm_scope=scope, storage=storage,
     )
@@ -301,9 +303,9 @@ def _merge_layer(plan: ConvertPlan, layer: int, t: dict, merge, storage: str | N
     _check_merged(w, new, plan)
     out: dict = {}
     if "qkv" in t:
-        out["qkv"] = fuse_qkv(layout, new.q, new.k, new.v, H, G, hd)
+        out["qkv"] = fuse_qkv(layout, new.q, new.k, new.v, H, target_kv_heads, hd)
         if "qkv_bias" in t:
-            out["qkv_bias"] = fuse_qkv(layout, new.q_bias, new.k_bias, new.v_bias, H, G, hd)
+            out["qkv_bias"] = fuse_qkv(layout, new.q_bias, new.k_bias, new.v_bias, H, target_kv_heads, hd)
     for f in ("q", "k", "v", "q_bias", "k_bias", "v_bias"):
         if f in t:
             out[f] = getattr(new, f)
@@ -313,24 +315,24 @@ def _merge_layer(plan: ConvertPlan, layer: int, t: dict, merge, storage: str | N
     if "k_norm" in t:
         kn = new.k_norm
         if norm_shape is not None and len(norm_shape) > 1:
-            kn = kn.reshape(G, *norm_shape[1:])
+            kn = kn.reshape(target_kv_heads, *norm_shape[1:])
         out["k_norm"] = kn
     return out
 
 
 def _check_merged(before, after, plan: ConvertPlan) -> None:
-    G, hd = plan.to_kv, plan.head_dim
+    target_kv_heads, hd = plan.target_kv_heads, plan.head_dim
     problems = []
-    if after.num_kv_heads != G:
-        problems.append(f"num_kv_heads is {after.num_kv_heads}, expected {G}")
+    if after.num_kv_heads != target_kv_heads:
+        problems.append(f"num_kv_heads is {after.num_kv_heads}, expected {target_kv_heads}")
     for f in ("q", "o", "q_bias", "o_bias", "q_norm"):
         a, b = getattr(before, f), getattr(after, f)
         if (a is None) != (b is None) or (a is not None and tuple(a.shape) != tuple(b.shape)):
             problems.append(f"{f} changed shape")
     for f in ("k", "v", "k_bias", "v_bias"):
         a, b = getattr(before, f), getattr(after, f)
-        if (a is None) != (b is None) or (b is not None and b.shape[0] != G * hd):
-            problems.append(f"{f} does not have {G}*{hd} rows")
+        if (a is None) != (b is None) or (b is not None and b.shape[0] != target_kv_heads * hd):
+            problems.append(f"{f} does not have {target_kv_heads}*{hd} rows")
     if problems:
         raise RuntimeError(f"merge method {plan.method.name!r} returned bad tensors for layer {before.layer}: "
                            + "; ".join(problems))
@@ -345,8 +347,8 @@ def provenance(plan: ConvertPlan) -> dict:
         "source_hash": plan.source_hash,
         "model_type": plan.arch.model_type,
         "method": plan.method.name,
-        "from_kv_heads": plan.from_kv,
-        "to_kv_heads": plan.to_kv,
+        "from_kv_heads": plan.source_kv_heads,
+        "to_kv_heads": plan.target_kv_heads,
         "num_heads": plan.num_heads,
         "dtype": CONFIG_DTYPE_NAMES.get(plan.out_dtype, "keep") if plan.out_dtype else "keep",
         "exact": plan.direction != "pool",
@@ -395,12 +397,12 @@ def write(plan: ConvertPlan, dst: str | Path, *, force: bool = False, progress: 
     out_dtype = _torch_dtype(plan.out_dtype) if plan.out_dtype and torch_api else None
     prov = None
     with CheckpointReader(plan.src) as reader:
-        job = MergeJob(src=plan.src, spec=plan.spec, arch=plan.arch, target_groups=plan.to_kv, device=device,
-                       dtype=out_dtype, options=dict(method_obj.options), reader=reader)
+        job = MergeJob(src=plan.src, spec=plan.spec, arch=plan.arch, target_kv_heads=plan.target_kv_heads,
+                       device=device, dtype=out_dtype, options=dict(method_obj.options), reader=reader)
         method_obj.prepare(job)
         prov = provenance(plan)
         meta = {"kvtool_version": __version__, "kvtool_source_hash": plan.source_hash, "kvtool_method": method_obj.name,
-                "kvtool_kv_heads": f"{plan.from_kv}->{plan.to_kv}"}
+                "kvtool_kv_heads": f"{plan.source_kv_heads}->{plan.target_kv_heads}"}
         layer_of = {n: i for i, names in plan.layers.items() for n in names.values()}
         io = _NumpyIO(reader, plan) if not torch_api else _TorchIO(reader, plan)
         with staged_output(dst, force=force, protect=[plan.src]) as tmp:

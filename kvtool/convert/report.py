@@ -40,7 +40,7 @@ def estimate(plan, eval_tokens: int | None = None):
 
 
 def render_plan(plan, dst, eval_tokens: int | None = None) -> str:
-    H, a, b = plan.num_heads, plan.from_kv, plan.to_kv
+    H, a, b = plan.num_heads, plan.source_kv_heads, plan.target_kv_heads
     how = {"pool": plan.method.summary(),
            "expand": "each KV head repeated (exact: same outputs)",
            "unchanged": "same KV-head count (identity)"}[plan.direction]
@@ -72,8 +72,9 @@ def render_plan(plan, dst, eval_tokens: int | None = None) -> str:
 def render_result(result) -> str:
     plan = result.plan
     lines = [
-        f"converted {plan.src} -> {result.dst}: KV heads {plan.from_kv} -> {plan.to_kv} "
-        f"({_kind(plan.num_heads, plan.from_kv)} -> {_kind(plan.num_heads, plan.to_kv)}), method {plan.method.name}",
+        f"converted {plan.src} -> {result.dst}: KV heads {plan.source_kv_heads} -> {plan.target_kv_heads} "
+        f"({_kind(plan.num_heads, plan.source_kv_heads)} -> {_kind(plan.num_heads, plan.target_kv_heads)}), "
+        f"method {plan.method.name}",
         f"  KV cache {fmt_bytes(plan.kv_bytes_before)}/token -> {fmt_bytes(plan.kv_bytes_after)}/token; "
         f"{len(plan.touched)} tensors reshaped, {len(plan.outputs)} written in {len(result.files)} file(s)",
         f"  copied: {', '.join(result.side_files) or 'nothing'}; provenance in kvtool.json",

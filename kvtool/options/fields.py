@@ -13,6 +13,7 @@ Library code raises errors that name fields (`UsageError(..., option="groups")`)
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import types
 import typing
@@ -132,7 +133,7 @@ def check_value(f: Field, value: Any) -> None:
         return
     t = f.base_type
     ok = {int: lambda v: isinstance(v, int) and not isinstance(v, bool),
-          float: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and v == v and abs(v) != float("inf"),
+          float: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v),
           str: lambda v: isinstance(v, str), bool: lambda v: isinstance(v, bool)}.get(t)
     if ok is not None and not ok(value):
         what = {int: "an integer", float: "a finite number", str: "a string", bool: "true or false"}[t]

@@ -91,7 +91,8 @@ def run_convert_step(ctx: RunContext, step: Step) -> StepResult:
     p = plan(o)  # `kvtool convert`'s plan and apply: the same refusals, now on the written model
     res = apply(p, out, progress=ctx.progress, device=_device(ctx))
     return StepResult(step.index, step.kind, dict(step.options), str(out),
-                      details={"kv_heads": f"{p.from_kv}->{p.to_kv}", "method": o.method, "files": res.files})
+                      details={"kv_heads": f"{p.source_kv_heads}->{p.target_kv_heads}", "method": o.method,
+                               "files": res.files})
 
 
 def run_lint_step(ctx: RunContext, step: Step) -> StepResult:

@@ -1,6 +1,7 @@
 """The token ids `--method aware` calibrates on, and where they came from: built from the calibration sources
 (--calib-text or the parts of --calib-dataset, text the model writes itself included) and the model's
-tokenizer, before any model weights are loaded; inspectable on its own (tests/convert/test_aware_calibration_data.py)."""
+tokenizer, before any model weights are loaded; built and inspected on its own
+(tests/convert/test_aware_calibration_data.py)."""
 
 from __future__ import annotations
 

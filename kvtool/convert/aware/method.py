@@ -112,7 +112,7 @@ class AwareMerge(MergeMethod):
         from kvtool.model import costs
 
         s = self.settings
-        grouping = (cost_terms(plan.from_kv, plan.to_kv, s["calib_tokens"], s["seq_len"])
+        grouping = (cost_terms(plan.source_kv_heads, plan.target_kv_heads, s["calib_tokens"], s["seq_len"])
                     if s["grouping"] == "error" else {})
         return costs.convert_aware(shape, s["calib_tokens"], s["seq_len"], s["refine_steps"], s["distill_steps"],
                                    self.original_stream, **grouping)
@@ -122,8 +122,9 @@ class AwareMerge(MergeMethod):
         from kvtool.convert.aware.merge import MergeSettings
 
         s, spec = self.settings, job.spec
-        return MergeSettings(num_heads=spec.num_heads, num_kv_heads=spec.num_kv_heads, groups=job.target_groups,
-                             head_dim=spec.head_dim, grouping=s["grouping"], o_ridge=s["o_ridge"],
+        return MergeSettings(num_heads=spec.num_heads, num_kv_heads=spec.num_kv_heads,
+                             target_kv_heads=job.target_kv_heads, head_dim=spec.head_dim, grouping=s["grouping"],
+                             o_ridge=s["o_ridge"],
                              refine_steps=s["refine_steps"], refine_holdout=s["refine_holdout"],
                              cov_shrink=float(s["cov_shrink"]), refine_reg=float(s["refine_reg"]),
                              refine_lr=float(s["refine_lr"]), context=s["serve_context"] or spec.max_position,
@@ -135,7 +136,7 @@ class AwareMerge(MergeMethod):
         reason = unsupported_reason(job)
         if reason:
             raise UsageError(f"--method aware: {reason}; use --method mean", option="method")
-        if job.target_groups >= job.spec.num_kv_heads:
+        if job.target_kv_heads >= job.spec.num_kv_heads:
             return  # expansion or identity: exact, nothing to calibrate (merge_layer falls back to mean)
         s = self.settings
         t0 = time.perf_counter()
@@ -258,7 +259,7 @@ class AwareMerge(MergeMethod):
                 f"{refine}{served}")
 
     def merge_layer(self, layer: int, w: "AttentionWeights") -> "AttentionWeights":
-        if w.target_groups >= w.num_kv_heads:
+        if w.target_kv_heads >= w.num_kv_heads:
             from kvtool.convert.pooling import mean_pool
 
             return mean_pool(w)  # expansion / identity is exact by repetition
@@ -273,7 +274,7 @@ class AwareMerge(MergeMethod):
         out = w.with_(q=cast(new.q, w.q), k=cast(new.k, w.k), v=cast(new.v, w.v), o=cast(new.o, w.o),
                       q_bias=cast(new.q_bias, w.q_bias), k_bias=cast(new.k_bias, w.k_bias),
                       v_bias=cast(new.v_bias, w.v_bias), o_bias=cast(new.o_bias, w.o_bias),
-                      num_kv_heads=w.target_groups)
+                      num_kv_heads=w.target_kv_heads)
         out.check()
         return out
 
