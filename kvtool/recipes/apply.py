@@ -71,14 +71,14 @@ def _texts(ctx: RunContext, section: dict, purpose: str) -> list[str]:
 # --- step runners ---------------------------------------------------------------------------------
 def run_convert_step(ctx: RunContext, step: Step) -> StepResult:
     from kvtool.convert.run import apply, plan
-    from kvtool.recipes.plan import convert_options
+    from kvtool.recipes.plan import calibrated, convert_options
 
     out = ctx.new_folder(step)
     o = convert_options(step.options, src=str(ctx.current), dst=str(out))
     section = step.options.get("calibration") or {}
-    if o.method == "aware" and not ctx.recipe.text_files(section) and section.get("dataset") not in (None, "pydoc"):
+    if calibrated(o) and not ctx.recipe.text_files(section) and section.get("dataset") not in (None, "pydoc"):
         o.calib_text, o.calib_dataset = None, section["dataset"]  # a built-in mix (checked by the plan)
-    elif o.method == "aware":  # the recipe's text: its files (one file: joined), or a built-in dataset
+    elif calibrated(o):  # the recipe's text: its files (one file: joined), or a built-in dataset
         files = _texts(ctx, section, "calibration")
         if len(files) > 1:  # the aware method reads one file: join them
             from kvtool.datasets import read_text_file

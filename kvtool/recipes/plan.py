@@ -88,12 +88,19 @@ def convert_options(options: dict, **given):
     return from_recipe(ConvertOptions, options, **{"src": "", **given})
 
 
+def calibrated(o) -> bool:
+    """Whether the step's merge method calibrates on text (takes calib_text): the recipe then owes it text."""
+    from kvtool.convert.methods import METHODS
+
+    return "calib_text" in METHODS.get(o.method).option_names
+
+
 def plan_convert(recipe: Recipe, step: Step, state: PlanState) -> str:
     from kvtool.convert.report import estimate
     from kvtool.convert.run import plan
 
     o = convert_options(step.options)
-    if o.method == "aware":
+    if calibrated(o):
         from kvtool.datasets import OFFLINE_MIXES
 
         _text_paths(recipe, step, step.options.get("calibration"), required=True, datasets=OFFLINE_MIXES)
