@@ -75,7 +75,7 @@ def test_select_and_ignore(capsys):
 @pytest.mark.parametrize("args,needle", [
     (["--select", "KV99X"], "matches no rule"),
     (["--ignore", "E501"], "matches no rule"),
-    (["--format", "yaml"], "unknown format"),
+    (["--format", "yaml"], "--format: must be one of text, json, sarif, github, got 'yaml'"),
     (["--tensor-parallel-size", "0"], "positive integer"),
 ])
 def test_usage_errors_exit_2(capsys, args, needle):

@@ -6,8 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvtool.errors import UsageError
-from kvtool.model.numbers import QUANTITY_BOUNDS, show
-from kvtool.options.kv_budget import FORMATS, KvBudgetOptions
+from kvtool.options.kv_budget import KvBudgetOptions
 
 
 @dataclass(frozen=True)
@@ -25,24 +24,11 @@ def plan(o: KvBudgetOptions) -> BudgetPlan:
     from kvtool.budget.budget import BudgetOptions
     from kvtool.budget.gpus import resolve
     from kvtool.model.checkpoint import open_checkpoint
-    from kvtool.model.kvcache import KV_CACHE_DTYPES
     from kvtool.model.numbers import require_valid_numbers
     from kvtool.model.spec import build_spec
     from kvtool.units import parse_size
 
-    if o.format not in FORMATS:
-        raise UsageError(f"unknown format {o.format!r}; choose text or json", option="format")
-    if o.kv_cache_dtype not in KV_CACHE_DTYPES:
-        raise UsageError(f"unknown KV-cache dtype {o.kv_cache_dtype!r}; choose from {', '.join(KV_CACHE_DTYPES)}",
-                         option="kv_cache_dtype")
-    tokens = QUANTITY_BOUNDS["max_position"].high  # the config bound on a context length
-    _positive(o.max_model_len, "max_model_len", tokens)
-    _positive(o.batch, "batch", 1 << 30)
-    _positive(o.block_size, "block_size", 1 << 20)
-    _positive(o.tensor_parallel_size, "tensor_parallel_size", QUANTITY_BOUNDS["num_heads"].high)
-    _positive(o.max_num_batched_tokens, "max_num_batched_tokens", tokens)
-    if not 0 < o.gpu_memory_utilization <= 1:
-        raise UsageError(f"{o.gpu_memory_utilization:g} is not in (0, 1]", option="gpu_memory_utilization")
+    o.check()  # the declared choices and bounds (kvtool/options/kv_budget.py), again after a caller's edits
     reserve_bytes = 0
     if o.reserve is not None:
         try:
@@ -77,9 +63,3 @@ def apply(p: BudgetPlan):
 
     return compute(p.ckpt, p.spec, p.options)
 
-
-def _positive(value: int | None, name: str, high: int) -> None:
-    if value is not None and value < 1:
-        raise UsageError(f"must be at least 1, got {value}", option=name)
-    if value is not None and value > high:
-        raise UsageError(f"must be at most {high:,}, got {show(value)}", option=name)

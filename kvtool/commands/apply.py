@@ -2,17 +2,12 @@
 
 from __future__ import annotations
 
-import re
-
 import typer
 
 from kvtool import console
 from kvtool import progress as kv_progress
 from kvtool.commands.options_cli import command
-from kvtool.errors import UsageError
-from kvtool.options.apply import DEVICES, FORMATS, ApplyOptions
-
-_DEVICE = re.compile(r"auto|cpu|cuda(:\d{1,3})?")
+from kvtool.options.apply import ApplyOptions
 
 
 def register(app: typer.Typer) -> None:
@@ -20,11 +15,6 @@ def register(app: typer.Typer) -> None:
                                      "quality gates.")
     def apply(o: ApplyOptions) -> int:
         from kvtool.recipes.apply import apply_recipe
-
-        if o.format not in FORMATS:
-            raise UsageError(f"must be one of {', '.join(FORMATS)}, not {o.format!r}", option="format")
-        if not _DEVICE.fullmatch(o.device):
-            raise UsageError(f"must be one of {', '.join(DEVICES)}, not {o.device!r}", option="device")
 
         def echo(line: str) -> None:
             console.out(line, err=o.format == "json")

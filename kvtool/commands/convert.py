@@ -16,24 +16,19 @@ def register(app: typer.Typer) -> None:
     @command(app, ConvertOptions, cls=_DstRequiredCommand,
              help="Convert attention heads: --to gqa --groups G | --to mqa | --to mha (exact expansion).")
     def convert(o: ConvertOptions) -> int:
-        from kvtool.convert.driver import check_options, make_plan, run_convert
-        from kvtool.options.convert import method_options
         from kvtool.convert.report import render_plan, render_result
+        from kvtool.convert.run import apply, plan
 
-        if o.eval_tokens < 2:
-            raise UsageError(f"must be at least 2, got {o.eval_tokens}", option="eval_tokens")
         _gates(o.max_ppl_increase, o.max_kld)  # refuse a bad gate before any work, --dry-run too
-        # shard size, unknown method / option: exit 2 before any work (a recipe's convert step checks the same)
-        shard_bytes, method_obj = check_options(o.max_shard_size, o.method, method_options(o))
         if not o.dry_run and not o.dst:
             raise UsageError("missing required argument (only --dry-run goes without one)", option="dst")
-
-        plan = make_plan(o.src, to=o.to, groups=o.groups, method=o.method, dtype=o.dtype, max_shard_size=shard_bytes)
-        for w in plan.warnings:
+        p = plan(o)  # the options, the merge method, then the model: what a recipe's convert step plans
+        for w in p.warnings:
             console.out(f"kvtool: warning: {w}", err=True)
         if o.dry_run:
-            console.out(render_plan(plan, o.dst, method_obj, o.eval_tokens if o.eval else None))
+            console.out(render_plan(p, o.dst, o.eval_tokens if o.eval else None))
             return EXIT_OK
+        method_obj = p.method
         if method_obj.array_api == "torch" or o.eval:
             require_torch(f"kvtool convert {'--eval' if o.eval else '--method ' + o.method}")
         device, want_eval = _device_and_eval(o.eval, method_obj.array_api == "torch")
@@ -49,7 +44,7 @@ def register(app: typer.Typer) -> None:
 
             refuse_auto_map(Path(o.src))
         with kv_progress.session(o.progress):
-            result = run_convert(plan, o.dst, method_obj=method_obj, force=o.force, device=device)
+            result = apply(p, o.dst, force=o.force, device=device)
             console.out(render_result(result))
             if want_eval:
                 return _run_eval(o.src, o.dst, device, o.eval_tokens, gates)

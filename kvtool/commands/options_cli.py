@@ -63,9 +63,8 @@ def command(app: typer.Typer, options, help: str, **command_kw) -> Callable:
     def decorate(body: Callable[[Any], int]) -> Callable:
         @functools.wraps(body)
         def callback(**kwargs: Any) -> int:
-            opts = options(**kwargs)
             try:
-                return body(opts)
+                return body(options(**kwargs))  # the options check themselves (kvtool.options.fields.check)
             except KvtoolError as exc:
                 if exc.option and not exc.field:
                     exc.name_option(cli_spelling(options, exc.option))

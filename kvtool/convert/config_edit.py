@@ -25,7 +25,7 @@ def kv_field_is_boolean(arch, config: dict) -> bool:
     return any(isinstance(_get(config, key, arch.defaults.get(key)), bool) for key in arch.kv_head_fields)
 
 
-def rewrite_config(config: dict, arch, *, num_heads: int, new_kv_heads: int, dtype_name: str | None = None) -> dict:
+def rewrite_config(config: dict, arch, *, num_heads: int, target_kv_heads: int, dtype_name: str | None = None) -> dict:
     """A copy of `config` with the KV-head field(s) set (and dtype keys, when dtype_name is given)."""
     if not arch.kv_head_fields:
         raise UsageError(f"the {arch.model_type} table names no KV-head config field", file=arch.source_file,
@@ -36,12 +36,12 @@ def rewrite_config(config: dict, arch, *, num_heads: int, new_kv_heads: int, dty
     for key in targets:
         current = _get(out, key, arch.defaults.get(key))
         if isinstance(current, bool):
-            if new_kv_heads not in (1, num_heads):
+            if target_kv_heads not in (1, num_heads):
                 raise UsageError(f"{key} is a flag: only 1 (MQA) or {num_heads} (MHA) KV heads can be expressed",
                                  field=key)
-            _set(out, key, new_kv_heads == 1)
+            _set(out, key, target_kv_heads == 1)
         else:
-            _set(out, key, new_kv_heads)
+            _set(out, key, target_kv_heads)
     if dtype_name:
         for key in ("dtype", "torch_dtype"):
             if key in out:

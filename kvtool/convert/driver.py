@@ -1,6 +1,7 @@
-"""The convert driver: `make_plan` (what will change, from headers only) and `run_convert`.
+"""The convert driver: `plan_checkpoint` (what will change, from config and headers only) and `write`, behind
+the front door kvtool/convert/run.py (`plan(options)` / `apply(plan, dst)`).
 
-run_convert streams the source tensor by tensor (kvtool.io.reader), hands each layer's attention
+write streams the source tensor by tensor (kvtool.io.reader), hands each layer's attention
 projections to the merge method as unfused `AttentionWeights` (splitting and re-fusing fused QKV
 tensors per the table's `qkv_layout`), passes every other tensor through unchanged (cast when
 --dtype asks), and writes shards straight to their final place in a staged folder
@@ -20,8 +21,8 @@ from kvtool import __version__
 from kvtool import progress as kv_progress
 from kvtool.model.architectures import Architecture
 from kvtool.model.checkpoint import Checkpoint
-from kvtool.model.preflight import preflight
 from kvtool.convert.config_edit import dump_config, kv_field_is_boolean, rewrite_config
+from kvtool.convert.methods import MergeMethod
 from kvtool.errors import InputError, UsageError
 from kvtool.io.writer import PlannedTensor
 from kvtool.io.jsonfile import load_json_object
@@ -31,7 +32,6 @@ from kvtool.model.spec import ModelSpec, build_spec, get_path
 OUT_DTYPES = {"keep": None, "bf16": "BF16", "fp16": "F16", "fp32": "F32"}
 CONFIG_DTYPE_NAMES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}
 FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")
-TARGETS = ("gqa", "mqa", "mha")
 
 # Per-layer roles: (AttentionWeights field, table role, tensor suffix).
 ROLES = (
@@ -52,9 +52,9 @@ class ConvertPlan:
     arch: Architecture
     num_heads: int
     head_dim: int
-    from_kv: int
-    to_kv: int
-    method: str
+    source_kv_heads: int
+    target_kv_heads: int
+    method: MergeMethod  # the merge method, built with its options (its name: method.name)
     out_dtype: str | None  # safetensors dtype, None = keep
     max_shard_size: int
     layers: dict[int, dict[str, str]]  # attention layer -> (AttentionWeights field -> tensor name)
@@ -68,9 +68,9 @@ class ConvertPlan:
 
     @property
     def direction(self) -> str:
-        if self.to_kv == self.from_kv:
+        if self.target_kv_heads == self.source_kv_heads:
             return "unchanged"
-        return "pool" if self.to_kv < self.from_kv else "expand"
+        return "pool" if self.target_kv_heads < self.source_kv_heads else "expand"
 
     @property
     def output_bytes(self) -> int:
@@ -100,8 +100,6 @@ def valid_groups(num_heads: int, kv_heads: int, *, flag_field: bool = False) -> 
 
 
 def resolve_target(to: str, groups: int | None, num_heads: int, kv_heads: int, *, flag_field: bool) -> int:
-    if to not in TARGETS:
-        raise UsageError(f"--to must be one of {', '.join(TARGETS)}, not {to!r}", option="to")
     if to == "mqa":
         if groups not in (None, 1):
             raise UsageError("--to mqa means one KV head; drop --groups", option="groups")
@@ -193,49 +191,13 @@ def source_fingerprint(ckpt: Checkpoint) -> str:
     return "sha256:" + h.hexdigest()
 
 
-def check_dtype(dtype: str) -> str | None:
-    """The safetensors dtype for a --dtype choice (None: keep)."""
-    if dtype not in OUT_DTYPES:
-        raise UsageError(f"--dtype must be one of {', '.join(OUT_DTYPES)}, not {dtype!r}", option="dtype")
-    return OUT_DTYPES[dtype]
-
-
-def check_options(max_shard_size: str, method: str, method_options: dict) -> tuple[int, object]:
-    """What `kvtool convert` and a recipe's convert step check before opening the model: the shard size, and
-    the merge method with its options (kvtool.options.convert.method_options: an option another method owns
-    is refused by name). Returns (shard bytes, the method object)."""
-    from kvtool.convert.methods import get_method
-    from kvtool.units import parse_size
-
-    try:
-        shard_bytes = parse_size(max_shard_size)
-    except ValueError as exc:
-        raise UsageError(str(exc), option="max_shard_size") from None
-    if shard_bytes <= 0:
-        raise UsageError("must be positive", option="max_shard_size")
-    return shard_bytes, get_method(method, **method_options)
-
-
-def make_plan(src: str | Path, *, to: str, groups: int | None = None, method: str = "mean",
-              dtype: str = "keep", max_shard_size: int = 5 * 10**9) -> ConvertPlan:
-    """Everything the conversion will do, from config and headers (no tensor data read)."""
-    check_dtype(dtype)
-    src_path = Path(src)
-    if not src_path.is_dir():
-        raise InputError("SRC must be a model folder (config.json + safetensors)", file=str(src))
-    ckpt = preflight(src_path)  # corrupt weights, escaping index, pickles only: refused before any read
-    p = plan(ckpt, to=to, groups=groups, method=method, dtype=dtype, max_shard_size=max_shard_size)
-    p.src = src_path  # as the user wrote it: the dry-run and provenance name it so
-    return p
-
-
-def plan(ckpt: Checkpoint, *, to: str, groups: int | None = None, method: str = "mean", dtype: str = "keep",
-         max_shard_size: int = 5 * 10**9, config: dict | None = None, tensors: dict | None = None) -> ConvertPlan:
-    """The conversion of an opened checkpoint: every refusal `kvtool convert` and a recipe's convert step make.
+def plan_checkpoint(ckpt: Checkpoint, *, to: str, groups: int | None, method: MergeMethod, dtype: str,
+                    max_shard_size: int, config: dict | None = None, tensors: dict | None = None) -> ConvertPlan:
+    """The conversion of an opened checkpoint: the model's refusals (kvtool.convert.run.plan checked the options).
 
     A recipe plans a step on the model as its earlier steps leave it: `config` (default: the checkpoint's)
     and `tensors` (name -> dtype / shape; default: the checkpoint's headers)."""
-    out_dtype = check_dtype(dtype)
+    out_dtype = OUT_DTYPES[dtype]  # a declared choice (kvtool/options/convert.py)
     config, tensors, spec = ckpt.planned(config, tensors)
     config_file = str(ckpt.config_path)
     arch = spec.arch
@@ -245,7 +207,7 @@ def plan(ckpt: Checkpoint, *, to: str, groups: int | None = None, method: str = 
         if not val or val <= 0:
             raise InputError(f"cannot read {name} from the config", file=config_file, field=spec.key(name))
     flag = kv_field_is_boolean(arch, spec.config)
-    G = resolve_target(to, groups, H, KV, flag_field=flag)
+    target_kv_heads = resolve_target(to, groups, H, KV, flag_field=flag)
     from kvtool.model.layer_types import KV_CACHE_TYPES
 
     # Layers without attention (Mamba, linear attention) have no KV heads: streamed through as they are.
@@ -258,24 +220,23 @@ def plan(ckpt: Checkpoint, *, to: str, groups: int | None = None, method: str = 
                 raise InputError(f"tensor {n!r} is {tensors[n].dtype}: quantized weights cannot be pooled",
                                  file=getattr(tensors[n], "file", where))
     p = ConvertPlan(src=ckpt.root or ckpt.config_path.parent, ckpt=ckpt, spec=spec, arch=arch, num_heads=H,
-                    head_dim=hd, from_kv=KV, to_kv=G, method=method, out_dtype=out_dtype,
+                    head_dim=hd, source_kv_heads=KV, target_kv_heads=target_kv_heads, method=method,
+                    out_dtype=out_dtype,
                     max_shard_size=max_shard_size, layers=layers)
     _plan_tensors(p, tensors)
     from kvtool.model import kvcache
 
-    p.new_config = rewrite_config(config, arch, num_heads=H, new_kv_heads=G,
+    p.new_config = rewrite_config(config, arch, num_heads=H, target_kv_heads=target_kv_heads,
                                   dtype_name=CONFIG_DTYPE_NAMES.get(out_dtype) if out_dtype else None)
     # the figure lint and kv-budget print: the cache vLLM allocates for the written checkpoint
     _, elem, _ = kvcache.serving_kv_dtype(build_spec(p.new_config))
     p.kv_bytes_before = kvcache.bytes_per_token(spec, elem)
-    p.kv_bytes_after = kvcache.bytes_per_token(spec, elem, kv_heads=G)
-    if G < KV and arch.weights.get("k_norm") and arch.weights.get("k_norm_scope") == "all" and any(
+    p.kv_bytes_after = kvcache.bytes_per_token(spec, elem, kv_heads=target_kv_heads)
+    if target_kv_heads < KV and arch.weights.get("k_norm") and arch.weights.get("k_norm_scope") == "all" and any(
             "k_norm" in n for n in layers.values()):
         p.warnings.append("k_norm spans all KV heads (one weight per channel): it is pooled like the K rows; "
                           "the RMS it divides by now covers fewer heads, so the result is approximate")
-    from kvtool.convert.methods import get_method
-
-    if getattr(get_method(method), "array_api", "torch") == "torch" and ckpt.root is not None:
+    if method.array_api == "torch" and ckpt.root is not None:
         from kvtool.model.preflight import refuse_auto_map
 
         refuse_auto_map(ckpt.root)  # the method runs the model with transformers: checkpoint code is refused
@@ -284,14 +245,14 @@ def plan(ckpt: Checkpoint, *, to: str, groups: int | None = None, method: str = 
 
 
 def _planned_shape(plan: ConvertPlan, fld: str, shape: tuple) -> tuple:
-    """Output shape of one attention tensor: merge methods keep q / o and give K/V G heads."""
-    H, G, hd = plan.num_heads, plan.to_kv, plan.head_dim
+    """Output shape of one attention tensor: merge methods keep q / o and give K/V the target's heads."""
+    H, target_kv_heads, hd = plan.num_heads, plan.target_kv_heads, plan.head_dim
     if fld in ("k", "v", "k_bias", "v_bias"):
-        return (G * hd, *shape[1:])
+        return (target_kv_heads * hd, *shape[1:])
     if fld in ("qkv", "qkv_bias"):
-        return ((H + 2 * G) * hd, *shape[1:])
+        return ((H + 2 * target_kv_heads) * hd, *shape[1:])
     if fld == "k_norm" and plan.arch.weights.get("k_norm_scope", "head") == "all":
-        return (G * hd,) if len(shape) == 1 else (G, *shape[1:])
+        return (target_kv_heads * hd,) if len(shape) == 1 else (target_kv_heads, *shape[1:])
     return tuple(shape)
 
 
@@ -314,7 +275,8 @@ def _merge_layer(plan: ConvertPlan, layer: int, t: dict, merge, storage: str | N
     from kvtool.convert.fused import fuse_qkv, split_qkv
     from kvtool.convert.layout import AttentionWeights
 
-    arch, H, KV, G, hd = plan.arch, plan.num_heads, plan.from_kv, plan.to_kv, plan.head_dim
+    arch, H, KV, hd = plan.arch, plan.num_heads, plan.source_kv_heads, plan.head_dim
+    target_kv_heads = plan.target_kv_heads
     layout = arch.weights.get("qkv_layout", "concat")
     parts = dict(t)
     if "qkv" in t:
@@ -329,7 +291,7 @@ def _merge_layer(plan: ConvertPlan, layer: int, t: dict, merge, storage: str | N
         k_norm = k_norm.reshape(-1)  # [KV, hd] (cohere) and [KV*hd] (olmo2) are the same channels
     w = AttentionWeights(
         layer=layer, q=parts["q"], k=parts["k"], v=parts["v"], o=parts["o"], num_heads=H, num_kv_heads=KV,
-        head_dim=hd, target_groups=G, q_bias=parts.get("q_bias"), k_bias=parts.get("k_bias"),
+        head_dim=hd, target_kv_heads=target_kv_heads, q_bias=parts.get("q_bias"), k_bias=parts.get("k_bias"),
         v_bias=parts.get("v_bias"), o_bias=parts.get("o_bias"), q_norm=parts.get("q_norm"), k_norm=k_norm,
         norm_scope=scope, storage=storage,
     )
@@ -338,9 +300,9 @@ def _merge_layer(plan: ConvertPlan, layer: int, t: dict, merge, storage: str | N
     _check_merged(w, new, plan)
     out: dict = {}
     if "qkv" in t:
-        out["qkv"] = fuse_qkv(layout, new.q, new.k, new.v, H, G, hd)
+        out["qkv"] = fuse_qkv(layout, new.q, new.k, new.v, H, target_kv_heads, hd)
         if "qkv_bias" in t:
-            out["qkv_bias"] = fuse_qkv(layout, new.q_bias, new.k_bias, new.v_bias, H, G, hd)
+            out["qkv_bias"] = fuse_qkv(layout, new.q_bias, new.k_bias, new.v_bias, H, target_kv_heads, hd)
     for f in ("q", "k", "v", "q_bias", "k_bias", "v_bias"):
         if f in t:
             out[f] = getattr(new, f)
@@ -350,50 +312,50 @@ def _merge_layer(plan: ConvertPlan, layer: int, t: dict, merge, storage: str | N
     if "k_norm" in t:
         kn = new.k_norm
         if norm_shape is not None and len(norm_shape) > 1:
-            kn = kn.reshape(G, *norm_shape[1:])
+            kn = kn.reshape(target_kv_heads, *norm_shape[1:])
         out["k_norm"] = kn
     return out
 
 
 def _check_merged(before, after, plan: ConvertPlan) -> None:
-    G, hd = plan.to_kv, plan.head_dim
+    target_kv_heads, hd = plan.target_kv_heads, plan.head_dim
     problems = []
-    if after.num_kv_heads != G:
-        problems.append(f"num_kv_heads is {after.num_kv_heads}, expected {G}")
+    if after.num_kv_heads != target_kv_heads:
+        problems.append(f"num_kv_heads is {after.num_kv_heads}, expected {target_kv_heads}")
     for f in ("q", "o", "q_bias", "o_bias", "q_norm"):
         a, b = getattr(before, f), getattr(after, f)
         if (a is None) != (b is None) or (a is not None and tuple(a.shape) != tuple(b.shape)):
             problems.append(f"{f} changed shape")
     for f in ("k", "v", "k_bias", "v_bias"):
         a, b = getattr(before, f), getattr(after, f)
-        if (a is None) != (b is None) or (b is not None and b.shape[0] != G * hd):
-            problems.append(f"{f} does not have {G}*{hd} rows")
+        if (a is None) != (b is None) or (b is not None and b.shape[0] != target_kv_heads * hd):
+            problems.append(f"{f} does not have {target_kv_heads}*{hd} rows")
     if problems:
-        raise RuntimeError(f"merge method {plan.method!r} returned bad tensors for layer {before.layer}: "
+        raise RuntimeError(f"merge method {plan.method.name!r} returned bad tensors for layer {before.layer}: "
                            + "; ".join(problems))
 
 
 # --- running -----------------------------------------------------------------------------------
-def provenance(plan: ConvertPlan, method_obj=None) -> dict:
+def provenance(plan: ConvertPlan) -> dict:
     prov = {
         "kvtool_version": __version__,
         "command": "convert",
         "source": str(plan.src),
         "source_hash": plan.source_hash,
         "model_type": plan.arch.model_type,
-        "method": plan.method,
-        "from_kv_heads": plan.from_kv,
-        "to_kv_heads": plan.to_kv,
+        "method": plan.method.name,
+        "from_kv_heads": plan.source_kv_heads,
+        "to_kv_heads": plan.target_kv_heads,
         "num_heads": plan.num_heads,
         "dtype": CONFIG_DTYPE_NAMES.get(plan.out_dtype, "keep") if plan.out_dtype else "keep",
         "exact": plan.direction != "pool",
     }
-    if method_obj is not None:
-        if getattr(method_obj, "options", None):
-            prov["method_options"] = {k: v for k, v in method_obj.options.items() if _jsonable(v)}
-        extra = method_obj.provenance()
-        if extra:
-            prov["method_details"] = extra
+    method = plan.method
+    if method.options:
+        prov["method_options"] = {k: v for k, v in method.options.items() if _jsonable(v)}
+    extra = method.provenance()
+    if extra:
+        prov["method_details"] = extra
     previous = plan.src / "kvtool.json"
     if previous.is_file():
         try:
@@ -417,10 +379,10 @@ def _torch_dtype(st: str):
     return {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32}[st]
 
 
-def run_convert(plan: ConvertPlan, dst: str | Path, *, method_obj=None, force: bool = False,
-                progress: bool | None = None, device: str = "cpu", method_options: dict | None = None) -> ConvertResult:
+def write(plan: ConvertPlan, dst: str | Path, *, force: bool = False, progress: bool | None = None,
+          device: str = "cpu") -> ConvertResult:
     """Write the converted checkpoint to `dst` (staged; the source is only read)."""
-    from kvtool.convert.methods import MergeJob, get_method
+    from kvtool.convert.methods import MergeJob
     from kvtool.io.reader import CheckpointReader
     from kvtool.io.outputfile import identities, write_new
     from kvtool.io.staging import check_destination, copy_side_files, staged_output
@@ -428,19 +390,19 @@ def run_convert(plan: ConvertPlan, dst: str | Path, *, method_obj=None, force: b
 
     dst = Path(dst)
     check_destination(dst, force=force, protect=[plan.src])
-    method_obj = method_obj or get_method(plan.method, **(method_options or {}))
-    torch_api = getattr(method_obj, "array_api", "torch") == "torch"
+    method_obj = plan.method
+    torch_api = method_obj.array_api == "torch"
     out_dtype = _torch_dtype(plan.out_dtype) if plan.out_dtype and torch_api else None
     prov = None
     with CheckpointReader(plan.src, expect=identities(plan.ckpt.headers)) as reader:  # the shards the plan checked
-        job = MergeJob(src=plan.src, spec=plan.spec, arch=plan.arch, target_groups=plan.to_kv, device=device,
-                       dtype=out_dtype, options=dict(method_obj.options), reader=reader)
+        job = MergeJob(src=plan.src, spec=plan.spec, arch=plan.arch, target_kv_heads=plan.target_kv_heads,
+                       device=device, dtype=out_dtype, options=dict(method_obj.options), reader=reader)
         method_obj.prepare(job)
-        prov = provenance(plan, method_obj)
-        meta = {"kvtool_version": __version__, "kvtool_source_hash": plan.source_hash, "kvtool_method": plan.method,
-                "kvtool_kv_heads": f"{plan.from_kv}->{plan.to_kv}"}
+        prov = provenance(plan)
+        meta = {"kvtool_version": __version__, "kvtool_source_hash": plan.source_hash, "kvtool_method": method_obj.name,
+                "kvtool_kv_heads": f"{plan.source_kv_heads}->{plan.target_kv_heads}"}
         layer_of = {n: i for i, names in plan.layers.items() for n in names.values()}
-        io = _NumpyIO(reader, plan) if getattr(method_obj, "array_api", "torch") == "numpy" else _TorchIO(reader, plan)
+        io = _NumpyIO(reader, plan) if not torch_api else _TorchIO(reader, plan)
         with staged_output(dst, force=force, protect=[plan.src]) as tmp:
             bar = kv_progress.task("convert", total=reader.total_bytes, scale="bytes", enabled=progress)
             try:
@@ -472,7 +434,7 @@ def run_convert(plan: ConvertPlan, dst: str | Path, *, method_obj=None, force: b
                                     else:
                                         io.cast_through(writer, n)
                                 elif f not in read:
-                                    raise RuntimeError(f"merge method {plan.method!r} changed {f}, which it "
+                                    raise RuntimeError(f"merge method {method_obj.name!r} changed {f}, which it "
                                                        f"declares it does not read")
                                 else:
                                     io.write(writer, n, out[f], storage)

@@ -28,7 +28,7 @@ class AttentionWeights:
     num_heads: int
     num_kv_heads: int
     head_dim: int
-    target_groups: int  # KV heads wanted after the merge
+    target_kv_heads: int  # KV heads wanted after the merge
     q_bias: Optional["torch.Tensor"] = None
     k_bias: Optional["torch.Tensor"] = None
     v_bias: Optional["torch.Tensor"] = None
@@ -37,6 +37,11 @@ class AttentionWeights:
     k_norm: Optional["torch.Tensor"] = None
     norm_scope: str = "head"  # head | all
     storage: Optional[str] = None  # numpy arrays hold this safetensors dtype's storage (kvtool.io.arrays)
+
+    @property
+    def target_groups(self) -> int:
+        """The name `target_kv_heads` had before issue 30 (merge methods written against it keep working)."""
+        return self.target_kv_heads
 
     @property
     def group_size(self) -> int:

@@ -8,8 +8,11 @@ Lifecycle, called by the convert driver:
 1. `method.prepare(job)` once before streaming (the calibrated "aware" method runs its
    calibration here, reading what it needs through `job`);
 2. `method.merge_layer(layer, weights)` for every attention layer, in layer order; it returns new
-   `AttentionWeights` with `num_kv_heads == weights.target_groups`. Methods may change q and o too
+   `AttentionWeights` with `num_kv_heads == weights.target_kv_heads`. Methods may change q and o too
    (e.g. fold per-head coefficients into q rows and o columns), but must keep their shapes.
+
+A method also describes itself to the plan: `summary()` (the `method` line of `--dry-run`) and
+`estimate(plan, shape)` (its peak memory and time, kvtool.model.costs), so the report has no per-method code.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ class MergeJob:
     src: Path  # source model folder
     spec: "ModelSpec"  # source config, normalised
     arch: "Architecture"  # its architecture table
-    target_groups: int  # KV heads after conversion
+    target_kv_heads: int  # KV heads after conversion
     device: str = "cpu"  # "cuda" when available, for methods that compute
     dtype: Any = None  # torch dtype of the output tensors (None: keep the stored dtype)
     options: dict = field(default_factory=dict)  # method options: calib_text, calib_tokens, refine_steps, grouping ...
@@ -81,6 +84,11 @@ class MergeMethod:
     def summary(self) -> str:
         """One line for the plan: what this method will do (by default the first line of its docstring)."""
         return (type(self).__doc__ or self.name).strip().splitlines()[0].rstrip(".")
+
+    def estimate(self, plan, shape):
+        """Peak memory and time of merging `plan` (a kvtool.convert.driver.ConvertPlan that pools), a
+        kvtool.model.costs.Estimate from the cost model's `shape` of the model; None: no cost model."""
+        return None
 
     def prepare(self, job: MergeJob) -> None:
         """Called once before streaming; default: nothing to prepare."""

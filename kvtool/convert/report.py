@@ -28,38 +28,28 @@ def _grouped_touched(plan) -> list[str]:
     return lines
 
 
-def estimate(plan, method_obj=None, eval_tokens: int | None = None):
-    """Peak memory and time of the run (kvtool.model.costs), or None for a method with no cost model."""
+def estimate(plan, eval_tokens: int | None = None):
+    """Peak memory and time of the run (kvtool.model.costs): streaming alone when nothing is pooled, else the
+    merge method's own estimate; None for a method with no cost model."""
     from kvtool.model import costs
 
     shape = costs.shape_of(plan.spec, plan.ckpt.tensors)
-    settings = getattr(method_obj, "settings", None) or {}
-    if plan.direction != "pool" or plan.method == "mean":
-        est = costs.convert_mean(shape)
-    elif plan.method == "aware":
-        from kvtool.convert.aware.partition import cost_terms
-
-        grouping = (cost_terms(plan.from_kv, plan.to_kv, settings["calib_tokens"], settings["seq_len"])
-                    if settings["grouping"] == "error" else {})
-        est = costs.convert_aware(shape, settings["calib_tokens"], settings["seq_len"], settings["refine_steps"],
-                                   settings["distill_steps"], getattr(method_obj, "original_stream", False), **grouping)
-    else:
-        return None
-    if eval_tokens:  # source and output
+    est = costs.convert_mean(shape) if plan.direction != "pool" else plan.method.estimate(plan, shape)
+    if est is not None and eval_tokens:  # source and output
         est = costs.combine(est, costs.evaluate(shape, eval_tokens, models=2))
     return est
 
 
-def render_plan(plan, dst, method_obj=None, eval_tokens: int | None = None) -> console.Text:
-    H, a, b = plan.num_heads, plan.from_kv, plan.to_kv
-    how = {"pool": method_obj.summary() if method_obj is not None else f"method {plan.method!r}",
+def render_plan(plan, dst, eval_tokens: int | None = None) -> console.Text:
+    H, a, b = plan.num_heads, plan.source_kv_heads, plan.target_kv_heads
+    how = {"pool": plan.method.summary(),
            "expand": "each KV head repeated (exact: same outputs)",
            "unchanged": "same KV-head count (identity)"}[plan.direction]
     lines = [
         f"kvtool convert plan: {plan.src} -> {dst or '(dry run)'}",
         f"  model        {plan.arch.model_type}, {plan.spec.num_layers} layers, {H} query heads, head_dim {plan.head_dim}",
         f"  KV heads     {a} -> {b}  ({_kind(H, a)} -> {_kind(H, b)}; query head h reads KV head h // {H // b})",
-        f"  method       {plan.method}: {how}",
+        f"  method       {plan.method.name}: {how}",
         f"  KV cache     {fmt_bytes(plan.kv_bytes_before)}/token -> {fmt_bytes(plan.kv_bytes_after)}/token"
         + (f"  ({plan.kv_bytes_after / plan.kv_bytes_before:.3g}x)" if plan.kv_bytes_before else ""),
         f"  tensors      {len(plan.touched)} of {len(plan.outputs)} change shape; the rest are copied"
@@ -73,8 +63,8 @@ def render_plan(plan, dst, method_obj=None, eval_tokens: int | None = None) -> c
                  f"{plan.max_shard_size / 1e9:g} GB; source {fmt_bytes(plan.ckpt.weight_bytes)}")
     changed = [k for k in plan.new_config if plan.new_config.get(k) != plan.ckpt.config.get(k)]
     lines.append(f"  config.json  {', '.join(f'{k}: {plan.ckpt.config.get(k)!r} -> {plan.new_config[k]!r}' for k in changed) or 'unchanged'}")
-    est = estimate(plan, method_obj, eval_tokens)
-    lines.append(f"  estimate     {est.line() if est else f'no cost model for method {plan.method!r}'}")
+    est = estimate(plan, eval_tokens)
+    lines.append(f"  estimate     {est.line() if est else f'no cost model for method {plan.method.name!r}'}")
     for w in plan.warnings:
         lines.append(f"  warning      {w}")
     return console.lines(lines)
@@ -83,8 +73,9 @@ def render_plan(plan, dst, method_obj=None, eval_tokens: int | None = None) -> c
 def render_result(result) -> console.Text:
     plan = result.plan
     lines = [
-        f"converted {plan.src} -> {result.dst}: KV heads {plan.from_kv} -> {plan.to_kv} "
-        f"({_kind(plan.num_heads, plan.from_kv)} -> {_kind(plan.num_heads, plan.to_kv)}), method {plan.method}",
+        f"converted {plan.src} -> {result.dst}: KV heads {plan.source_kv_heads} -> {plan.target_kv_heads} "
+        f"({_kind(plan.num_heads, plan.source_kv_heads)} -> {_kind(plan.num_heads, plan.target_kv_heads)}), "
+        f"method {plan.method.name}",
         f"  KV cache {fmt_bytes(plan.kv_bytes_before)}/token -> {fmt_bytes(plan.kv_bytes_after)}/token; "
         f"{len(plan.touched)} tensors reshaped, {len(plan.outputs)} written in {len(result.files)} file(s)",
         f"  copied: {', '.join(result.side_files) or 'nothing'}; provenance in kvtool.json",

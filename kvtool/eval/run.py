@@ -10,7 +10,7 @@ from typing import Mapping
 from kvtool import console
 from kvtool.errors import UsageError
 from kvtool.eval.windows import check_settings
-from kvtool.options.eval import FORMATS, EvalOptions
+from kvtool.options.eval import EvalOptions
 
 READ = object()  # plan(texts=READ): read the options' --text / --dataset
 
@@ -73,8 +73,7 @@ def plan(model: str, o: EvalOptions, *, texts=READ, text_name: str | None = None
     from kvtool.eval.api import KV_CACHE_DTYPES, KV_SCALE_SOURCES, parse_max_memory
     from kvtool.eval.gate import parse_limits
 
-    if o.format not in FORMATS:
-        raise UsageError(f"unknown format {o.format!r}; use text or json", option="format")
+    o.check()  # the declared choices and bounds (kvtool/options/eval.py), again after a caller's edits
     limits = gate_limits(o) if gates is None else parse_limits(**gates)
     if texts is READ:
         from kvtool.datasets import read_texts

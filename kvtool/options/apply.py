@@ -17,6 +17,7 @@ class ApplyOptions:
     dry_run: bool = option(False, help="Validate the recipe against SRC and print the plan; do no work.")
     keep_intermediate: bool = option(False, help="Keep each step's output in DST.intermediate/.")
     force: bool = option(False, help="Replace a non-empty DST.")
-    device: str = option("auto", choices=DEVICES, help="auto | cpu | cuda | cuda:N for steps that run the model.")
+    device: str = option("auto", choices=DEVICES, pattern=r"auto|cpu|cuda(:[0-9]{1,3})?",
+                         help="auto | cpu | cuda | cuda:N for steps that run the model.")
     format: str = option("text", choices=FORMATS, help="text | json (the run report on stdout).")
     progress: bool | None = option(None, negatable=True, help=FLAG_HELP)

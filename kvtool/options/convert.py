@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
+from kvtool.convert import defaults as aware
+from kvtool.convert.defaults import AWARE_FIELDS, GROUPINGS, TARGETS
 from kvtool.options.fields import argument, operation, option
 from kvtool.progress import FLAG_HELP
 
-TARGETS = ("gqa", "mqa", "mha")
 DTYPES = ("keep", "bf16", "fp16", "fp32")
-GROUPINGS = ("error", "contiguous", "similarity")
 TEXT_FILES = {"$ref": "#/$defs/text_files"}  # one path or a list, relative to the recipe
-# the aware method's own options: any other method refuses them by name (kvtool.convert.methods)
-AWARE_FIELDS = ("calib_text", "calib_dataset", "calib_tokens", "refine_steps", "distill_steps", "seq_len", "grouping",
-                "serve_context")
 
 
 def merge_methods() -> list[str]:
@@ -23,9 +20,10 @@ def merge_methods() -> list[str]:
 
 @operation("convert")
 class ConvertOptions:
+    METHOD_FIELDS = AWARE_FIELDS  # given to the merge method (kvtool.convert.run.method_options)
     src: str = argument(help="Source model folder (config.json + safetensors).")
     dst: str | None = argument(None, help="Output folder; required, except with --dry-run.")
-    to: str = option(choices=TARGETS, recipe_required=True, help="gqa | mqa | mha")
+    to: str = option(choices=TARGETS, recipe_required=True, help=" | ".join(TARGETS))
     groups: int | None = option(None, short="-g", minimum=1, help="KV heads after conversion (with --to gqa).")
     dry_run: bool = option(False, recipe=False, help="Print the plan and write nothing.")
     force: bool = option(False, recipe=False, help="Replace a non-empty DST.")
@@ -37,7 +35,7 @@ class ConvertOptions:
                                    help="KEY=VALUE option for the merge method (repeatable).")
     eval: bool | None = option(None, negatable=True, recipe=False,
                                help="Run the perplexity check on the result (default: on with a CUDA GPU).")
-    eval_tokens: int = option(4096, recipe=False, help="Tokens of the built-in evaluation text for --eval.")
+    eval_tokens: int = option(4096, recipe=False, minimum=2, help="Tokens of the built-in evaluation text for --eval.")
     max_ppl_increase: str | None = option(None, recipe=False,
                                           help="--eval gate: fail (exit 1) above this perplexity rise, e.g. 5%.")
     max_kld: float | None = option(None, recipe=False, help="--eval gate: fail above this mean KL divergence.")
@@ -49,39 +47,20 @@ class ConvertOptions:
                                             "(train split; need `datasets`).")
     calib_text: str | None = option(None, recipe="calibration.text", schema=TEXT_FILES,
                                     help="--method aware: calibration text file (instead of --calib-dataset).")
-    calib_tokens: int | None = option(None, recipe="calibration.tokens", minimum=1,
-                                      help="--method aware: calibration tokens (4096; 16384 with --refine-steps and "
-                                           "no --distill-steps).")
+    calib_tokens: int | None = option(None, recipe="calibration.tokens", minimum=aware.MIN_CALIB_TOKENS,
+                                      help=f"--method aware: calibration tokens ({aware.CALIB_TOKENS}; "
+                                           f"{aware.CALIB_TOKENS_REFINE} with --refine-steps and no --distill-steps).")
     refine_steps: int | None = option(None, minimum=0,
                                       help="--method aware: optimizer steps per layer after the merge (0).")
     distill_steps: int | None = option(None, minimum=0,
                                        help="--method aware: end-to-end distillation steps after the merge (0).")
-    seq_len: int | None = option(None, recipe="calibration.seq_len", minimum=8,
-                                 help="--method aware: tokens per calibration sequence (256; 1024 with --refine-steps or "
-                                      "--distill-steps).")
+    seq_len: int | None = option(None, recipe="calibration.seq_len", minimum=aware.MIN_SEQ_LEN,
+                                 help=f"--method aware: tokens per calibration sequence ({aware.SEQ_LEN_CLOSED_FORM}; "
+                                      f"{aware.SEQ_LEN_REFINE} with --refine-steps or --distill-steps).")
     grouping: str | None = option(None, choices=GROUPINGS,
-                                  help="--method aware: error (the default: the groups whose measured merge error is "
-                                       "lowest) | contiguous | similarity (which KV heads share a group).")
+                                  help=f"--method aware: which KV heads share a group: {' | '.join(GROUPINGS)} "
+                                       f"(default {aware.GROUPING}: the groups whose measured merge error is lowest).")
     serve_context: int | None = option(None, minimum=2,
                                        help="--method aware: the longest context the result will serve, in tokens "
                                             "(the config's max_position_embeddings); shorter merges better within it.")
 
-
-def method_options(o) -> dict:
-    """The merge method's options from a ConvertOptions (kvtool/options/convert.py): its --method-opt
-    KEY=VALUE pairs and the aware method's own fields that are set (any other method refuses them by name)."""
-    import json
-
-    from kvtool.errors import UsageError
-
-    out: dict = {}
-    for item in o.method_opt:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise UsageError(f"expected KEY=VALUE, got {item!r}", option="method_opt")
-        try:
-            out[key.strip()] = json.loads(value)
-        except ValueError:
-            out[key.strip()] = value
-    out.update({k: getattr(o, k) for k in AWARE_FIELDS if getattr(o, k) is not None})
-    return out

@@ -21,7 +21,7 @@ class EvalOptions:
                                  help="pydoc (built-in, offline; the default), wikitext2, wikitext103 (need `datasets`).")
     max_length: int = option(1024, minimum=8, help="Window length L in tokens.")
     stride: int | None = option(None, minimum=1, help="Window step S < L (default L/2).")
-    max_tokens: int | None = option(None, minimum=1, help="Use only the first N tokens of the stream.")
+    max_tokens: int | None = option(None, minimum=2, help="Use only the first N tokens of the stream.")
     device: str = option("auto", recipe=False, help="auto | cuda | cuda:N | cpu")
     dtype: str = option("auto", recipe=False, help="auto (bf16 on CUDA, fp32 on CPU) | bf16 | fp16 | fp32")
     device_map: str | None = option(None, recipe=False, help="auto: shard over all GPUs (+CPU) with accelerate.")

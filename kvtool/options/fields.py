@@ -13,6 +13,8 @@ Library code raises errors that name fields (`UsageError(..., option="groups")`)
 from __future__ import annotations
 
 import dataclasses
+import math
+import re
 import types
 import typing
 from dataclasses import MISSING
@@ -31,12 +33,14 @@ class Spec:
     short: str | None = None  # e.g. "-g"
     negatable: bool = False  # --eval/--no-eval
     repeatable: bool = False  # --text A --text B
-    # documented and in the recipe schema (the library checks them); a function when a registry holds them
-    # (RoPE types, merge methods): called only when the schema or docs are built, never at import
+    # choices and bounds: enforced by `check` (every options object checks itself when it is made), shown in
+    # the help, the docs and the recipe schema. A function when a registry holds the choices (RoPE types,
+    # merge methods): called only when a value is checked or the schema / docs are built, never at import
     choices: tuple[str, ...] | Callable[[], Sequence[str]] | None = None
-    minimum: float | None = None  # recipe schema bound (the library checks the CLI value)
+    minimum: float | None = None
     exclusive_minimum: float | None = None
     maximum: float | None = None
+    pattern: str | None = None  # a string value must match it whole; `choices` then only names the forms (cuda:N)
     recipe: str | bool = True  # the recipe key ("calibration.tokens" nests), True: the name, False: not in recipes
     recipe_required: bool = False
     schema: dict | None = None  # the recipe value's JSON schema, when the type alone does not say it
@@ -118,11 +122,54 @@ def argument(default: Any = MISSING, **spec: Any):
 OPERATIONS: dict[str, type] = {}  # command name -> its options class
 
 
+def check_value(f: Field, value: Any) -> None:
+    """`value` against field `f`'s declared type, choices and bounds (None, an unset optional, passes):
+    UsageError naming the field, the one line the CLI, a recipe and the Python API all print."""
+    from kvtool.errors import UsageError
+
+    s = f.spec
+    if value is None or f.is_list or (s.choices is None and s.minimum is None and s.exclusive_minimum is None
+                                      and s.maximum is None and s.pattern is None):
+        return
+    t = f.base_type
+    ok = {int: lambda v: isinstance(v, int) and not isinstance(v, bool),
+          float: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v),
+          str: lambda v: isinstance(v, str), bool: lambda v: isinstance(v, bool)}.get(t)
+    if ok is not None and not ok(value):
+        what = {int: "an integer", float: "a finite number", str: "a string", bool: "true or false"}[t]
+        raise UsageError(f"must be {what}, got {value!r:.60}", option=f.name)
+    choices = f.choices
+    if s.pattern is not None and not re.fullmatch(s.pattern, value) or (
+            s.pattern is None and choices is not None and value not in choices):
+        forms = ", ".join(choices) if choices is not None else f"/{s.pattern}/"
+        raise UsageError(f"must be one of {forms}, got {value!r:.60}", option=f.name)
+    for bound, fails, words in ((s.minimum, lambda b: value < b, "at least"),
+                                (s.exclusive_minimum, lambda b: value <= b, "greater than"),
+                                (s.maximum, lambda b: value > b, "at most")):
+        if bound is not None and fails(bound):
+            raise UsageError(f"must be {words} {_number(bound)}, got {_number(value)}", option=f.name)
+
+
+def _number(v: float) -> str:
+    """1,024 / 0.5 / 1e+300; a huge integer by its size, not its 4,000 digits."""
+    if isinstance(v, float):
+        return f"{v:g}" if not v.is_integer() or abs(v) >= 1e16 else f"{int(v):,}"
+    return f"{v:,}" if abs(v) < 10**30 else f"an integer of {len(str(abs(v)))} digits"
+
+
+def check(opts: Any) -> None:
+    """Every declared field of an options object against its declaration (`check_value`). Each options
+    class runs it when an object is made (`__post_init__`); a caller that changes a field checks again."""
+    for f in fields_of(opts):
+        check_value(f, getattr(opts, f.name))
+
+
 def operation(command: str, *, recipe: bool = True):
     """Make the class a keyword-only dataclass of declared fields, registered as `command`'s options.
     recipe=False: the operation is no recipe step (its fields have no recipe keys)."""
 
     def wrap(cls):
+        cls.check = cls.__post_init__ = check  # made, or changed and checked again: the declaration decides
         cls = dataclasses.dataclass(kw_only=True)(cls)
         cls.COMMAND = command
         cls.RECIPE_STEP = recipe

@@ -3,21 +3,26 @@
 from __future__ import annotations
 
 from kvtool.model.kvcache import KV_CACHE_DTYPES
+from kvtool.model.numbers import QUANTITY_BOUNDS
 from kvtool.options.fields import argument, operation, option
 
 FORMATS = ("text", "json")
+TOKENS = QUANTITY_BOUNDS["max_position"].high  # the config bound on a context length
 
 
 @operation("kv-budget", recipe=False)
 class KvBudgetOptions:
     model: str = argument(help="Model folder, config.json or hub id.")
-    max_model_len: int | None = option(None, minimum=1, help="Tokens per sequence (default: the config's maximum).")
-    batch: int | None = option(None, flags=("--batch", "--concurrency"), minimum=1,
+    max_model_len: int | None = option(None, minimum=1, maximum=TOKENS,
+                                       help="Tokens per sequence (default: the config's maximum).")
+    batch: int | None = option(None, flags=("--batch", "--concurrency"), minimum=1, maximum=1 << 30,
                                help="Concurrent sequences (default 1; when given with a GPU, exit 1 if they do not fit).")
     kv_cache_dtype: str = option("auto", choices=KV_CACHE_DTYPES,
                                  help="auto | fp16 | bf16 | fp32 | fp8 | fp8_e4m3 | fp8_e5m2 | int8 (auto = the model dtype).")
-    block_size: int = option(16, minimum=1, help="Paged-attention block size in tokens (vLLM's default 16).")
-    tensor_parallel_size: int = option(1, short="-tp", minimum=1, help="GPUs the model is split over.")
+    block_size: int = option(16, minimum=1, maximum=1 << 20,
+                             help="Paged-attention block size in tokens (vLLM's default 16).")
+    tensor_parallel_size: int = option(1, short="-tp", minimum=1, maximum=QUANTITY_BOUNDS["num_heads"].high,
+                                       help="GPUs the model is split over.")
     gpu_memory: str | None = option(None, flags=("--gpu-memory", "--gpu"),
                                     help="Memory per GPU (80GiB, 24GB) or a GPU name (H100-80GB, H200, A100-40GB, "
                                          "L40S, RTX-4090, ...).")
@@ -25,7 +30,7 @@ class KvBudgetOptions:
                                            help="Fraction of GPU memory vLLM may use.")
     reserve: str | None = option(None, help="Memory per GPU held back for activations / CUDA graphs (e.g. 2GiB; "
                                             "default 0).")
-    max_num_batched_tokens: int | None = option(None, minimum=1,
+    max_num_batched_tokens: int | None = option(None, minimum=1, maximum=TOKENS,
                                                 help="Scheduler step for sliding-window sizing (default: vLLM's, 8192 "
                                                      "on >=70 GiB non-A100 GPUs, else 2048).")
     disable_hybrid_kv_cache_manager: bool = option(False, help="Size sliding-window and chunked layers like full "

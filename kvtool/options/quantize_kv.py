@@ -8,6 +8,7 @@ from kvtool.progress import FLAG_HELP
 
 DEFAULT_OBSERVER = "absmax-pow2:2"  # kept equal to kvtool.quantize.observers.DEFAULT_OBSERVER (a test checks)
 STRATEGIES = ("tensor", "attn_head")  # kvtool.quantize.calibrate.STRATEGIES (a test checks)
+MIN_CALIB_TOKENS = 16  # fewer tokens give too few samples of each head's amax to set a scale on
 
 
 @operation("quantize-kv")
@@ -20,7 +21,7 @@ class QuantizeOptions:
                                             "split; need `datasets`).")
     calib_text: list[str] = option(default_factory=list, repeatable=True, recipe="calibration.text", schema=TEXT_FILES,
                                    help="UTF-8 calibration text file (repeatable; instead of --calib-dataset).")
-    calib_tokens: int = option(2048, recipe="calibration.tokens", minimum=1,
+    calib_tokens: int = option(2048, recipe="calibration.tokens", minimum=MIN_CALIB_TOKENS,
                                help="Calibration tokens taken from the text.")
     seq_len: int = option(512, recipe="calibration.seq_len", minimum=8, help="Tokens per calibration sequence.")
     strategy: str = option("tensor", choices=STRATEGIES,
@@ -35,7 +36,7 @@ class QuantizeOptions:
     no_eval: bool = option(False, recipe=False, help="Skip the quality report.")
     eval_text: list[str] = option(default_factory=list, repeatable=True, recipe=False,
                                   help="Held-out text for the report (default: kvtool's built-in evaluation text).")
-    eval_tokens: int = option(1024, recipe=False, help="Tokens of held-out text for the report.")
+    eval_tokens: int = option(1024, recipe=False, minimum=2, help="Tokens of held-out text for the report.")
     link: bool = option(False, recipe=False, help="Hard-link the unchanged source shards into DST instead of copying "
                                                   "them: saves disk, but editing either copy in place changes both.")
     force: bool = option(False, recipe=False, help="Replace a non-empty DST.")

@@ -22,6 +22,8 @@ def value_schema(f: Field) -> dict:
         fn = s.choices
         out: dict[str, Any] = {"type": "string", "description": f"one of {fn.__module__}.{fn.__qualname__}() "
                                                                 "(filled in when a recipe is loaded)"}
+    elif s.pattern is not None:
+        out = {"type": "string", "pattern": f"^(?:{s.pattern})$"}
     elif s.choices is not None:
         out = {"enum": list(s.choices)}
     else:

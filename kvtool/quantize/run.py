@@ -7,10 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvtool import progress as kv_progress
-from kvtool.errors import InputError, UsageError
-from kvtool.options.quantize_kv import QuantizeOptions
-
-MIN_CALIB_TOKENS = 16
+from kvtool.errors import InputError
+from kvtool.options.quantize_kv import MIN_CALIB_TOKENS, QuantizeOptions
 
 
 @dataclass
@@ -36,22 +34,15 @@ def read_texts(files: list[str], option: str) -> list:
 
 
 def check_options(opts: QuantizeOptions) -> None:
-    """The option checks that need no checkpoint; torch-free (`--dry-run` runs them too)."""
-    from kvtool.options.quantize_kv import STRATEGIES
+    """The option checks that need no checkpoint; torch-free (`--dry-run` runs them too). The declared choices
+    and bounds are the options object's own check (kvtool/options/fields.py), run again after a caller's edits."""
     from kvtool.quantize.formats import get_format
     from kvtool.quantize.observer_specs import parse_spec
 
     from kvtool.datasets import check_calibration_source
 
+    opts.check()
     check_calibration_source(opts.calib_text, opts.calib_dataset)
-    if opts.strategy not in STRATEGIES:
-        raise UsageError(f"unknown strategy {opts.strategy!r}; choose from {', '.join(STRATEGIES)}", option="strategy")
-    if opts.calib_tokens < MIN_CALIB_TOKENS:
-        raise UsageError(f"must be at least {MIN_CALIB_TOKENS}, got {opts.calib_tokens}", option="calib_tokens")
-    if opts.seq_len < 2:
-        raise UsageError(f"must be at least 2, got {opts.seq_len}", option="seq_len")
-    if opts.eval_tokens < 2:
-        raise UsageError(f"must be at least 2, got {opts.eval_tokens}", option="eval_tokens")
     parse_spec(opts.observer)
     get_format(opts.format)
 

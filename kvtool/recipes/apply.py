@@ -72,23 +72,22 @@ def _texts(ctx: RunContext, section: dict, purpose: str) -> list[str]:
 
 # --- step runners ---------------------------------------------------------------------------------
 def run_convert_step(ctx: RunContext, step: Step) -> StepResult:
-    from kvtool.convert.driver import check_options, make_plan, run_convert
-    from kvtool.options.convert import method_options
-    from kvtool.recipes.plan import convert_options
+    from kvtool.convert.run import apply, plan
+    from kvtool.recipes.plan import calibrated, convert_options
 
     out = ctx.new_folder(step)
     o = convert_options(step.options, src=str(ctx.current), dst=str(out))
     section = step.options.get("calibration") or {}
-    if o.method == "aware" and not ctx.recipe.text_files(section) and section.get("dataset") not in (None, "pydoc"):
+    if calibrated(o) and not ctx.recipe.text_files(section) and section.get("dataset") not in (None, "pydoc"):
         o.calib_text, o.calib_dataset = None, section["dataset"]  # a built-in mix (checked by the plan)
-    elif o.method == "aware":  # the recipe's text: its files (several: one text, read as far as it is used)
+    elif calibrated(o):  # the recipe's text: its files (several: one text, read as far as it is used)
         files = _texts(ctx, section, "calibration")
         o.calib_text, o.calib_dataset = (files if len(files) > 1 else files[0]), None
-    shard_bytes, method_obj = check_options(o.max_shard_size, o.method, method_options(o))  # the command's checks
-    plan = make_plan(o.src, to=o.to, groups=o.groups, method=o.method, dtype=o.dtype, max_shard_size=shard_bytes)
-    res = run_convert(plan, out, method_obj=method_obj, progress=ctx.progress, device=_device(ctx))
+    p = plan(o)  # `kvtool convert`'s plan and apply: the same refusals, now on the written model
+    res = apply(p, out, progress=ctx.progress, device=_device(ctx))
     return StepResult(step.index, step.kind, dict(step.options), str(out),
-                      details={"kv_heads": f"{plan.from_kv}->{plan.to_kv}", "method": o.method, "files": res.files})
+                      details={"kv_heads": f"{p.source_kv_heads}->{p.target_kv_heads}", "method": o.method,
+                               "files": res.files})
 
 
 def run_lint_step(ctx: RunContext, step: Step) -> StepResult:

@@ -15,7 +15,7 @@ from pathlib import Path
 import yaml
 
 from kvtool.model.architectures import schemas_dir
-from kvtool.errors import InputError
+from kvtool.errors import InputError, KvtoolError
 from kvtool.io.inputfile import RECIPE_LIMIT, read_text
 from kvtool.io.jsonfile import lone_surrogate
 
@@ -33,8 +33,9 @@ class RecipeError(InputError):
     recipe lint reports a finding from the fields instead of parsing the one-line message."""
 
     def __init__(self, detail: str, *, file: str, field: str | None = None, lineno: int | None = None,
-                 column: int | None = None):
+                 column: int | None = None, cause: KvtoolError | None = None):
         self.detail, self.lineno, self.column = detail, lineno, column
+        self.cause = cause  # a declared option's refusal: the options object's own error (its options field)
         where = f"line {lineno}" + (f" column {column}" if column else "") + ": " if lineno else ""
         super().__init__(where + detail, file=file, field=field)
 
@@ -154,14 +155,55 @@ def load_recipe(path: str | Path) -> Recipe:
     if bad is not None:
         raise RecipeError(".nan / .inf is not a usable number here", lineno=lines.line(bad), file=str(p),
                          field=_dotted(bad))
-    errors = sorted(_validator().iter_errors(data), key=lambda e: (lines.line(tuple(e.absolute_path)), list(e.absolute_path)))
+    errors = sorted((e for e in _validator().iter_errors(data) if not _declared_bound(e)),
+                    key=lambda e: (lines.line(tuple(e.absolute_path)), list(e.absolute_path)))
     if errors:
         raise _schema_error(_most_specific(errors), lines, str(p))
     recipe = Recipe(path=p, version=data["version"], name=data.get("name", p.stem), description=data.get("description", ""))
     for i, item in enumerate(data["steps"]):
         (kind, options), = item.items()
-        recipe.steps.append(Step(kind=kind, options=dict(options or {}), index=i + 1, line=lines.line(("steps", i, kind))))
+        step = Step(kind=kind, options=dict(options or {}), index=i + 1, line=lines.line(("steps", i, kind)))
+        _check_declared(step, lines, str(p))
+        recipe.steps.append(step)
     return recipe
+
+
+_BOUNDS = ("enum", "minimum", "maximum", "exclusiveMinimum", "pattern")
+
+
+def _declared_field(kind: str, key: tuple):
+    """The declared field a step key holds (steps[0].convert.calibration.seq_len -> seq_len), or None."""
+    from kvtool.options.fields import OPERATIONS, fields_of
+
+    cls = OPERATIONS.get(kind)
+    dotted = ".".join(map(str, key))
+    return next((f for f in fields_of(cls) if f.recipe_key == dotted), None) if cls is not None else None
+
+
+def _declared_bound(err) -> bool:
+    """A schema bound (enum, minimum, ...) on a declared field: left to the declaration's own check, so a recipe
+    says what the command line and the Python API say (kvtool.options.fields.check_value)."""
+    path = list(err.absolute_path)
+    if err.validator not in _BOUNDS or len(path) < 4 or path[0] != "steps":
+        return False
+    f = _declared_field(path[2], tuple(path[3:]))
+    s = f.spec if f is not None else None
+    return s is not None and any(x is not None for x in (s.choices, s.minimum, s.maximum, s.exclusive_minimum,
+                                                         s.pattern))
+
+
+def _check_declared(step: Step, lines: _LineMap, file: str) -> None:
+    """The step's options object, made as the command makes its own: the declaration checks every value."""
+    from kvtool.errors import UsageError
+    from kvtool.options.fields import OPERATIONS, fields_of, from_recipe
+
+    cls = OPERATIONS[step.kind]
+    try:
+        from_recipe(cls, step.options, **{f.name: "" for f in fields_of(cls) if f.recipe_key is None and f.required})
+    except UsageError as exc:
+        f = next(f for f in fields_of(cls) if f.name == exc.option)
+        key = ("steps", step.index - 1, step.kind, *f.recipe_key.split("."))
+        raise RecipeError(exc.message, lineno=lines.line(key), file=file, field=_dotted(key), cause=exc) from None
 
 
 class _BoundedLoader(yaml.SafeLoader):

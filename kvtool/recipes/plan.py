@@ -88,31 +88,32 @@ def convert_options(options: dict, **given):
     return from_recipe(ConvertOptions, options, **{"src": "", **given})
 
 
+def calibrated(o) -> bool:
+    """Whether the step's merge method calibrates on text (takes calib_text): the recipe then owes it text."""
+    from kvtool.convert.methods import METHODS
+
+    return "calib_text" in METHODS.get(o.method).option_names
+
+
 def plan_convert(recipe: Recipe, step: Step, state: PlanState) -> str:
-    from kvtool.convert.driver import check_options, plan
-    from kvtool.options.convert import method_options
+    from kvtool.convert.report import estimate
+    from kvtool.convert.run import plan
 
     o = convert_options(step.options)
-    if o.method == "aware":
+    if calibrated(o):
         from kvtool.datasets import OFFLINE_MIXES
 
         _text_paths(recipe, step, step.options.get("calibration"), required=True, datasets=OFFLINE_MIXES)
         files = recipe.text_files(step.options.get("calibration"))
         if files:
             o.calib_text = str(files[0][1])  # the run reads several as one text
-    try:
-        # the command's order: the options and the merge method, then the model
-        shard_bytes, method_obj = check_options(o.max_shard_size, o.method, method_options(o))
-        p = plan(state.ckpt, to=o.to, groups=o.groups, method=o.method, dtype=o.dtype, max_shard_size=shard_bytes,
-                 config=state.config, tensors=state.tensors)
+    try:  # `kvtool convert`'s plan, on the model as the previous steps leave it
+        p = plan(o, ckpt=state.ckpt, config=state.config, tensors=state.tensors)
     except KvtoolError as exc:
         raise _refused(recipe, step, exc) from None
-    from kvtool.convert.report import estimate
-
-    est = estimate(p, method_obj)  # on the model as the previous steps leave it
     state.config = p.new_config
     state.tensors = {t.name: t for t in p.outputs}
-    return f"{o.to}: {p.from_kv} -> {p.to_kv} KV heads ({o.method})" + _estimate_note(est)
+    return f"{o.to}: {p.source_kv_heads} -> {p.target_kv_heads} KV heads ({o.method})" + _estimate_note(estimate(p))
 
 
 def rope_options(options: dict, recipe: Recipe, **given):

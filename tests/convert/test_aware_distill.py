@@ -83,7 +83,7 @@ def test_streamed_gradients_equal_autograd_on_the_whole_model(tmp_path, smollm2_
         src, heads, kv, ids = _tiny(tmp_path / "src", seed=4), H, SETTINGS.num_kv_heads, IDS
     else:
         src, heads, kv, ids = _fused(tmp_path, model_type, smollm2_path), 4, 2, IDS[:, :32] + 300
-    settings = MergeSettings(num_heads=heads, num_kv_heads=kv, groups=1, head_dim=16)
+    settings = MergeSettings(num_heads=heads, num_kv_heads=kv, target_kv_heads=1, head_dim=16)
     rows = torch.tensor([1, 2])
     with open_layerwise(src, layerwise=layerwise) as lm:
         merged = {}

@@ -150,7 +150,7 @@ def test_unsupported_reason_follows_the_config_flags():
 
     def reason(config):
         spec = build_spec(config)
-        return unsupported_reason(MergeJob(src=None, spec=spec, arch=lookup(config["model_type"]), target_groups=1))
+        return unsupported_reason(MergeJob(src=None, spec=spec, arch=lookup(config["model_type"]), target_kv_heads=1))
 
     base = {"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 4}
     assert reason({"model_type": "phi", **base}) is None  # qk_layernorm defaults to false
@@ -202,7 +202,7 @@ def test_interleaved_rope_is_merged_in_its_own_pairs(tmp_path, tokenizer_dir, mo
     mha, _ = _logits(tmp_path / "mha")
     torch.testing.assert_close(mha, want, rtol=1e-4, atol=1e-4)  # the rotations keep the function
 
-    settings = MergeSettings(num_heads=4, num_kv_heads=4, groups=2, head_dim=hd)
+    settings = MergeSettings(num_heads=4, num_kv_heads=4, target_kv_heads=2, head_dim=hd)
 
     def merged_logits():
         got = {}

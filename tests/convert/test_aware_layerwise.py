@@ -17,7 +17,7 @@ from kvtool.convert.aware.modules import install_proj, read_proj  # noqa: E402
 from kvtool.runtime.layerwise import open_layerwise  # noqa: E402
 
 H, KV, HD, LAYERS = 4, 4, 16, 3
-SETTINGS = MergeSettings(num_heads=H, num_kv_heads=KV, groups=2, head_dim=HD)
+SETTINGS = MergeSettings(num_heads=H, num_kv_heads=KV, target_kv_heads=2, head_dim=HD)
 IDS = (torch.arange(4 * 48).reshape(4, 48) * 13 + 5) % 500
 
 

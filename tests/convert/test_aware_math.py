@@ -145,7 +145,7 @@ def test_shrinkage_reaches_the_layer_merge():
                k=torch.randn(KV * HD, D, generator=g, dtype=torch.float64),
                v=torch.randn(KV * HD, D, generator=g, dtype=torch.float64),
                o=torch.randn(D, H * HD, generator=g, dtype=torch.float64))
-    base = MergeSettings(num_heads=H, num_kv_heads=KV, groups=1, head_dim=HD, o_ridge=None)
+    base = MergeSettings(num_heads=H, num_kv_heads=KV, target_kv_heads=1, head_dim=HD, o_ridge=None)
     plain, _ = merge_layer(inp, src, base)
     shrunk, _ = merge_layer(inp, src, MergeSettings(**{**vars(base), "cov_shrink": 0.5}))
     assert not torch.allclose(plain.k, shrunk.k)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from kvtool.cli import main
-from kvtool.convert.aware.method import (CALIB_TOKENS, CALIB_TOKENS_REFINE, REFINE_TARGETS, SEQ_LEN_CLOSED_FORM,
-                                        SEQ_LEN_REFINE, AwareMerge)
+from kvtool.convert.aware.method import REFINE_TARGETS, AwareMerge
+from kvtool.convert.defaults import CALIB_TOKENS, CALIB_TOKENS_REFINE, SEQ_LEN_CLOSED_FORM, SEQ_LEN_REFINE
 from kvtool.errors import UsageError
 
 
@@ -62,8 +62,14 @@ def test_refinement_target_follows_distillation_unless_given():
                                          ({"serve_context": True}, "serve_context"),
                                          ({"serve_context": "8k"}, "serve_context")])
 def test_bad_values_are_refused_by_name(opts, field):
+    """A declared option is refused by its declaration (the options object), a --method-opt by the method."""
+    from kvtool.options.convert import ConvertOptions
+
     with pytest.raises(UsageError) as exc:
-        AwareMerge(**opts)
+        if field == "method_opt":
+            AwareMerge(**opts)
+        else:
+            ConvertOptions(src="m", to="mqa", method="aware", **opts)
     assert exc.value.option == field
 
 
@@ -103,10 +109,14 @@ def test_calibration_defaults_to_the_builtin_dataset():
     from kvtool.convert.aware.calibration import calibration_sources, read_text
     from kvtool.datasets import CALIBRATION_LABEL, calibration_text, calibration_texts
 
-    assert AwareMerge().settings["calib_dataset"] is None  # no --calib-text needed
+    from kvtool.datasets import MERGE_CALIBRATION
+
+    # no --calib-text needed: None is resolved once, to the merge's own default (no other function guesses it)
+    assert AwareMerge().settings["calib_dataset"] == MERGE_CALIBRATION == "mixed"
+    assert AwareMerge(calib_text="a.txt").settings["calib_dataset"] is None
     assert read_text(None, "pydoc") == (calibration_text(), CALIBRATION_LABEL)
     # the merge's default is the mixed dataset, one source per genre (equal shares of the sequences)
-    assert [s.text for s in calibration_sources(None, None)] == calibration_texts("mixed")[0]
+    assert [s.text for s in calibration_sources(None, "mixed")] == calibration_texts("mixed")[0]
     assert [s.text for s in calibration_sources(None, "pydoc")] == [calibration_text()]
 
 

@@ -83,7 +83,7 @@ def test_the_calibration_hands_each_layer_the_original_models_own_input(tmp_path
 
     src = tiny_model(tmp_path / "src", "llama", tmp_path, seed=5)
     ids = (torch.arange(2 * 40).reshape(2, 40) * 17 + 3) % 49152
-    settings = MergeSettings(num_heads=4, num_kv_heads=2, groups=1, head_dim=16)
+    settings = MergeSettings(num_heads=4, num_kv_heads=2, target_kv_heads=1, head_dim=16)
     seen = {}
 
     def layer_fn(i, inp, p):

@@ -147,8 +147,8 @@ def test_the_shared_basis_is_the_one_whose_folded_maps_turn_with_rope():
     cov = augmented_covariance(x)
     errs = {}
     for name, angles in (("chosen", inv), ("any", torch.zeros_like(inv))):  # zero angles: nothing to choose by
-        nq, nk = merge_keys(augment(src.q, None), augment(k, None), cov, num_heads=H, num_kv_heads=KV, groups=1,
-                            head_dim=HD, rotary_dim=HD, static=static, angles=angles)
+        nq, nk = merge_keys(augment(src.q, None), augment(k, None), cov, num_heads=H, num_kv_heads=KV,
+                            target_kv_heads=1, head_dim=HD, rotary_dim=HD, static=static, angles=angles)
         got = _scores(x, nq[:, :-1], nk[:, :-1], inv, H, 1)
         errs[name] = float((got - want).pow(2).mean() / want.pow(2).mean())
         diag = torch.diagonal(got - want, dim1=-2, dim2=-1)  # distance 0: the basis does not matter there

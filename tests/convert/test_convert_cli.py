@@ -357,7 +357,7 @@ def test_per_head_k_norms_without_table_names_are_refused(tmp_path, capsys, qk_l
 def test_unknown_method_and_missing_tensor(tmp_path, capsys):
     src = llama(tmp_path / "src")
     assert run(src, tmp_path / "out", "--to", "mqa", "--method", "nope") == 2
-    assert "unknown merge method 'nope'; choose from" in capsys.readouterr().err
+    assert "--method: must be one of aware, mean, got 'nope'" in capsys.readouterr().err
     from safetensors.torch import load_file, save_file
 
     t = load_file(src / "model.safetensors")

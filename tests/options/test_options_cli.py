@@ -76,7 +76,7 @@ def test_a_field_no_declaration_of_the_command_holds_is_spelled_as_a_flag():
     (["convert", "{dir}", "--to", "mqa"], "kvtool: error: DST: missing required argument (only --dry-run goes "
                                           "without one)"),
     (["apply", "{recipe}", "{dir}", "{out}", "--device", "tpu"],
-     "kvtool: error: --device: must be one of auto, cpu, cuda, cuda:N, not 'tpu'"),
+     "kvtool: error: --device: must be one of auto, cpu, cuda, cuda:N, got 'tpu'"),
 ])
 def test_error_lines_name_the_flag_the_user_typed(capsys, tmp_path, tiny_llama_config, argv, line):
     import json

@@ -27,7 +27,7 @@ from kvtool.errors import KvtoolError
 from kvtool.io.jsonfile import dump_json_like
 from kvtool.model.preflight import preflight
 from kvtool.recipes.apply import apply_recipe
-from kvtool.recipes.load import load_recipe
+from kvtool.recipes.load import RecipeError, load_recipe
 from kvtool.recipes.plan import StepRefused, plan_steps
 
 
@@ -124,13 +124,23 @@ def _as_command_says(exc: KvtoolError, kind: str) -> str:
     return f"kvtool: error: {exc.line()}"
 
 
+def _kind(path: Path) -> str:
+    """The one step's kind, read without validating (a recipe whose options are refused does not load)."""
+    import yaml
+
+    return next(iter(yaml.safe_load(path.read_text())["steps"][0]))
+
+
 def _recipe(path: Path, src: Path, dst: Path) -> str | None:
     """None when `kvtool apply --dry-run` accepts the recipe, else the operation's error line it stopped on."""
     try:
         apply_recipe(path, src, dst, dry_run=True, echo=lambda _line: None)
-    except StepRefused as exc:
-        assert exc.cause is not None, exc.line()  # a recipe-only refusal: the command would have no twin
-        return _as_command_says(exc.cause, load_recipe(path).steps[0].kind)
+    except (StepRefused, RecipeError) as exc:
+        # a recipe-only refusal has no cause: the command would have no twin
+        assert exc.cause is not None or not isinstance(exc, StepRefused), exc.line()
+        if exc.cause is not None:  # the step's plan, or its options object (declared bounds, when loaded)
+            return _as_command_says(exc.cause, _kind(path))
+        return f"kvtool: error: {exc.line()}"
     except KvtoolError as exc:  # refused before planning (the source itself): the command refuses it the same
         return f"kvtool: error: {exc.line()}"
     return None

@@ -84,4 +84,4 @@ def test_method_and_rope_type_choices_come_from_the_registries(tmp_path, capsys)
         p.write_text(f"version: 1\nsteps:\n  - {step}\n")
         code, model = _lint_json(p, capsys)
         (f,) = model["findings"]
-        assert code == 1 and f["code"] == "KV961" and str(choices) in f["message"]
+        assert code == 1 and f["code"] == "KV961" and ", ".join(choices) in f["message"]

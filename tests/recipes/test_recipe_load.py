@@ -32,7 +32,8 @@ steps:
 
 @pytest.mark.parametrize("body, line, key, words", [
     ("version: 1\nsteps:\n  - convert:\n      to: mqa\n      metod: aware\n", 5, "steps[0].convert.metod", "unknown key 'metod'"),
-    ("version: 1\nsteps:\n  - convert: {to: gqa, groups: 0}\n", 3, "steps[0].convert.groups", "minimum"),
+    ("version: 1\nsteps:\n  - convert: {to: gqa, groups: 0}\n", 3, "steps[0].convert.groups",
+     "must be at least 1, got 0"),
     ("version: 1\nsteps:\n  - rope: {type: yarn, factor: 4}\n    lint: {}\n", 3, "steps[0]", "exactly one key"),
     ("version: 1\nsteps:\n  - eval:\n      thresholds:\n        max_ppl: 2%\n", 5, "steps[0].eval.thresholds.max_ppl", "unknown key"),
     ("version: 2\nsteps:\n  - lint: {}\n", 1, "version", "1 was expected"),

@@ -148,9 +148,9 @@ class Source:
     label: str
 
 
-def calibration_sources(path, dataset: str | None = None) -> list[Source]:
+def calibration_sources(path, dataset: str | None) -> list[Source]:
     """--calib-text (a path; a recipe's several files: a list of paths, one text joined by blank lines), else
-    the parts of the --calib-dataset (default: kvtool.datasets.MERGE_CALIBRATION)."""
+    the parts of the --calib-dataset (AwareMerge has resolved its default)."""
     if isinstance(path, (list, tuple)):
         from kvtool.datasets import text_file
 
@@ -158,10 +158,10 @@ def calibration_sources(path, dataset: str | None = None) -> list[Source]:
     if path is not None:
         text, label = read_text(path)
         return [Source(text, label)]
-    from kvtool.datasets import MERGE_CALIBRATION, MODEL_WRITTEN, calibration_parts, source_text
+    from kvtool.datasets import MODEL_WRITTEN, calibration_parts, source_text
 
     return [Source(None, "written by the model itself (kvtool.convert.aware.selftext)") if part == MODEL_WRITTEN
-            else Source(*source_text(part)) for part in calibration_parts(dataset or MERGE_CALIBRATION)]
+            else Source(*source_text(part)) for part in calibration_parts(dataset)]
 
 
 def calibration_shares(k: int, tokens: int, seq_len: int) -> list[int]:

@@ -52,10 +52,10 @@ def head_similarity(wq: torch.Tensor, wk: torch.Tensor, wv: torch.Tensor, o: tor
     return torch.stack(sims).mean(0)
 
 
-def similarity_groups(sim: torch.Tensor, groups: int) -> list[list[int]]:
-    """Partition KV heads into `groups` equal groups, greedily maximising within-group similarity."""
+def similarity_groups(sim: torch.Tensor, target_kv_heads: int) -> list[list[int]]:
+    """Partition KV heads into `target_kv_heads` equal groups, greedily maximising within-group similarity."""
     kv = sim.shape[0]
-    m = kv // groups
+    m = kv // target_kv_heads
     free = list(range(kv))
     out = []
     while free:
@@ -132,7 +132,7 @@ class GroupCost:
         h = self.num_heads // self.num_kv_heads * m
         sub = permute_heads(self.src, list(heads), num_heads=self.num_heads, head_dim=hd,
                             num_kv_heads=self.num_kv_heads)
-        merged = merge_heads(sub, self.cov, num_heads=h, num_kv_heads=m, groups=1, head_dim=hd,
+        merged = merge_heads(sub, self.cov, num_heads=h, num_kv_heads=m, target_kv_heads=1, head_dim=hd,
                              rotary_dim=self.inp.cos.shape[-1], static=self.static, angles=self.angles)
         got = head_contexts(self.inp, merged.to(torch.float32), h, hd).to(torch.float64) @ merged.o.T
         want = self.shares[list(heads)].to(torch.float64).sum(0)

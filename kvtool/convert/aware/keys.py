@@ -46,7 +46,7 @@ def static_pairs(angles: torch.Tensor, horizon: int, angle: float) -> torch.Tens
 
 
 def merge_keys(wq: torch.Tensor, wk: torch.Tensor, cov: torch.Tensor, *, num_heads: int, num_kv_heads: int,
-               groups: int, head_dim: int, rotary_dim: int, static: torch.Tensor | None = None,
+               target_kv_heads: int, head_dim: int, rotary_dim: int, static: torch.Tensor | None = None,
                angles: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """wq [H*hd, D], wk [KV*hd, D] (augmented, float64) -> (new wq [H*hd, D], new wk [G*hd, D]).
 
@@ -67,12 +67,12 @@ def merge_keys(wq: torch.Tensor, wk: torch.Tensor, cov: torch.Tensor, *, num_hea
         omega[i, s + i], omega[s + i, i] = -a, a
         nq, nk = _merge(wq.reshape(num_heads, head_dim, D)[:, perm].reshape(-1, D),
                         wk.reshape(num_kv_heads, head_dim, D)[:, perm].reshape(-1, D), cov,
-                        num_heads=num_heads, num_kv_heads=num_kv_heads, groups=groups, head_dim=head_dim,
-                        rotary_dim=2 * len(rot), omega=omega)
+                        num_heads=num_heads, num_kv_heads=num_kv_heads, target_kv_heads=target_kv_heads,
+                        head_dim=head_dim, rotary_dim=2 * len(rot), omega=omega)
         return (nq.reshape(num_heads, head_dim, D)[:, back].reshape(-1, D),
-                nk.reshape(groups, head_dim, D)[:, back].reshape(-1, D))
-    return _merge(wq, wk, cov, num_heads=num_heads, num_kv_heads=num_kv_heads, groups=groups, head_dim=head_dim,
-                  rotary_dim=rotary_dim, omega=None)
+                nk.reshape(target_kv_heads, head_dim, D)[:, back].reshape(-1, D))
+    return _merge(wq, wk, cov, num_heads=num_heads, num_kv_heads=num_kv_heads, target_kv_heads=target_kv_heads,
+                  head_dim=head_dim, rotary_dim=rotary_dim, omega=None)
 
 
 def commuting_basis(u: torch.Tensor, b: torch.Tensor, qcov: torch.Tensor, cov: torch.Tensor,
@@ -127,10 +127,10 @@ def commuting_basis(u: torch.Tensor, b: torch.Tensor, qcov: torch.Tensor, cov: t
     return new_u, new_b
 
 
-def _merge(wq, wk, cov, *, num_heads, num_kv_heads, groups, head_dim, rotary_dim, omega):
+def _merge(wq, wk, cov, *, num_heads, num_kv_heads, target_kv_heads, head_dim, rotary_dim, omega):
     """merge_keys with the static pairs, if any, already moved into the non-rotary dims (omega: RoPE's
     generator there, None when none are)."""
-    H, KV, G, hd = num_heads, num_kv_heads, groups, head_dim
+    H, KV, G, hd = num_heads, num_kv_heads, target_kv_heads, head_dim
     m, rq, P, D = KV // G, H // KV, rotary_dim // 2, wq.shape[1]
     q = wq.reshape(H, hd, D)
     k = wk.reshape(KV, hd, D)

@@ -21,7 +21,7 @@ from kvtool.convert.aware.values import refit_o
 class MergeSettings:
     num_heads: int
     num_kv_heads: int
-    groups: int
+    target_kv_heads: int  # KV heads after the merge
     head_dim: int
     grouping: str = "error"  # error | contiguous | similarity (grouping.py)
     o_ridge: float | None = 2.0  # None: keep the folded o_proj (no least-squares refit)
@@ -56,10 +56,10 @@ def _output(inp: LayerInputs, p: Proj, num_heads: int, head_dim: int) -> torch.T
 
 def merge_layer(inp: LayerInputs, src: Proj, s: MergeSettings, on_step: Callable[[], None] | None = None,
                 on_note: Callable[[str], None] | None = None) -> tuple[Proj, LayerReport]:
-    """Merge src (num_kv_heads KV heads) into s.groups KV heads; returns float32 projections.
+    """Merge src (num_kv_heads KV heads) into s.target_kv_heads KV heads; returns float32 projections.
     on_step(): called once after the closed-form merge and once per refinement step; on_note(text): what the
     merge is doing before that (progress)."""
-    H, KV, G, hd = s.num_heads, s.num_kv_heads, s.groups, s.head_dim
+    H, KV, G, hd = s.num_heads, s.num_kv_heads, s.target_kv_heads, s.head_dim
     src = src.to(torch.float64)
     # Attention passes run in float32 (they dominate the time); the solves run in float64.
     x32 = LayerInputs(inp.x.to(torch.float32), inp.cos.to(torch.float32), inp.sin.to(torch.float32), inp.scaling,
@@ -83,8 +83,8 @@ def merge_layer(inp: LayerInputs, src: Proj, s: MergeSettings, on_step: Callable
         order = kv_order(similarity_groups(sim, G))
     if order != sorted(order):
         src = permute_heads(src, order, num_heads=H, head_dim=hd)
-    new = merge_heads(src, cov, num_heads=H, num_kv_heads=KV, groups=G, head_dim=hd, rotary_dim=rotary, static=static,
-                      angles=angles)
+    new = merge_heads(src, cov, num_heads=H, num_kv_heads=KV, target_kv_heads=G, head_dim=hd, rotary_dim=rotary,
+                      static=static, angles=angles)
     ctx = head_contexts(x32, new.to(torch.float32), H, hd).to(torch.float64)
     err_merged = _rel_err(ctx @ new.o.T, o_target)
     if s.o_ridge is not None:

@@ -15,9 +15,9 @@ from kvtool.convert.aware.linalg import subspace_merge
 
 
 def merge_values(wv: torch.Tensor, o: torch.Tensor, cov: torch.Tensor, *, num_heads: int, num_kv_heads: int,
-                 groups: int, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+                 target_kv_heads: int, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
     """wv [KV*hd, D] (augmented), o [hidden, H*hd] (float64) -> (new wv [G*hd, D], new o)."""
-    H, KV, G, hd = num_heads, num_kv_heads, groups, head_dim
+    H, KV, G, hd = num_heads, num_kv_heads, target_kv_heads, head_dim
     m, rq, D = KV // G, H // KV, wv.shape[1]
     oh = o.reshape(o.shape[0], H, hd).permute(1, 0, 2)  # [H, hidden, hd]
     metric = (oh.transpose(-1, -2) @ oh).reshape(KV, rq, hd, hd).sum(1).reshape(G, m, hd, hd)
