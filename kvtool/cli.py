@@ -1,8 +1,9 @@
 """The `kvtool` command line. Each command lives in kvtool/commands/<name>.py, listed in COMMANDS.modules, and
 registers itself (`@COMMANDS.register(name)` on its `register(app)`); a listed module that is missing is an error.
 
-Heavy libraries (torch, transformers) are imported inside the commands that need them, so
-`kvtool lint`, `kvtool kv-budget` and `kvtool rope` start fast.
+Heavy libraries (torch, transformers) are imported inside the commands that need them, and `kvtool lint`,
+`kvtool kv-budget` and `kvtool rope` run without typer and click when kvtool/commands/argv.py reads their
+command line (the typer app, `app`, is built on first use), so they start fast.
 """
 
 from __future__ import annotations
@@ -13,40 +14,53 @@ import os
 import signal
 import sys
 
-import typer
-
-from kvtool.commands import COMMANDS
+from kvtool.commands.echo import echo
 from kvtool.errors import EXIT_INPUT, KvtoolError, one_line
 
-app = typer.Typer(
-    name="kvtool",
-    help="Make LLM checkpoints safe and cheap to serve: lint, KV budget, GQA/MQA conversion, RoPE, FP8 KV, eval.",
-    add_completion=False,
-    no_args_is_help=True,
-    pretty_exceptions_enable=False,
-    rich_markup_mode=None,
-    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 120, "terminal_width": 110},
-)
+
+@functools.cache
+def _typer_app():
+    """The typer app with every command of kvtool.commands.COMMANDS (imports typer, click and every command)."""
+    import typer
+
+    from kvtool.commands import COMMANDS
+
+    app = typer.Typer(
+        name="kvtool",
+        help="Make LLM checkpoints safe and cheap to serve: lint, KV budget, GQA/MQA conversion, RoPE, FP8 KV, eval.",
+        add_completion=False,
+        no_args_is_help=True,
+        pretty_exceptions_enable=False,
+        rich_markup_mode=None,
+        context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 120, "terminal_width": 110},
+    )
+
+    @app.callback()
+    def _root(
+        version: bool = typer.Option(False, "--version", help="Print the kvtool version and exit.",
+                                     callback=_print_version, is_eager=True),
+    ) -> None:
+        """Make LLM checkpoints safe and cheap to serve."""
+
+    for register in COMMANDS.values():
+        register(app)
+    return app
+
+
+def __getattr__(name: str):
+    if name == "app":  # `from kvtool.cli import app`: the typer app, built on first use
+        return _typer_app()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _print_version(value: bool) -> None:
     if value:
+        import typer
+
         from kvtool import __version__
 
-        typer.echo(f"kvtool {__version__}")
+        echo(f"kvtool {__version__}")
         raise typer.Exit(0)
-
-
-@app.callback()
-def _root(
-    version: bool = typer.Option(False, "--version", help="Print the kvtool version and exit.",
-                                 callback=_print_version, is_eager=True),
-) -> None:
-    """Make LLM checkpoints safe and cheap to serve."""
-
-
-for _register in COMMANDS.values():
-    _register(app)
 
 
 class _ClosedStdin(io.StringIO):
@@ -68,32 +82,16 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str] | None) -> int:
-    import click
+    from kvtool.commands.argv import direct_call
 
-    from kvtool.io.staging import COMPLETED
-
-    COMPLETED.clear()  # what this run writes (main() may run several times in one process: tests)
-    cmd = typer.main.get_command(app)
-    for sub in getattr(cmd, "commands", {}).values():
-        sub.callback = _carry_interrupts(sub.callback)
-    _plain_help(cmd)
+    staging = sys.modules.get("kvtool.io.staging")  # not imported yet: nothing written (lint imports none)
+    if staging is not None:
+        staging.COMPLETED.clear()  # what this run writes (main() may run several times in one process: tests)
     try:
-        rv = cmd.main(args=argv, prog_name="kvtool", standalone_mode=False)
-        if rv == 130:  # typer's silent exit for a Ctrl-C outside a command's body (while parsing arguments)
-            return _interrupted()
-    except click.exceptions.Exit as exc:
-        return exc.exit_code
-    except click.exceptions.Abort:
-        typer.echo("kvtool: aborted", err=True)
-        return 130
-    except click.exceptions.NoArgsIsHelpError as exc:  # bare `kvtool`: the help, as a usage error
-        exc.show()
-        return EXIT_INPUT
-    except click.ClickException as exc:
-        typer.echo(f"kvtool: error: {one_line(_click_line(exc))}", err=True)
-        return EXIT_INPUT
+        call = direct_call(sys.argv[1:] if argv is None else argv)  # lint, kv-budget, rope: no typer
+        rv = call() if call is not None else _typer_main(argv)
     except KvtoolError as exc:
-        typer.echo(f"kvtool: error: {exc.line()}", err=True)
+        echo(f"kvtool: error: {exc.line()}", err=True)
         return exc.exit_code
     except (KeyboardInterrupt, _CommandInterrupted):  # Ctrl-C, or SIGTERM (kvtool.io.staging.Interrupted)
         return _interrupted()
@@ -107,11 +105,38 @@ def _main(argv: list[str] | None) -> int:
         err = missing(exc.name or "", f"kvtool {command}" if command else None)
         if err is None or os.environ.get("KVTOOL_DEBUG"):
             return _internal(exc)
-        typer.echo(f"kvtool: error: {err.line()}", err=True)
+        echo(f"kvtool: error: {err.line()}", err=True)
         return err.exit_code
     except Exception as exc:  # noqa: BLE001 - the contract is one line, not a traceback
         return _internal(exc)
     return rv if isinstance(rv, int) else 0
+
+
+def _typer_main(argv: list[str] | None) -> int:
+    """Every command line kvtool/commands/argv.py leaves: typer and click read it (help, usage errors)."""
+    import click
+    import typer
+
+    cmd = typer.main.get_command(_typer_app())
+    for sub in getattr(cmd, "commands", {}).values():
+        sub.callback = _carry_interrupts(sub.callback)
+    _plain_help(cmd)
+    try:
+        rv = cmd.main(args=argv, prog_name="kvtool", standalone_mode=False)
+        if rv == 130:  # typer's silent exit for a Ctrl-C outside a command's body (while parsing arguments)
+            return _interrupted()
+    except click.exceptions.Exit as exc:
+        return exc.exit_code
+    except click.exceptions.Abort:
+        echo("kvtool: aborted", err=True)
+        return 130
+    except click.exceptions.NoArgsIsHelpError as exc:  # bare `kvtool`: the help, as a usage error
+        exc.show()
+        return EXIT_INPUT
+    except click.ClickException as exc:
+        echo(f"kvtool: error: {one_line(_click_line(exc))}", err=True)
+        return EXIT_INPUT
+    return rv
 
 
 class _CommandInterrupted(BaseException):
@@ -137,14 +162,14 @@ def _interrupted() -> int:
     """Exit 130 with one line saying what was, and was not, written."""
     from kvtool.io.staging import interrupted_line
 
-    typer.echo(interrupted_line(), err=True)
+    echo(interrupted_line(), err=True)
     return 130
 
 
 def _internal(exc: BaseException) -> int:
     if os.environ.get("KVTOOL_DEBUG"):
         raise exc
-    typer.echo(f"kvtool: internal error: {type(exc).__name__}: {one_line(str(exc))} (set KVTOOL_DEBUG=1 for a "
+    echo(f"kvtool: internal error: {type(exc).__name__}: {one_line(str(exc))} (set KVTOOL_DEBUG=1 for a "
                "traceback)", err=True)
     return EXIT_INPUT
 
@@ -188,6 +213,7 @@ def _plain_help(cmd) -> None:
     import inspect
 
     import click
+    import typer
 
     class Formatter(click.HelpFormatter):
         def write_dl(self, rows, *args, **kwargs):
@@ -198,7 +224,7 @@ def _plain_help(cmd) -> None:
         formatter_class = Formatter
 
     arg_help = {}
-    for info in app.registered_commands:
+    for info in _typer_app().registered_commands:
         name = info.name or info.callback.__name__.replace("_", "-")
         arg_help[name] = {p: d.default.help for p, d in inspect.signature(info.callback).parameters.items()
                           if isinstance(d.default, typer.models.ArgumentInfo) and d.default.help}

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
-import typer
+from typing import TYPE_CHECKING
 
+from kvtool.commands.echo import echo
 from kvtool.commands.options_cli import command
 from kvtool.errors import EXIT_FINDINGS, EXIT_OK
 from kvtool.options.kv_budget import KvBudgetOptions
+
+
+if TYPE_CHECKING:  # typer is imported by the typer CLI only (kvtool/commands/argv.py)
+    import typer
 
 
 def register(app: typer.Typer) -> None:
@@ -24,5 +29,5 @@ def register(app: typer.Typer) -> None:
             from kvtool.budget.plot import write_plot
 
             write_plot(p.spec, b, o.plot)
-        typer.echo(render_json(b) if o.format == "json" else render_text(b), nl=False)
+        echo(render_json(b) if o.format == "json" else render_text(b), nl=False)
         return EXIT_FINDINGS if b.problems else EXIT_OK

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
-import typer
+from typing import TYPE_CHECKING
 
+from kvtool.commands.echo import echo
 from kvtool.commands.options_cli import command
 from kvtool.errors import EXIT_FINDINGS, EXIT_INPUT, EXIT_OK
 from kvtool.options.lint import LintOptions
+
+
+if TYPE_CHECKING:  # typer is imported by the typer CLI only (kvtool/commands/argv.py)
+    import typer
 
 
 def register(app: typer.Typer) -> None:
@@ -15,22 +20,28 @@ def register(app: typer.Typer) -> None:
                                     "or usage. Defaults come from [tool.kvtool] in the nearest pyproject.toml.")
     def lint(o: LintOptions) -> int:
         from kvtool.output import FORMATS, render
-        from kvtool.recipes.lint import lint_recipe
         from kvtool.rules.run import apply, plan
 
         p = plan(o, formats=tuple(FORMATS))
-        reports = apply(p, by_suffix={".yaml": lint_recipe, ".yml": lint_recipe})
+        reports = apply(p, by_suffix={".yaml": _lint_recipe, ".yml": _lint_recipe})
         if p.format == "text":  # unusable inputs as one line each on stderr, like every other kvtool error
             from kvtool.output.text import error_line
 
             for rep in reports:
                 if rep.error:
-                    typer.echo(error_line(rep), err=True)
+                    echo(error_line(rep), err=True)
         rendered = render(reports, p.format)
         if rendered.strip():
-            typer.echo(rendered, nl=False)
+            echo(rendered, nl=False)
         if any(r.error for r in reports):
             return EXIT_INPUT
         if any(r.failing(p.engine.strict) for r in reports):
             return EXIT_FINDINGS
         return EXIT_OK
+
+
+def _lint_recipe(*args, **kwargs):
+    """kvtool.recipes.lint.lint_recipe, imported (with PyYAML) only when a recipe is linted."""
+    from kvtool.recipes.lint import lint_recipe
+
+    return lint_recipe(*args, **kwargs)

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
-import typer
+from typing import TYPE_CHECKING
 
+from kvtool.commands.echo import echo
 from kvtool.commands.options_cli import command
 from kvtool.options.rope import RopeOptions
+
+
+if TYPE_CHECKING:  # typer is imported by the typer CLI only (kvtool/commands/argv.py)
+    import typer
 
 
 def register(app: typer.Typer) -> None:
@@ -14,4 +19,4 @@ def register(app: typer.Typer) -> None:
     def rope(opts: RopeOptions) -> int:
         from kvtool.rope.command import run
 
-        return run(opts, echo=typer.echo)
+        return run(opts, echo=echo)
