@@ -1,7 +1,9 @@
-"""`kvtool lint`, `kv-budget` and `rope` without typer or click: their command lines read from the options
-declaration (kvtool/options) and handed to the command's own callback.
+"""`kvtool lint`, `kv-budget`, `rope` and `convert` without the typer CLI: their command lines read from the
+options declaration (kvtool/options) and handed to the command's own callback.
 
-Importing typer and click and building the command tree cost more than linting a model folder (issue 30). This
+Importing typer and click and building the command tree cost more than linting a model folder (issue 30); a
+small conversion waits on them too (kvtool/commands/convert.py still imports typer itself: the tree of every
+command, click's parse and the other command modules are what it saves). This
 reader takes only the command lines it reads exactly as click does: the declared flag spellings, `--flag VALUE`
 and `--flag=VALUE`, `--x` / `--no-x` for negatable switches, positional arguments in their declared number,
 values converted by the same int() / float() / Path() as click's types. Anything else (`--help`, an unknown,
@@ -20,7 +22,7 @@ from typing import Any, Callable
 from kvtool.options.fields import OPERATIONS, Field, fields_of
 
 # the commands whose start-up is the point: command -> its module in kvtool/commands
-DIRECT = {"lint": "lint", "kv-budget": "kv_budget", "rope": "rope"}
+DIRECT = {"lint": "lint", "kv-budget": "kv_budget", "rope": "rope", "convert": "convert"}
 
 
 class Direct:

@@ -1,5 +1,6 @@
 """kvtool/commands/argv.py: a command line it reads gives the options typer gives; the rest goes to typer (help,
-usage errors); lint, kv-budget and rope run without importing typer or click; `echo` writes what click.echo does."""
+usage errors); lint, kv-budget and rope run without importing typer or click (convert without the typer CLI);
+`echo` writes what click.echo does."""
 
 from __future__ import annotations
 
@@ -91,8 +92,9 @@ def _command_lines(draw):
     n = draw(st.sampled_from([1, 1, 1, 2, 2, 0, 3]))
     chunks = [[v] for v in draw(st.lists(st.sampled_from([EXAMPLE, "out", "x", ""]), min_size=n, max_size=n))]
     flags = [f for f in fields_of(cls) if f.spec.cli and not f.spec.positional]
-    for f in draw(st.lists(st.sampled_from(flags), max_size=5, unique_by=lambda f: f.name if draw(st.booleans())
-                           else None)):  # a flag given twice now and then
+    required = [f for f in flags if f.required and draw(st.integers(0, 9))]  # a required option, mostly given
+    for f in required + draw(st.lists(st.sampled_from(flags), max_size=5, unique_by=lambda f: f.name
+                                      if draw(st.booleans()) else None)):  # a flag given twice now and then
         spelling = draw(st.sampled_from([*f.flags, *([f.spec.short] if f.spec.short else [])]))
         values = {int: _INTS, float: _FLOATS}.get(f.base_type, _VALUES)
         if f.base_type is bool:
@@ -124,6 +126,8 @@ def test_what_argv_reads_typer_reads_the_same(case):
     ["kv-budget", EXAMPLE, "--gpu", "H100-80GB", "--max-model-len", "4096", "--format", "json"],
     ["rope", EXAMPLE, "--show"],
     ["rope", EXAMPLE, "out", "--type", "yarn", "--factor", "4", "--layout", "v5"],
+    ["convert", EXAMPLE, "out", "--to", "gqa", "--groups", "2", "--no-eval", "--no-progress"],
+    ["convert", EXAMPLE, "--to", "mqa", "--dry-run", "--method-opt", "a=1", "--method-opt", "b=2"],
 ])
 def test_the_usual_command_lines_are_read_without_typer(args):
     assert direct.direct_call(args) is not None
@@ -131,7 +135,8 @@ def test_the_usual_command_lines_are_read_without_typer(args):
 
 @pytest.mark.parametrize("args", [["lint", "--help"], ["lint", "-h", EXAMPLE], ["lint"], ["lint", "--strct", EXAMPLE],
                                   ["lint", EXAMPLE, "--isolated", "--isolated"], ["rope", EXAMPLE, "a", "b"],
-                                  ["kv-budget", EXAMPLE, "--batch", "two"], ["convert", EXAMPLE, "out"], []])
+                                  ["kv-budget", EXAMPLE, "--batch", "two"], ["convert", EXAMPLE, "out"], ["eval", EXAMPLE],
+                                  []])
 def test_help_usage_errors_and_other_commands_go_to_typer(args):
     assert direct.direct_call(args) is None
 
