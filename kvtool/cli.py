@@ -2,8 +2,9 @@
 registers itself (`@COMMANDS.register(name)` on its `register(app)`); a listed module that is missing is an error.
 
 Heavy libraries (torch, transformers) are imported inside the commands that need them, and `kvtool lint`,
-`kvtool kv-budget` and `kvtool rope` run without typer and click when kvtool/commands/argv.py reads their
-command line (the typer app, `app`, is built on first use), so they start fast.
+`kvtool kv-budget` and `kvtool rope` run without typer and click (`kvtool convert` without the typer app)
+when kvtool/commands/argv.py reads their command line (the typer app, `app`, is built on first use), so
+they start fast.
 """
 
 from __future__ import annotations
@@ -88,7 +89,7 @@ def _main(argv: list[str] | None) -> int:
     if staging is not None:
         staging.COMPLETED.clear()  # what this run writes (main() may run several times in one process: tests)
     try:
-        call = direct_call(sys.argv[1:] if argv is None else argv)  # lint, kv-budget, rope: no typer
+        call = direct_call(sys.argv[1:] if argv is None else argv)  # lint, kv-budget, rope, convert
         rv = call() if call is not None else _typer_main(argv)
     except KvtoolError as exc:
         echo(f"kvtool: error: {exc.line()}", err=True)
