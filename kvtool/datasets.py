@@ -66,13 +66,13 @@ def evaluation_text() -> str:
 
 def write_text_files(folder: str | Path) -> tuple[Path, Path]:
     """Write calib.txt and eval.txt into folder (created if needed) and return their paths."""
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
+    from kvtool.io.outputfile import make_parents, write_new
+
+    folder = make_parents(folder)
     calib, ev = folder / "calib.txt", folder / "eval.txt"
-    if not calib.exists():
-        calib.write_text(calibration_text(), encoding="utf-8")
-    if not ev.exists():
-        ev.write_text(evaluation_text(), encoding="utf-8")
+    for path, text in ((calib, calibration_text), (ev, evaluation_text)):
+        if not path.exists() or path.is_symlink():  # an existing link is refused by write_new, never followed
+            write_new(path, text())
     return calib, ev
 
 

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 
 from kvtool.budget.budget import Budget, BudgetOptions, figures
 from kvtool.errors import InputError, UsageError
+from kvtool.io.outputfile import replace
 
 GIB = 2**30
 
@@ -50,13 +49,8 @@ def write_plot(spec, b: Budget, path: str) -> None:
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    # Render next to the destination and rename, so a failure never leaves half a file.
-    fd, tmp = tempfile.mkstemp(prefix=".kvtool-plot-", suffix=target.suffix, dir=str(target.parent))
-    os.close(fd)
+    # Rendered into a fresh file next to the destination and renamed, so a failure never leaves half a file.
     try:
-        fig.savefig(tmp)
-        os.replace(tmp, target)
+        replace(target, lambda fh: fig.savefig(fh, format=target.suffix.lower()[1:]))
     finally:
         plt.close(fig)
-        if os.path.exists(tmp):
-            os.unlink(tmp)

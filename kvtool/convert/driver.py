@@ -425,6 +425,7 @@ def run_convert(plan: ConvertPlan, dst: str | Path, *, method_obj=None, force: b
     """Write the converted checkpoint to `dst` (staged; the source is only read)."""
     from kvtool.convert.methods import MergeJob, get_method
     from kvtool.io.reader import CheckpointReader
+    from kvtool.io.outputfile import identities, write_new
     from kvtool.io.staging import check_destination, copy_side_files, staged_output
     from kvtool.io.writer import ShardWriter
 
@@ -434,7 +435,7 @@ def run_convert(plan: ConvertPlan, dst: str | Path, *, method_obj=None, force: b
     torch_api = getattr(method_obj, "array_api", "torch") == "torch"
     out_dtype = _torch_dtype(plan.out_dtype) if plan.out_dtype and torch_api else None
     prov = None
-    with CheckpointReader(plan.src) as reader:
+    with CheckpointReader(plan.src, expect=identities(plan.ckpt.headers)) as reader:  # the shards the plan checked
         job = MergeJob(src=plan.src, spec=plan.spec, arch=plan.arch, target_groups=plan.to_kv, device=device,
                        dtype=out_dtype, options=dict(method_obj.options), reader=reader)
         method_obj.prepare(job)
@@ -449,7 +450,7 @@ def run_convert(plan: ConvertPlan, dst: str | Path, *, method_obj=None, force: b
                 kept = {t.name: reader.byte_range(t.name)[1] for t in plan.outputs
                         if (t.dtype, t.shape) == (reader.info(t.name).dtype, tuple(reader.info(t.name).shape))}
                 with ShardWriter(tmp, plan.max_shard_size, meta, plan=plan.outputs, background_copies=True,
-                                 copy_offsets=kept) as writer:
+                                 copy_offsets=kept, sources=reader.identities) as writer:
                     done: set[str] = set()
 
                     def wrote(n: str) -> None:
@@ -488,10 +489,10 @@ def run_convert(plan: ConvertPlan, dst: str | Path, *, method_obj=None, force: b
                     result = writer.finalize()
             finally:
                 bar.close()
-            (tmp / "config.json").write_text(dump_config(plan.new_config), encoding="utf-8")
+            write_new(tmp / "config.json", dump_config(plan.new_config))
             side = copy_side_files(plan.src, tmp)
             prov["files"] = result.files
-            (tmp / "kvtool.json").write_text(json.dumps(prov, indent=2) + "\n", encoding="utf-8")
+            write_new(tmp / "kvtool.json", json.dumps(prov, indent=2) + "\n")
     return ConvertResult(plan=plan, dst=dst, files=result.files, side_files=side, provenance=prov)
 
 

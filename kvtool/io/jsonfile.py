@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -143,13 +142,3 @@ def dump_json_like(data: dict, original_text: str | None = None) -> str:
     """Serialise a config the way transformers does (indent 2, sorted as given, trailing newline)."""
     return json.dumps(data, indent=2, ensure_ascii=False) + "\n"
 
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write a file via a temporary sibling and rename, so a crash never leaves half a file."""
-    tmp = path.with_name(f".{path.name}.kvtool-tmp-{os.getpid()}")
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Iterator
 
 from kvtool.errors import InputError
+from kvtool.io.outputfile import Identity, SourceChanged, open_source
 from kvtool.io.weight_files import INDEX_NAME, raise_first_error, scan_weights
 from kvtool.io.safetensors_header import TensorInfo
 
@@ -41,10 +42,16 @@ def st_to_torch_dtype(st: str, file: str | None = None, tensor: str | None = Non
 
 
 class CheckpointReader:
-    """Read tensors of a model folder lazily; use as a context manager (closes the open shard)."""
+    """Read tensors of a model folder lazily; use as a context manager (closes the open shard).
 
-    def __init__(self, folder: str | Path):
+    `expect` (file name -> identity, `identities(checkpoint.headers)`) are the shards as an earlier
+    validation saw them (the command's plan): a shard that is no longer that file is SourceChanged. Each
+    shard is opened as the file its header scan validated (`identities`, by path, for ShardWriter)."""
+
+    def __init__(self, folder: str | Path, expect: dict[str, Identity] | None = None):
         self.folder = Path(folder)
+        self.identities: dict[str, Identity] = {}
+        self._expect = dict(expect or {})
         self.index_path: Path | None = None
         self._infos: dict[str, TensorInfo] = {}
         self._metadata: dict[str, dict[str, str]] = {}
@@ -61,6 +68,10 @@ class CheckpointReader:
         if scan.index_doc is not None:
             self.index_path = scan.index_doc.path
         for h in scan.headers:
+            path = str(self.folder / h.file)
+            self.identities[path] = Identity(*h.identity)
+            if self._expect.get(h.file, self.identities[path]) != self.identities[path]:
+                raise SourceChanged(path, self._expect[h.file], self.identities[path])
             self._infos.update(h.tensors)
             self._metadata[h.file] = dict(h.metadata)
             self._data_start[h.file] = 8 + h.header_size
@@ -107,10 +118,11 @@ class CheckpointReader:
         if self._open_file != file:
             self.close()
             path = self.folder / file
-            try:
-                self._fh = open(path, "rb", buffering=0)
+            try:  # the file the header scan validated, or SourceChanged
+                fd, _ = open_source(path, self.identities.get(str(path)))
             except OSError as exc:
                 raise InputError(f"cannot open: {exc.strerror or exc}", file=str(path)) from None
+            self._fh = open(fd, "rb", buffering=0)
             self._open_file = file
         return self._fh
 

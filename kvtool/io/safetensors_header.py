@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import stat
 import struct
 from dataclasses import dataclass, field
@@ -81,6 +82,9 @@ class SafetensorsHeader:
     tensors: dict[str, TensorInfo] = field(default_factory=dict)
     metadata: dict[str, str] = field(default_factory=dict)
     problems: list[HeaderProblem] = field(default_factory=list)
+    # (st_dev, st_ino, st_size, st_mtime_ns) of the file validated (kvtool.io.outputfile.Identity): a copy
+    # of its bytes checks the source is still this file
+    identity: tuple[int, int, int, int] | None = None
 
     @property
     def ok(self) -> bool:
@@ -140,6 +144,10 @@ def read_header(path: Path, file: str | None = None) -> SafetensorsHeader:
         return h
     try:
         with path.open("rb") as fh:
+            now = os.fstat(fh.fileno())
+            if (now.st_dev, now.st_ino, now.st_size) != (st.st_dev, st.st_ino, st.st_size):
+                raise _Invalid("unreadable", "changed while it was being read")
+            h.identity = (now.st_dev, now.st_ino, now.st_size, now.st_mtime_ns)
             _validate(h, fh)
     except _Invalid as exc:
         h.tensors, h.metadata = {}, {}

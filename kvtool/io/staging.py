@@ -12,9 +12,10 @@ staging folder holds a marker file naming the host and process that made it; the
 same DST removes those whose process is gone (`sweep_stale`) and says so in one stderr line.
 Nothing without that marker is ever removed.
 
-Outputs never share an inode with their source: `copy_file` reflinks when the file system can
-(a copy-on-write clone) and otherwise copies bytes (copy_file_range, in the kernel). Hard links
-are made only when a command's `--link` asks for them.
+Every file and folder is created through kvtool.io.outputfile (O_EXCL | O_NOFOLLOW, fresh names):
+outputs never share an inode with their source (`copy_source` reflinks when the file system can,
+else copies bytes in the kernel; hard links only when a command's `--link` asks for them), and a
+source that changes between its validation and the end of its copy stops the run (exit 2).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 from kvtool.errors import InputError, KvtoolError, UsageError
+from kvtool.io.outputfile import copy_source, make_dir, make_parents, move, write_new
 
 TMP_MARK = ".kvtool-tmp-"
 OLD_MARK = ".kvtool-old-"
@@ -147,10 +149,8 @@ def _pid_alive(pid: int) -> bool:
 
 def make_staging_dir(parent: Path, dst_name: str, kind: str = "tmp") -> Path:
     """Create `.DST.kvtool-KIND-PID-HEX` in `parent` with its marker file (host, pid)."""
-    folder = parent / f".{dst_name}.kvtool-{kind}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    folder.mkdir()
-    (folder / MARKER).write_text(json.dumps({"host": socket.gethostname(), "pid": os.getpid()}) + "\n",
-                                 encoding="utf-8")
+    folder = make_dir(parent / f".{dst_name}.kvtool-{kind}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    write_new(folder / MARKER, json.dumps({"host": socket.gethostname(), "pid": os.getpid()}) + "\n")
     return folder
 
 
@@ -206,7 +206,7 @@ def staged_output(dst: str | Path, *, force: bool = False, protect: Iterable[Pat
     check_destination(dst, force=force, protect=protect)
     parent = dst.parent if str(dst.parent) else Path(".")
     try:
-        parent.mkdir(parents=True, exist_ok=True)
+        make_parents(parent)
         sweep_stale(parent, dst.name)
         tmp = make_staging_dir(parent, dst.name)
     except OSError as exc:
@@ -233,12 +233,12 @@ def _commit(tmp: Path, dst: Path, force: bool) -> None:
     (tmp / MARKER).unlink()  # the marker stays until the last moment: a run killed before this is swept
     if dst.is_symlink():  # --force: the link is moved aside and removed; what it points to is never touched
         old = dst.parent / f".{dst.name}{OLD_MARK}{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        os.replace(dst, old)
+        move(dst, old)
         try:
-            os.replace(tmp, dst)
+            move(tmp, dst)
         finally:
             if tmp.exists():
-                os.replace(old, dst)
+                move(old, dst)
             else:
                 old.unlink()
         return
@@ -247,17 +247,17 @@ def _commit(tmp: Path, dst: Path, force: bool) -> None:
             if not force:  # appeared while we were writing
                 raise UsageError("destination folder became non-empty while writing; nothing was replaced", file=str(dst))
             old = dst.parent / f".{dst.name}{OLD_MARK}{os.getpid()}-{uuid.uuid4().hex[:8]}"
-            os.replace(dst, old)
+            move(dst, old)
             try:
-                os.replace(tmp, dst)
+                move(tmp, dst)
             finally:  # decided by what is on disk, so an interrupt between the two lines cannot mislead it
                 if tmp.exists():
-                    os.replace(old, dst)  # the new output did not move in: put the previous one back
+                    move(old, dst)  # the new output did not move in: put the previous one back
                 else:
                     shutil.rmtree(old, ignore_errors=True)
             return
         dst.rmdir()
-    os.replace(tmp, dst)
+    move(tmp, dst)
 
 
 def is_side_file(path: Path) -> bool:
@@ -278,92 +278,14 @@ def check_inside(root: Path, path: Path) -> None:
                          "read it", file=str(path))
 
 
-# link() failures that mean "links are not possible here", where a copy is the right fallback
-_NO_LINK_ERRNOS = (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EACCES)
-# clone / copy_file_range failures after which a plain read-write copy is the right fallback
-_NO_FAST_COPY = (errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EINVAL, errno.EPERM,
-                 errno.ENOTTY, errno.EBADF)
-_FICLONE = 0x40049409  # linux/fs.h: _IOW(0x94, 9, int)
-
-
-def _reflink(fin, fout) -> bool:
-    if not sys.platform.startswith("linux"):
-        return False
-    import fcntl
-
-    try:
-        fcntl.ioctl(fout.fileno(), _FICLONE, fin.fileno())
-        return True
-    except OSError as exc:
-        if exc.errno in _NO_FAST_COPY:
-            return False
-        raise
-
-
-def _copy_range(fin, fout, size: int) -> bool:
-    if not hasattr(os, "copy_file_range"):
-        return False
-    done = 0
-    while done < size:
-        try:
-            n = os.copy_file_range(fin.fileno(), fout.fileno(), size - done)
-        except OSError as exc:
-            if done == 0 and exc.errno in _NO_FAST_COPY:
-                return False
-            raise
-        if n == 0:  # the source shrank under us, or the call copies nothing here: finish with read/write
-            break
-        done += n
-    if done < size:
-        fin.seek(done)
-        fout.seek(done)
-        shutil.copyfileobj(fin, fout, 1 << 20)
-    return True
-
-
-def copy_file(src: Path, dst: Path) -> str:
-    """Copy `src` to a new file `dst` (never the same inode); returns "reflink", "copy_file_range" or "copy".
-
-    A reflink shares disk blocks copy-on-write (btrfs, XFS, bcachefs): writing either file later leaves
-    the other as it was, unlike a hard link. Permission bits and times are copied too.
-    """
-    size = os.stat(src).st_size
-    with open(src, "rb") as fin, open(dst, "xb") as fout:
-        if _reflink(fin, fout):
-            how = "reflink"
-        elif _copy_range(fin, fout, size):
-            how = "copy_file_range"
-        else:
-            shutil.copyfileobj(fin, fout, 1 << 20)
-            how = "copy"
-    shutil.copystat(src, dst)
-    return how
-
-
-def link_or_copy(src: Path, dst: Path, *, link: bool = False) -> bool:
-    """Copy src to dst (`copy_file`); with link=True hard-link instead where possible. True if linked.
-
-    Hard links share the file: editing either path in place changes both. Commands only link when
-    the user asked (`--link`).
-    """
-    if link:
-        try:
-            os.link(src, dst)
-            return True
-        except OSError as exc:
-            if exc.errno not in _NO_LINK_ERRNOS:
-                raise
-    copy_file(src, dst)
-    return False
-
-
 def copy_side_files(src: str | Path, dst: str | Path) -> list[str]:
-    """Copy top-level non-weight files of `src` into `dst`; returns the names copied."""
+    """Copy top-level non-weight files of `src` into `dst` (kvtool.io.outputfile.copy_source: each from one
+    descriptor, checked unchanged after the copy); returns the names copied."""
     src, dst = Path(src), Path(dst)
     copied: list[str] = []
     for p in sorted(src.iterdir()):
         if p.is_file() and is_side_file(p):
             check_inside(src, p)
-            copy_file(p, dst / p.name)
+            copy_source(p, dst / p.name)
             copied.append(p.name)
     return copied

@@ -30,6 +30,7 @@ from math import prod
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable
 
+from kvtool.io.outputfile import Identity, check_unchanged, create, move, open_new, open_source, write_new
 from kvtool.io.safetensors_header import DTYPE_BYTES
 
 if TYPE_CHECKING:
@@ -210,10 +211,13 @@ def _copy_range(src_fd: int, dst_fd: int, src_off: int, dst_off: int, count: int
         src_off, dst_off, count = src_off + len(buf), dst_off + len(buf), count - len(buf)
 
 
-def _copy_file(src_path: str, dst_fd: int, src_off: int, dst_off: int, count: int) -> None:
-    src_fd = os.open(src_path, os.O_RDONLY)
+def _copy_file(src_path: str, dst_fd: int, src_off: int, dst_off: int, count: int,
+               expect: Identity | None = None) -> None:
+    """Copy a byte range of a source opened once, as validated (`expect`), and unchanged after the copy."""
+    src_fd, ident = open_source(src_path, expect)
     try:
         _copy_range(src_fd, dst_fd, src_off, dst_off, count)
+        check_unchanged(src_path, ident, src_fd)
     finally:
         os.close(src_fd)
 
@@ -242,11 +246,17 @@ class ShardWriter:
 
     `copy_offsets` (planned mode: name -> absolute offset in its source file) names the tensors
     expected through `copy_from`; the header padding then keeps them page-congruent with their
-    source. It is a hint: any tensor may still be written either way."""
+    source. It is a hint: any tensor may still be written either way.
+
+    `sources` (path -> kvtool.io.outputfile.Identity, as recorded when the source was validated:
+    CheckpointReader.identities) are the files `copy_from` may copy from: each copy opens its source,
+    checks it is still that file, copies from that descriptor and checks it again; `finalize` checks
+    every one once more. A change is SourceChanged (exit 2) and the caller's staged output is removed."""
 
     def __init__(self, out_dir: str | Path, max_shard_size: int = DEFAULT_MAX_SHARD_SIZE,
                  metadata: dict[str, str] | None = None, plan: Iterable[PlannedTensor | tuple] | None = None,
-                 background_copies: bool = False, copy_offsets: dict[str, int] | None = None):
+                 background_copies: bool = False, copy_offsets: dict[str, int] | None = None,
+                 sources: dict[str, Identity] | None = None):
         if max_shard_size <= 0:
             raise ValueError("max_shard_size must be positive")
         self.out_dir = Path(out_dir)
@@ -261,6 +271,7 @@ class ShardWriter:
         self._run: _CopyRun | None = None  # the copy being extended (joined with the next contiguous one)
         self._copier = None  # ThreadPoolExecutor(1), started by the first background copy
         self._pending: list = []
+        self._sources: dict[str, Identity] = dict(sources or {})
         if plan is not None:
             entries = [p if isinstance(p, PlannedTensor) else PlannedTensor(p[0], p[1], tuple(p[2])) for p in plan]
             for e in entries:
@@ -309,7 +320,7 @@ class ShardWriter:
             raise ValueError(f"tensor {name!r}: {nbytes} bytes to copy, the plan needs {self._plan[name].nbytes}")
         dst_off = shard.offsets[name]
         if not self._background:
-            _copy_file(str(src_path), shard.fd, offset, dst_off, nbytes)
+            _copy_file(str(src_path), shard.fd, offset, dst_off, nbytes, self._sources.get(str(src_path)))
             self._done(shard, name)
             return
         shard.written.add(name)  # the shard's fd stays open until finalize: the copy is still to come
@@ -331,7 +342,7 @@ class ShardWriter:
             self._pending.remove(f)
             f.result()
         self._pending.append(self._copier.submit(_copy_file, run.src, run.shard.fd, run.src_off, run.dst_off,
-                                                 run.nbytes))
+                                                 run.nbytes, self._sources.get(run.src)))
 
     def _wait_copies(self) -> None:
         """Run the queued copies and wait for them; the first failure is raised."""
@@ -355,7 +366,7 @@ class ShardWriter:
         if name in shard.written:
             raise ValueError(f"tensor {name!r} written twice")
         if shard.fd is None:
-            shard.fd = os.open(self.out_dir / shard.file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            shard.fd = create(self.out_dir / shard.file)
             _preallocate(shard.fd, len(shard.header) + shard.size)
             _pwrite_all(shard.fd, memoryview(shard.header), 0)
         return shard
@@ -395,7 +406,7 @@ class ShardWriter:
     def _flush(self, shard: _Shard) -> None:
         shard.file = f".kvtool-shard-{len(self._shards):05d}.safetensors"
         _build_header(shard, self.metadata)
-        with open(self.out_dir / shard.file, "wb") as fh:
+        with open_new(self.out_dir / shard.file, binary=True) as fh:
             fh.write(shard.header)
             for e in shard.entries:
                 fh.write(_tensor_bytes(shard.buffered[e.name]))
@@ -421,11 +432,17 @@ class ShardWriter:
                 if s.fd is not None:
                     os.close(s.fd)
                     s.fd = None
+            try:  # every source as validated until the end: what was read or copied is what was checked
+                for path, ident in self._sources.items():
+                    check_unchanged(path, ident)
+            except BaseException:
+                self.abort()
+                raise
         else:
             if self._shards and self._shards[-1].buffered is not None:
                 self._flush(self._shards[-1])
             for shard, fname in zip(self._shards, _shard_names(len(self._shards))):
-                os.replace(self.out_dir / shard.file, self.out_dir / fname)
+                move(self.out_dir / shard.file, self.out_dir / fname)
                 shard.file = fname
         self._finalized = True
         weight_map = {e.name: s.file for s in self._shards for e in s.entries}
@@ -435,7 +452,7 @@ class ShardWriter:
         if len(self._shards) > 1:
             index = {"metadata": {"total_parameters": total_params, "total_size": total_size},
                      "weight_map": weight_map}
-            (self.out_dir / INDEX_NAME).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+            write_new(self.out_dir / INDEX_NAME, json.dumps(index, indent=2, sort_keys=True) + "\n")
             index_file = INDEX_NAME
         return WriteResult([s.file for s in self._shards], index_file, total_size, total_params, dict(sorted(weight_map.items())))
 

@@ -157,6 +157,7 @@ def apply(p: QuantizePlan, *, log=print) -> QuantizeResult:
     from kvtool import __version__
     from kvtool.model import kv_scale_names
     from kvtool.datasets import calibration_texts
+    from kvtool.io.outputfile import identities
     from kvtool.io.staging import staged_output
     from kvtool.runtime.layerwise import describe, open_layerwise, release_free_memory
     from kvtool.quantize.calibrate import calibrate_layers
@@ -217,7 +218,7 @@ def apply(p: QuantizePlan, *, log=print) -> QuantizeResult:
     del model
     with staged_output(Path(dst), force=opts.force, protect=[Path(src)]) as tmp:
         summary = write_output(Path(src), tmp, config=new_config, scales=scales, metadata=meta, provenance=prov,
-                               link=opts.link)
+                               link=opts.link, validated=identities(p.ckpt.headers))
     return QuantizeResult(dst=Path(dst), calibration=result, scale_tensors=summary.scale_tensors,
                           linked=summary.linked, copied=summary.copied, quality=quality, config=new_config)
 

@@ -19,7 +19,7 @@ import torch
 from kvtool.model import kv_scale_names
 from kvtool.errors import InputError
 from kvtool.io.jsonfile import load_json_object
-from kvtool.io.staging import link_or_copy
+from kvtool.io.outputfile import copy_source, make_subdirs, write_new
 
 SCALE_SHARD = "model-kv-scales.safetensors"
 INDEX_NAME = "model.safetensors.index.json"
@@ -51,14 +51,17 @@ def scale_tensors(result, attn_prefix, per_head: bool) -> dict[str, torch.Tensor
 
 
 def write_output(src: Path, tmp: Path, *, config: dict, scales: dict[str, torch.Tensor], metadata: dict[str, str],
-                 provenance: dict, link: bool = False) -> WriteSummary:
-    """Fill the staging folder `tmp` (created by kvtool.io.staging.staged_output)."""
-    from safetensors.torch import save_file
+                 provenance: dict, link: bool = False, validated: dict | None = None) -> WriteSummary:
+    """Fill the staging folder `tmp` (created by kvtool.io.staging.staged_output). `validated` (file name ->
+    kvtool.io.outputfile.Identity): the shards as the plan checked them; each is copied only if it is still
+    that file, before and after its copy."""
+    from safetensors.torch import save
 
     from kvtool.io.reader import CheckpointReader
     from kvtool.io.staging import copy_side_files
 
-    with CheckpointReader(src) as reader:
+    with CheckpointReader(src, expect=validated) as reader:
+        expect = {f: reader.identities[str(reader.folder / f)] for f in reader.files}
         files = reader.files
         weight_map = {name: reader.info(name).file for name in reader.names()}
         total_size = reader.total_bytes
@@ -75,10 +78,10 @@ def write_output(src: Path, tmp: Path, *, config: dict, scales: dict[str, torch.
         raise InputError(f"already has a {SCALE_SHARD}; start from the checkpoint without KV scales", file=str(src / SCALE_SHARD))
     linked, copied = [], []
     for f in files:
-        target = tmp / f
-        target.parent.mkdir(parents=True, exist_ok=True)
-        (linked if link_or_copy(src / f, target, link=link) else copied).append(f)
-    save_file(scales, str(tmp / SCALE_SHARD), metadata={"format": "pt", **metadata})
+        make_subdirs(tmp, Path(f).parent)
+        how = copy_source(src / f, tmp / f, expect=expect[f], link=link)
+        (linked if how == "link" else copied).append(f)
+    write_new(tmp / SCALE_SHARD, save(scales, metadata={"format": "pt", **metadata}))
     for name in scales:
         weight_map[name] = SCALE_SHARD
     scale_bytes = sum(t.numel() * t.element_size() for t in scales.values())
@@ -86,9 +89,9 @@ def write_output(src: Path, tmp: Path, *, config: dict, scales: dict[str, torch.
     if "total_parameters" in meta:
         meta["total_parameters"] = int(meta["total_parameters"]) + sum(t.numel() for t in scales.values())
     index = {"metadata": meta, "weight_map": dict(sorted(weight_map.items()))}
-    (tmp / INDEX_NAME).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    (tmp / "config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    write_new(tmp / INDEX_NAME, json.dumps(index, indent=2, sort_keys=True) + "\n")
+    write_new(tmp / "config.json", json.dumps(config, indent=2, ensure_ascii=False) + "\n")
     side = copy_side_files(src, tmp)
-    (tmp / "kvtool.json").write_text(json.dumps(provenance, indent=2) + "\n", encoding="utf-8")
+    write_new(tmp / "kvtool.json", json.dumps(provenance, indent=2) + "\n")
     return WriteSummary(dst=tmp, linked=linked, copied=copied, scale_shard=SCALE_SHARD,
                         scale_tensors={n: tuple(t.shape) for n, t in scales.items()}, side_files=side)

@@ -12,7 +12,6 @@ with --force.
 from __future__ import annotations
 
 import json
-import os
 import platform
 import shutil
 import time
@@ -22,6 +21,7 @@ from typing import Callable
 
 from kvtool import __version__
 from kvtool.errors import GateFailed, InputError, KvtoolError, UsageError
+from kvtool.io import outputfile
 from kvtool.model.preflight import preflight
 from kvtool.model.numbers import require_valid_numbers
 from kvtool.recipes.load import Recipe, Step, load_recipe
@@ -48,6 +48,7 @@ class RunContext:
     work: Path  # scratch folder next to DST
     device: str = "auto"
     progress: bool | None = None
+    validated: dict = field(default_factory=dict)  # SRC's weight files as the recipe's plan checked them
 
     def new_folder(self, step: Step) -> Path:
         return self.work / f"step{step.index}-{step.kind}"
@@ -84,9 +85,8 @@ def run_convert_step(ctx: RunContext, step: Step) -> StepResult:
         if len(files) > 1:  # the aware method reads one file: join them
             from kvtool.datasets import read_text_file
 
-            joined = ctx.work / "text" / f"step{step.index}-calib.txt"
-            joined.parent.mkdir(parents=True, exist_ok=True)
-            joined.write_text("\n\n".join(read_text_file(f, "calib_text") for f in files), encoding="utf-8")
+            joined = outputfile.make_subdirs(ctx.work, "text") / f"step{step.index}-calib.txt"
+            outputfile.write_new(joined, "\n\n".join(read_text_file(f, "calib_text") for f in files))
             files = [str(joined)]
         o.calib_text, o.calib_dataset = files[0], None
     shard_bytes, method_obj = check_options(o.max_shard_size, o.method, method_options(o))  # the command's checks
@@ -197,7 +197,7 @@ def apply_recipe(recipe_path: str | Path, src: str | Path, dst: str | Path, *, d
     """Validate the whole recipe, then run it. Returns the report; raises GateFailed on a failed gate."""
     recipe = load_recipe(recipe_path)
     src = Path(src)
-    plan = _plan(recipe, src)
+    plan, validated = _plan(recipe, src)
     echo(f"recipe {recipe.name} ({recipe.path}): {len(recipe.steps)} step(s)")
     for step, desc in zip(recipe.steps, plan):
         echo(f"  {step.index}. {step.kind}: {desc}")
@@ -210,10 +210,11 @@ def apply_recipe(recipe_path: str | Path, src: str | Path, dst: str | Path, *, d
     kept = dst.parent / f"{dst.name}.intermediate"
     if keep_intermediate:
         _check_intermediate(kept, force=force, src=src)
-    dst.parent.mkdir(parents=True, exist_ok=True)
+    outputfile.make_parents(dst.parent)
     sweep_stale(dst.parent, dst.name)
     work = make_staging_dir(dst.parent, dst.name, "work")
-    ctx = RunContext(recipe=recipe, src=src, current=src, work=work, device=device, progress=progress)
+    ctx = RunContext(recipe=recipe, src=src, current=src, work=work, device=device, progress=progress,
+                     validated=validated)
     report = {"kvtool_report_version": 1, "recipe": {"path": str(recipe.path), "name": recipe.name,
               "description": recipe.description}, "source": str(src), "destination": str(dst),
               "versions": _versions(), "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -224,6 +225,8 @@ def apply_recipe(recipe_path: str | Path, src: str | Path, dst: str | Path, *, d
             echo(f"[{step.index}/{len(recipe.steps)}] {step.kind} ...")
             t0 = time.perf_counter()
             try:
+                if ctx.current == ctx.src:  # the steps so far only read SRC: still the weights the plan checked
+                    outputfile.check_files_unchanged(src, ctx.validated)
                 with scratch_outputs():  # a step's folder is scratch: an interrupted run has not written it
                     res = RUNNERS[step.kind](ctx, step)
             except KvtoolError as exc:  # name DST, not the hidden work folder the steps write into
@@ -252,8 +255,9 @@ def apply_recipe(recipe_path: str | Path, src: str | Path, dst: str | Path, *, d
     return report
 
 
-def _plan(recipe: Recipe, src: Path) -> list[str]:
-    """The recipe's plan on SRC: every step's refusals, before any work."""
+def _plan(recipe: Recipe, src: Path) -> tuple[list[str], dict]:
+    """The recipe's plan on SRC: every step's refusals, before any work; and SRC's weight files as checked
+    (kvtool.io.outputfile.identities)."""
     if not src.is_dir():
         raise InputError("SRC must be a model folder", file=str(src))
     # steps that load the source with transformers refuse checkpoint code up front, as their commands do first
@@ -261,7 +265,7 @@ def _plan(recipe: Recipe, src: Path) -> list[str]:
     loads_model = any(s.kind in ("quantize-kv", "eval") for s in recipe.steps)
     ckpt = preflight(src, model_code=loads_model, require_weights=False)
     require_valid_numbers(build_spec(ckpt.config), str(ckpt.config_path))
-    return plan_recipe(recipe, ckpt)
+    return plan_recipe(recipe, ckpt), outputfile.identities(ckpt.headers)
 
 
 def _dispose_work(work: Path, kept: Path | None, dst: Path, *, force: bool, echo: Callable[[str], None]) -> None:
@@ -276,7 +280,7 @@ def _dispose_work(work: Path, kept: Path | None, dst: Path, *, force: bool, echo
         shutil.rmtree(kept)
     if kept.exists():  # appeared while we worked: keep both, never delete it
         kept = _unique(dst.parent, f"{dst.name}.intermediate", "")
-    os.replace(work, kept)
+    outputfile.move(work, kept)
     echo(f"intermediate folders kept in {kept}")
 
 
@@ -313,14 +317,7 @@ def _unique(parent: Path, stem: str, suffix: str) -> Path:
 
 def _write_new(parent: Path, stem: str, suffix: str, text: str) -> Path:
     """Write text to a new file (never over an existing file or through a symlink); returns its path."""
-    while True:
-        path = _unique(parent, stem, suffix)
-        try:
-            with open(path, "x", encoding="utf-8") as fh:  # O_EXCL: fails on anything already there
-                fh.write(text)
-            return path
-        except FileExistsError:
-            continue  # created between the check and the open: take the next name
+    return outputfile.create_first_free(lambda n: parent / (f"{stem}.{n}{suffix}" if n else f"{stem}{suffix}"), text)
 
 
 def _why(res: StepResult) -> str:
@@ -340,19 +337,20 @@ def _finish(ctx: RunContext, dst: Path, report: dict, *, force: bool) -> None:
     with staged_output(dst, force=force, protect=[ctx.src]) as tmp:
         final = ctx.current
         if final == ctx.src:
-            _copy_tree(final, tmp)
+            _copy_tree(final, tmp, ctx.validated)
         else:
             for item in final.iterdir():
-                os.replace(item, tmp / item.name)
-        (tmp / "kvtool-report.json").write_text(json.dumps(report, indent=2, default=str) + "\n", encoding="utf-8")
-        (tmp / "kvtool-report.md").write_text(render_markdown(report), encoding="utf-8")
+                outputfile.move(item, tmp / item.name)
+        outputfile.write_new(tmp / "kvtool-report.json", json.dumps(report, indent=2, default=str) + "\n")
+        outputfile.write_new(tmp / "kvtool-report.md", render_markdown(report))
 
 
-def _copy_tree(src: Path, dst: Path) -> None:
-    """The source's top-level files, copied (never hard-linked: DST must not share an inode with SRC)."""
-    from kvtool.io.staging import check_inside, copy_file
+def _copy_tree(src: Path, dst: Path, validated: dict) -> None:
+    """The source's top-level files, copied (never hard-linked: DST must not share an inode with SRC); the
+    weight files only while they are the ones `validated` describes."""
+    from kvtool.io.staging import check_inside
 
     for item in sorted(src.iterdir()):
         if item.is_file():
             check_inside(src, item)
-            copy_file(item, dst / item.name)
+            outputfile.copy_source(item, dst / item.name, expect=validated.get(item.name))

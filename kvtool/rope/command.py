@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 from typing import Callable
 
 from kvtool.model.checkpoint import open_checkpoint
 from kvtool.model.preflight import preflight
 from kvtool.errors import EXIT_OK, InputError, UsageError
-from kvtool.io.jsonfile import atomic_write_text, dump_json_like
+from kvtool.io.jsonfile import dump_json_like
+from kvtool.io import outputfile
 from kvtool.model.numbers import require_valid_numbers
 from kvtool.model.spec import build_spec
 from kvtool.options.rope import RopeOptions
@@ -106,47 +106,63 @@ def run(a: RopeOptions, echo: Callable[[str], None] = print) -> int:
 
 
 def _plot(path: str, before, after, title: str) -> None:
-    target = Path(path)
-    tmp = target.with_name(f".{target.name}.kvtool-tmp-{os.getpid()}.png")
-    try:
-        sh.plot(str(tmp), before, after, title)
-        os.replace(tmp, target)
+    try:  # rendered into a fresh file beside the target, renamed over it when complete
+        outputfile.replace(path, lambda fh: sh.plot(fh, before, after, title))
     except OSError as exc:
         raise UsageError(f"cannot write the plot: {exc.strerror or exc}", file=path) from None
-    finally:
-        if tmp.exists():
-            tmp.unlink()
 
 
 def _write_in_place(ckpt, text: str) -> str:
     if ckpt.hub:
         raise UsageError("--in-place needs a local model folder or config.json, not a hub id", file=ckpt.source)
     cfg = ckpt.config_path
-    backup = cfg.with_name(cfg.name + ".bak")
-    n = 1
-    while backup.exists():
-        backup = cfg.with_name(f"{cfg.name}.bak.{n}")
-        n += 1
+    if cfg.is_symlink():  # renaming over it would replace the link, writing to it would edit its target
+        raise UsageError("is a symlink; --in-place never edits through a link (write the change to a DST)",
+                         file=str(cfg))
     try:
-        shutil.copy2(cfg, backup)
-        atomic_write_text(cfg, text)
+        original, ident = _validated_bytes(cfg, ckpt.config_doc.text)
+        # config.json.bak, .bak.1, ...: a new file each time (a link planted at a name counts as taken)
+        backup = outputfile.create_first_free(
+            lambda n: cfg.with_name(f"{cfg.name}.bak" + (f".{n}" if n else "")), original)
+        try:
+            outputfile.check_unchanged(cfg, ident)  # still the file planned on and backed up
+            outputfile.replace(cfg, text)
+        except BaseException:
+            backup.unlink()
+            raise
     except OSError as exc:
         raise InputError(f"cannot write: {exc.strerror or exc}; {cfg.name} is unchanged", file=str(cfg)) from None
     return f"{cfg} rewritten (backup: {backup.name})"
 
 
+def _validated_bytes(cfg: Path, text: str) -> tuple[bytes, "outputfile.Identity"]:
+    """config.json's bytes for the backup, read once, and its identity; the bytes must still be the text the
+    change was planned on."""
+    fd, ident = outputfile.open_source(cfg)
+    limit = len(text.encode("utf-8")) + 3  # the text read, and a BOM: anything longer has changed
+    data = b""
+    try:
+        while len(data) <= limit and (chunk := os.pread(fd, limit + 1 - len(data), len(data))):
+            data += chunk
+    finally:
+        os.close(fd)
+    if len(data) > limit or data.decode("utf-8-sig", "replace") != text:
+        raise outputfile.SourceChanged(cfg, ident, outputfile.identity_of(os.stat(cfg)))
+    return data, ident
+
+
 def _write_dst(ckpt, dst: Path, text: str, *, link: bool = False) -> str:
-    from kvtool.io.staging import check_destination, check_inside, link_or_copy, staged_output
+    from kvtool.io.staging import check_destination, check_inside, staged_output
 
     if ckpt.hub:
         raise UsageError("writing needs a local model folder; download it first (huggingface-cli download)",
                          file=ckpt.source)
     if ckpt.root is None and dst.suffix == ".json":
         # a lone config.json in, a lone config.json out
-        if dst.exists():
+        if dst.exists() or dst.is_symlink():
             raise UsageError("destination exists; choose another name", file=str(dst))
         try:
-            atomic_write_text(dst, text)
+            outputfile.write_new(dst, text)
         except OSError as exc:
             raise InputError(f"cannot write: {exc.strerror or exc}", file=str(dst)) from None
         return f"{dst} written"
@@ -158,18 +174,19 @@ def _write_dst(ckpt, dst: Path, text: str, *, link: bool = False) -> str:
     if dst.is_dir() and any(dst.iterdir()):  # rope has no --force (staging's message names it): never replaces
         raise UsageError("destination folder is not empty; give a new or empty DST, or --in-place", file=str(dst))
     linked = copied = 0
+    validated = outputfile.identities(ckpt.headers)  # the weights as preflight checked them
     with staged_output(dst, protect=protect) as tmp:
-        (tmp / "config.json").write_text(text, encoding="utf-8")
+        outputfile.write_new(tmp / "config.json", text)
         if ckpt.root is not None:
             for p in sorted(ckpt.root.rglob("*")):
                 rel = p.relative_to(ckpt.root)
                 if rel.parts[0].startswith(".") or rel == Path("config.json") or not p.is_file():
                     continue
                 check_inside(ckpt.root, p)
-                out = tmp / rel
-                out.parent.mkdir(parents=True, exist_ok=True)
+                outputfile.make_subdirs(tmp, rel.parent)
                 # a copy (reflink where the file system can) by default: editing DST never changes SRC
-                if link_or_copy(p, out, link=link):
+                how = outputfile.copy_source(p, tmp / rel, expect=validated.get(rel.as_posix()), link=link)
+                if how == "link":
                     linked += 1
                 else:
                     copied += 1

@@ -121,8 +121,9 @@ def describe(before: RopeState, after: RopeState | None = None, *, original: int
     return "\n".join(lines)
 
 
-def plot(path: str, before: RopeState, after: RopeState | None, title: str) -> None:
-    """Wavelength against frequency pair, before and after, log scale."""
+def plot(out, before: RopeState, after: RopeState | None, title: str) -> None:
+    """Wavelength against frequency pair, before and after, log scale, as PNG into `out` (an open binary file
+    from kvtool.io.outputfile)."""
     try:
         import matplotlib
 
@@ -146,8 +147,6 @@ def plot(path: str, before: RopeState, after: RopeState | None, title: str) -> N
     ax.legend()
     fig.tight_layout()
     try:
-        fig.savefig(path, dpi=100)
-    except OSError as exc:
-        raise UsageError(f"cannot write the plot: {exc.strerror or exc}", file=path) from None
+        fig.savefig(out, dpi=100, format="png")
     finally:
         plt.close(fig)

@@ -116,30 +116,6 @@ def test_copy_side_files_skips_weights_config_and_index(tmp_path):
     assert sorted(p.name for p in dst.iterdir()) == copied
 
 
-def test_link_or_copy_copies_by_default_and_links_only_when_asked(tmp_path, monkeypatch):
-    from kvtool.io.staging import link_or_copy
-
-    src = tmp_path / "a.bin"
-    src.write_bytes(b"weights")
-    assert link_or_copy(src, tmp_path / "copied.bin") is False
-    assert (tmp_path / "copied.bin").read_bytes() == b"weights"
-    assert os.stat(tmp_path / "copied.bin").st_ino != os.stat(src).st_ino
-    assert link_or_copy(src, tmp_path / "linked.bin", link=True) is True
-    assert os.stat(tmp_path / "linked.bin").st_ino == os.stat(src).st_ino
-
-    def fail(code):
-        def _link(a, b):
-            raise OSError(code, os.strerror(code))
-        return _link
-
-    monkeypatch.setattr(os, "link", fail(errno.EXDEV))  # another filesystem: copy
-    assert link_or_copy(src, tmp_path / "xdev.bin", link=True) is False
-    assert (tmp_path / "xdev.bin").read_bytes() == b"weights"
-    monkeypatch.setattr(os, "link", fail(errno.EIO))  # a real I/O error is not hidden by a copy
-    with pytest.raises(OSError):
-        link_or_copy(src, tmp_path / "eio.bin", link=True)
-
-
 def test_errors_name_dst_not_the_staging_folder(tmp_path):
     dst = tmp_path / "out"
     with pytest.raises(InputError) as e:

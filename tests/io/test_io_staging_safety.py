@@ -12,7 +12,7 @@ import pytest
 
 from kvtool.errors import InputError, UsageError
 from kvtool.io import staging
-from kvtool.io.staging import (MARKER, check_destination, check_inside, copy_file, interrupted_line,
+from kvtool.io.staging import (MARKER, check_destination, check_inside, interrupted_line,
                                scratch_outputs, stale_staging_dirs, staged_output, sweep_stale)
 
 
@@ -52,45 +52,6 @@ def test_symlink_loop_destination_is_one_line_usage_error(tmp_path, src):
     with pytest.raises(UsageError) as ei:
         check_destination(tmp_path / "loop" / "out", force=False, protect=[src])
     assert "\n" not in ei.value.line()
-
-
-def test_copy_file_never_shares_the_inode_and_keeps_bytes(tmp_path):
-    a = tmp_path / "a.safetensors"
-    a.write_bytes(os.urandom(3 << 20) + b"tail")
-    how = copy_file(a, tmp_path / "b.safetensors")
-    assert how in ("reflink", "copy_file_range", "copy")
-    b = tmp_path / "b.safetensors"
-    assert b.read_bytes() == a.read_bytes()
-    assert os.stat(a).st_ino != os.stat(b).st_ino
-    b.write_bytes(b"changed")  # editing the copy leaves the source alone
-    assert a.read_bytes().endswith(b"tail")
-    with pytest.raises(FileExistsError):  # never writes over an existing file
-        copy_file(a, b)
-
-
-def test_copy_file_falls_back_to_plain_copy(tmp_path, monkeypatch):
-    monkeypatch.setattr(staging, "_reflink", lambda fin, fout: False)
-    monkeypatch.delattr(os, "copy_file_range", raising=False)
-    a = tmp_path / "a"
-    a.write_bytes(b"x" * 100_000)
-    assert copy_file(a, tmp_path / "b") == "copy"
-    assert (tmp_path / "b").read_bytes() == a.read_bytes()
-
-
-def test_copy_file_range_short_copy_is_finished_by_read_write(tmp_path, monkeypatch):
-    monkeypatch.setattr(staging, "_reflink", lambda fin, fout: False)
-    real = os.copy_file_range
-    calls = []
-
-    def one_chunk_then_nothing(fi, fo, n, *a):
-        calls.append(n)
-        return real(fi, fo, min(n, 1000)) if len(calls) == 1 else 0
-
-    monkeypatch.setattr(os, "copy_file_range", one_chunk_then_nothing)
-    a = tmp_path / "a"
-    a.write_bytes(os.urandom(50_000))
-    copy_file(a, tmp_path / "b")
-    assert (tmp_path / "b").read_bytes() == a.read_bytes()
 
 
 def test_copy_side_files_refuses_a_symlink_leading_outside(tmp_path, src):

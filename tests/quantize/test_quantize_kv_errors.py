@@ -93,20 +93,23 @@ def test_refuses_writing_into_the_source(capsys, tiny):
 def test_a_failure_while_writing_leaves_no_destination_and_the_source_intact(tiny, tmp_path, monkeypatch):
     import errno
 
-    import safetensors.torch
     import torch
 
+    import kvtool.quantize.write as write_mod
     from kvtool.errors import InputError
     from kvtool.io.staging import staged_output
     from kvtool.quantize.write import write_output
 
     src, _ = tiny
     before = {p.name: p.read_bytes() for p in src.iterdir()}
+    real = write_mod.write_new
 
-    def full_disk(*a, **k):
-        raise OSError(errno.ENOSPC, "No space left on device")
+    def full_disk(path, data):
+        if path.name == write_mod.SCALE_SHARD:  # the scale shard: after the source shards were copied
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(path, data)
 
-    monkeypatch.setattr(safetensors.torch, "save_file", full_disk)
+    monkeypatch.setattr(write_mod, "write_new", full_disk)
     dst = tmp_path / "out"
     with pytest.raises(InputError) as e:
         with staged_output(dst, protect=[src]) as tmp:
