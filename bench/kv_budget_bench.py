@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -107,6 +108,10 @@ def main() -> int:
     print("| checkpoint | kvtool kv-budget (s) | modelinfo --vllm (s) | ratio kvtool/modelinfo | kvtool in-process (ms) |")
     print("| --- | ---: | ---: | ---: | ---: |")
     with tempfile.TemporaryDirectory() as tmp:
+        # from bytecode, as an installed package runs (the warm-up call writes kvtool's), in any shell
+        os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+        os.environ["PYTHONPYCACHEPREFIX"] = str(Path(tmp) / "pycache")
+        print(f"load average {os.getloadavg()[0]:.1f}")
         for folder in args.model or default_models(Path(tmp)):
             files = sorted(folder.glob("*.safetensors"))
             k_cmd = [*kvtool, "kv-budget", str(folder), "--gpu", "RTX-4090", "--max-model-len", "32768"]

@@ -1,7 +1,8 @@
 """Cold `kvtool lint` on a model folder vs transformers.AutoConfig and modelinfo-cli on the same folder.
 
 Every measurement is a fresh process (cold interpreter, warm OS file cache), interleaved, median of
---repeat runs after one warm-up each. Two clocks: wall time (what a CI job waits) and CPU time
+--repeat runs after one warm-up each. Python runs from bytecode, as an installed package does: the warm-up
+writes kvtool's to a scratch PYTHONPYCACHEPREFIX, even in a shell with PYTHONDONTWRITEBYTECODE=1. Two clocks: wall time (what a CI job waits) and CPU time
 (user + sys of the child, from wait4: robust on a shared, oversubscribed machine).
 
 Checkpoints:
@@ -11,7 +12,7 @@ Checkpoints:
                        header-only tools see exactly what they would on the hub checkpoint.
   smollm2-135m         the cached real SmolLM2-135M fixture (kvtool.testing.fixtures), when present.
 
-    python bench/lint_bench.py [--repeat 7] [--json out.json]
+    python bench/lint_bench.py [--repeat 7] [--json out.json] [--ref /work/main]
 """
 
 from __future__ import annotations
@@ -83,9 +84,14 @@ def build_llama_layout(root: Path, shards: int = 4) -> Path:
 
 
 def _run(cmd: list[str], cwd: Path) -> tuple[float, float, int]:
-    """(wall s, cpu s, exit code) of one fresh process."""
+    """(wall s, cpu s, exit code) of one fresh process, from bytecode (a scratch PYTHONPYCACHEPREFIX).
+    A command that starts with PYTHONPATH=DIR runs with that PYTHONPATH (another checkout: --ref)."""
+    env = {**os.environ, "PYTHONPYCACHEPREFIX": str(cwd / "pycache")}
+    if cmd[0].startswith("PYTHONPATH="):
+        env["PYTHONPATH"], cmd = cmd[0].split("=", 1)[1], cmd[1:]
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     _pid, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - t0
     proc.returncode = os.waitstatus_to_exitcode(status)
@@ -124,6 +130,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--repeat", type=int, default=7)
     ap.add_argument("--json", type=Path, help="also write the results here")
+    ap.add_argument("--ref", type=Path, help="also time `kvtool lint` from this checkout (e.g. /work/main: before / after)")
     args = ap.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="kvtool-lint-bench-") as tmp:
@@ -148,18 +155,36 @@ def main() -> None:
             }
             if modelinfo:
                 tools["modelinfo (modelinfo-cli)"] = [modelinfo, *shards]
+            if args.ref:
+                tools["kvtool lint @ref"] = [f"PYTHONPATH={args.ref.resolve()}", *tools["kvtool lint"]]
+            load = os.getloadavg()
             res = measure(tools, args.repeat, tmp_path)
             res["kvtool in-process"] = {"ms": in_process_ms(folder, args.repeat)}
+            res["load average"] = {"before": load[0], "after": os.getloadavg()[0]}
             results[label] = res
             base = res["kvtool lint"]
-            print(f"\n{label}: {folder}  ({len(shards)} shard(s))")
+            print(f"\n{label}: {folder}  ({len(shards)} shard(s)); load average {load[0]:.1f} -> "
+                  f"{os.getloadavg()[0]:.1f}")
             print(f"{'tool':30} {'wall s':>8} {'cpu s':>8} {'wall x kvtool':>14} {'cpu x kvtool':>13}  exit")
             for name, r in res.items():
+                if "before" in r:
+                    continue
                 if "ms" in r:
                     print(f"{name:30} {r['ms'] / 1000:8.4f}")
                     continue
                 print(f"{name:30} {r['wall_s']:8.3f} {r['cpu_s']:8.3f} {r['wall_s'] / base['wall_s']:14.2f} "
                       f"{r['cpu_s'] / base['cpu_s']:13.2f}  {r['exit_codes']}")
+            ref = res.get("modelinfo (modelinfo-cli)")
+            if "kvtool lint @ref" in res and ref:
+                old = res["kvtool lint @ref"]
+                print(f"kvtool @ref / modelinfo: {old['wall_s'] / ref['wall_s']:.2f}x wall, "
+                      f"{old['cpu_s'] / ref['cpu_s']:.2f}x CPU")
+            if ref:
+                print(f"kvtool / modelinfo: {base['wall_s'] / ref['wall_s']:.2f}x wall, "
+                      f"{base['cpu_s'] / ref['cpu_s']:.2f}x CPU (goal <= 2)")
+            auto = res["AutoConfig.from_pretrained"]
+            print(f"AutoConfig / kvtool: {auto['wall_s'] / base['wall_s']:.1f}x wall, "
+                  f"{auto['cpu_s'] / base['cpu_s']:.1f}x CPU (goal >= 15)")
         if args.json:
             args.json.write_text(json.dumps(results, indent=2) + "\n")
 

@@ -1,8 +1,10 @@
 """The `kvtool` command line. Each command lives in kvtool/commands/<name>.py, listed in COMMANDS.modules, and
 registers itself (`@COMMANDS.register(name)` on its `register(app)`); a listed module that is missing is an error.
 
-Heavy libraries (torch, transformers) are imported inside the commands that need them, so
-`kvtool lint`, `kvtool kv-budget` and `kvtool rope` start fast.
+Heavy libraries (torch, transformers) are imported inside the commands that need them, and `kvtool lint`,
+`kvtool kv-budget` and `kvtool rope` run without typer and click (`kvtool convert` without the typer app)
+when kvtool/commands/argv.py reads their command line (the typer app, `app`, is built on first use), so
+they start fast.
 """
 
 from __future__ import annotations
@@ -13,41 +15,53 @@ import os
 import signal
 import sys
 
-import typer
-
 from kvtool import console
-from kvtool.commands import COMMANDS
 from kvtool.errors import EXIT_INPUT, KvtoolError, one_line
 
-app = typer.Typer(
-    name="kvtool",
-    help="Make LLM checkpoints safe and cheap to serve: lint, KV budget, GQA/MQA conversion, RoPE, FP8 KV, eval.",
-    add_completion=False,
-    no_args_is_help=True,
-    pretty_exceptions_enable=False,
-    rich_markup_mode=None,
-    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 120, "terminal_width": 110},
-)
+
+@functools.cache
+def _typer_app():
+    """The typer app with every command of kvtool.commands.COMMANDS (imports typer, click and every command)."""
+    import typer
+
+    from kvtool.commands import COMMANDS
+
+    app = typer.Typer(
+        name="kvtool",
+        help="Make LLM checkpoints safe and cheap to serve: lint, KV budget, GQA/MQA conversion, RoPE, FP8 KV, eval.",
+        add_completion=False,
+        no_args_is_help=True,
+        pretty_exceptions_enable=False,
+        rich_markup_mode=None,
+        context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 120, "terminal_width": 110},
+    )
+
+    @app.callback()
+    def _root(
+        version: bool = typer.Option(False, "--version", help="Print the kvtool version and exit.",
+                                     callback=_print_version, is_eager=True),
+    ) -> None:
+        """Make LLM checkpoints safe and cheap to serve."""
+
+    for register in COMMANDS.values():
+        register(app)
+    return app
+
+
+def __getattr__(name: str):
+    if name == "app":  # `from kvtool.cli import app`: the typer app, built on first use
+        return _typer_app()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _print_version(value: bool) -> None:
     if value:
+        import typer
+
         from kvtool import __version__
 
         console.out(f"kvtool {__version__}")
         raise typer.Exit(0)
-
-
-@app.callback()
-def _root(
-    version: bool = typer.Option(False, "--version", help="Print the kvtool version and exit.",
-                                 callback=_print_version, is_eager=True),
-) -> None:
-    """Make LLM checkpoints safe and cheap to serve."""
-
-
-for _register in COMMANDS.values():
-    _register(app)
 
 
 class _ClosedStdin(io.StringIO):
@@ -69,12 +83,48 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str] | None) -> int:
+    from kvtool.commands.argv import direct_call
+
+    staging = sys.modules.get("kvtool.io.staging")  # not imported yet: nothing written (lint imports none)
+    if staging is not None:
+        staging.COMPLETED.clear()  # what this run writes (main() may run several times in one process: tests)
+    try:
+        call = direct_call(sys.argv[1:] if argv is None else argv)  # lint, kv-budget, rope, convert
+        rv = call() if call is not None else _typer_main(argv)
+    except KvtoolError as exc:
+        return _error(f"kvtool: error: {exc.line()}", exc.exit_code)
+    except (KeyboardInterrupt, _CommandInterrupted):  # Ctrl-C, or SIGTERM (kvtool.io.staging.Interrupted)
+        return _interrupted()
+    except BrokenPipeError:
+        return 0
+    except ModuleNotFoundError as exc:
+        from kvtool.deps import missing
+
+        args = sys.argv[1:] if argv is None else argv
+        command = next((a for a in args if not a.startswith("-")), None)
+        err = missing(exc.name or "", f"kvtool {command}" if command else None)
+        if err is None or os.environ.get("KVTOOL_DEBUG"):
+            return _internal(exc)
+        return _error(f"kvtool: error: {err.line()}", err.exit_code)
+    except console.OutputFailed as exc:  # stdout on a full device: say so, and whether DST is written
+        from kvtool.io.staging import COMPLETED
+
+        done = f"; {', '.join(str(p) for p in COMPLETED)} is written" if COMPLETED else ""
+        return _error(f"kvtool: error: {exc.stream}: cannot write: {exc.strerror}{done}", EXIT_INPUT)
+    except OSError as exc:  # the system refused (a name too long, a read-only or vanished place): not a kvtool bug
+        where = f"{exc.filename}: " if exc.filename else ""
+        return _error(f"kvtool: error: {one_line(where + (exc.strerror or str(exc)))}", EXIT_INPUT)
+    except Exception as exc:  # noqa: BLE001 - the contract is one line, not a traceback
+        return _internal(exc)
+    return rv if isinstance(rv, int) else 0
+
+
+def _typer_main(argv: list[str] | None) -> int:
+    """Every command line kvtool/commands/argv.py leaves: typer and click read it (help, usage errors)."""
     import click
+    import typer
 
-    from kvtool.io.staging import COMPLETED
-
-    COMPLETED.clear()  # what this run writes (main() may run several times in one process: tests)
-    cmd = typer.main.get_command(app)
+    cmd = typer.main.get_command(_typer_app())
     for sub in getattr(cmd, "commands", {}).values():
         sub.callback = _carry_interrupts(sub.callback)
     _plain_help(cmd)
@@ -93,32 +143,7 @@ def _main(argv: list[str] | None) -> int:
     except click.ClickException as exc:
         console.out(f"kvtool: error: {one_line(_click_line(exc))}", err=True)
         return EXIT_INPUT
-    except KvtoolError as exc:
-        return _error(f"kvtool: error: {exc.line()}", exc.exit_code)
-    except (KeyboardInterrupt, _CommandInterrupted):  # Ctrl-C, or SIGTERM (kvtool.io.staging.Interrupted)
-        return _interrupted()
-    except BrokenPipeError:
-        return 0
-    except console.OutputFailed as exc:  # stdout on a full device: say so, and whether DST is written
-        from kvtool.io.staging import COMPLETED
-
-        done = f"; {', '.join(str(p) for p in COMPLETED)} is written" if COMPLETED else ""
-        return _error(f"kvtool: error: {exc.stream}: cannot write: {exc.strerror}{done}", EXIT_INPUT)
-    except OSError as exc:  # the system refused (a name too long, a read-only or vanished place): not a kvtool bug
-        where = f"{exc.filename}: " if exc.filename else ""
-        return _error(f"kvtool: error: {one_line(where + (exc.strerror or str(exc)))}", EXIT_INPUT)
-    except ModuleNotFoundError as exc:
-        from kvtool.deps import missing
-
-        args = sys.argv[1:] if argv is None else argv
-        command = next((a for a in args if not a.startswith("-")), None)
-        err = missing(exc.name or "", f"kvtool {command}" if command else None)
-        if err is None or os.environ.get("KVTOOL_DEBUG"):
-            return _internal(exc)
-        return _error(f"kvtool: error: {err.line()}", err.exit_code)
-    except Exception as exc:  # noqa: BLE001 - the contract is one line, not a traceback
-        return _internal(exc)
-    return rv if isinstance(rv, int) else 0
+    return rv
 
 
 class _CommandInterrupted(BaseException):
@@ -202,6 +227,7 @@ def _plain_help(cmd) -> None:
     import inspect
 
     import click
+    import typer
 
     class Formatter(click.HelpFormatter):
         def write_dl(self, rows, *args, **kwargs):
@@ -212,7 +238,7 @@ def _plain_help(cmd) -> None:
         formatter_class = Formatter
 
     arg_help = {}
-    for info in app.registered_commands:
+    for info in _typer_app().registered_commands:
         name = info.name or info.callback.__name__.replace("_", "-")
         arg_help[name] = {p: d.default.help for p, d in inspect.signature(info.callback).parameters.items()
                           if isinstance(d.default, typer.models.ArgumentInfo) and d.default.help}

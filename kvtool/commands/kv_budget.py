@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
-import typer
+from typing import TYPE_CHECKING
 
 from kvtool import console
 from kvtool.commands.options_cli import command
 from kvtool.errors import EXIT_FINDINGS, EXIT_OK
 from kvtool.options.kv_budget import KvBudgetOptions
+
+
+if TYPE_CHECKING:  # typer is imported by the typer CLI only (kvtool/commands/argv.py)
+    import typer
 
 
 def register(app: typer.Typer) -> None:

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
-import typer
+from typing import TYPE_CHECKING
 
 from kvtool import console
 from kvtool.commands.options_cli import command
 from kvtool.errors import EXIT_FINDINGS, EXIT_INPUT, EXIT_OK
 from kvtool.options.lint import LintOptions
+
+
+if TYPE_CHECKING:  # typer is imported by the typer CLI only (kvtool/commands/argv.py)
+    import typer
 
 
 def register(app: typer.Typer) -> None:
@@ -16,11 +20,10 @@ def register(app: typer.Typer) -> None:
                                     "or usage. Defaults come from [tool.kvtool] in the nearest pyproject.toml.")
     def lint(o: LintOptions) -> int:
         from kvtool.output import FORMATS, render
-        from kvtool.recipes.lint import lint_recipe
         from kvtool.rules.run import apply, plan
 
         p = plan(o, formats=tuple(FORMATS))
-        reports = apply(p, by_suffix={".yaml": lint_recipe, ".yml": lint_recipe})
+        reports = apply(p, by_suffix={".yaml": _lint_recipe, ".yml": _lint_recipe})
         if p.format == "text":  # unusable inputs as one line each on stderr, like every other kvtool error
             from kvtool.output.text import error_line
 
@@ -35,3 +38,10 @@ def register(app: typer.Typer) -> None:
         if any(r.failing(p.engine.strict) for r in reports):
             return EXIT_FINDINGS
         return EXIT_OK
+
+
+def _lint_recipe(*args, **kwargs):
+    """kvtool.recipes.lint.lint_recipe, imported (with PyYAML) only when a recipe is linted."""
+    from kvtool.recipes.lint import lint_recipe
+
+    return lint_recipe(*args, **kwargs)

@@ -1,16 +1,18 @@
 """Typer commands generated from an operation's declared options (kvtool/options): the one place that turns a
-field into a flag, and an error that names a field into one that names the flag."""
+field into a flag, and an error that names a field into one that names the flag. typer is imported only to
+build the typer command (kvtool/commands/argv.py runs lint, kv-budget and rope without it)."""
 
 from __future__ import annotations
 
 import functools
 import inspect
-from typing import Any, Callable, List, Optional
-
-import typer
+from typing import TYPE_CHECKING, Any, Callable, List, Optional
 
 from kvtool.errors import KvtoolError
 from kvtool.options.fields import Field, field_named, fields_of
+
+if TYPE_CHECKING:
+    import typer
 
 
 def typer_annotation(f: Field) -> Any:
@@ -24,6 +26,8 @@ def typer_annotation(f: Field) -> Any:
 
 def typer_default(f: Field) -> Any:
     """typer.Argument / typer.Option for a field (its default, flags and help)."""
+    import typer
+
     s = f.spec
     default = ... if f.required else f.default
     extra: dict = {}
@@ -71,7 +75,8 @@ def command(app: typer.Typer, options, help: str, **command_kw) -> Callable:
                 raise
 
         del callback.__wrapped__  # typer reads the generated signature, not body's
-        callback.__signature__, callback.__annotations__ = signature_of(options)
+        if not getattr(app, "direct", False):  # a kvtool.commands.argv.Direct needs no flags
+            callback.__signature__, callback.__annotations__ = signature_of(options)
         app.command(options.COMMAND, help=help, **command_kw)(callback)
         return body
 

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-import typer
+from typing import TYPE_CHECKING
 
 from kvtool import console
 from kvtool.commands.options_cli import command
 from kvtool.options.rope import RopeOptions
+
+
+if TYPE_CHECKING:  # typer is imported by the typer CLI only (kvtool/commands/argv.py)
+    import typer
 
 
 def register(app: typer.Typer) -> None:
