@@ -23,7 +23,7 @@ from kvtool.model.rope.params import (
 )
 from kvtool.model.spec import ModelSpec, build_spec, unwrap
 from kvtool.options.fields import flag_of
-from kvtool.options.rope import LAYOUTS, RopeOptions
+from kvtool.options.rope import RopeOptions
 
 # MLA attention: vLLM and SGLang rewrite any rope_scaling on DeepSeek-style MLA layers to
 # deepseek_yarn (and fold mscale into the softmax scale), so only yarn means what it says there.
@@ -135,8 +135,6 @@ def plan_rope(spec: ModelSpec, opts: RopeOptions, *, source: str = "config.json"
         raise UsageError(f"{name} uses multi-head latent attention (MLA); vLLM and SGLang run every rope_scaling on MLA "
                          f"layers as deepseek_yarn, so only --type {' / '.join(MLA_TYPES)} is supported "
                          f"(asked: {kind.name})", file=source)
-    if req.layout not in LAYOUTS:
-        raise UsageError(f"unknown layout {req.layout!r}; choose one of {', '.join(LAYOUTS)}", option="layout")
     for opt, types in TYPE_OPTIONS.items():
         if req.options.get(opt) is not None and kind.name not in types:
             raise UsageError(f"--{opt.replace('_', '-')} applies to --type {' / '.join(types)} only", option="type")

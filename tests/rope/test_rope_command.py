@@ -185,16 +185,16 @@ def test_in_place_writes_a_backup(tmp_path):
 
 
 @pytest.mark.parametrize("args,needle", [
-    (["--type", "yarn", "--factor", "0.5"], "below 1"),
+    (["--type", "yarn", "--factor", "0.5"], "--factor: must be at least 1, got 0.5"),
     (["--type", "yarn", "--target-context", "1024"], "below 1"),
-    (["--type", "gptj", "--factor", "2"], "cannot apply RoPE type 'gptj'"),
+    (["--type", "gptj", "--factor", "2"], "--type: must be one of linear, dynamic, yarn, longrope, llama3, got 'gptj'"),
     (["--type", "yarn"], "--factor F or --target-context N"),
     (["--type", "yarn", "--factor", "2", "--target-context", "8192"], "not both"),
     (["--type", "llama3", "--factor", "2", "--beta-fast", "8"], "--beta-fast applies to --type yarn"),
     (["--type", "linear", "--factor", "2", "--layer-type", "sliding_attention"], "no 'sliding_attention' layers"),
     (["--type", "linear", "--factor", "2", "--layer-type", "sliding_attention"], "one RoPE for all layers"),
     (["--type", "llama3", "--factor", "2", "--low-freq-factor", "4", "--high-freq-factor", "1"], "KV208"),
-    (["--type", "yarn", "--factor", "2", "--layout", "both3"], "unknown layout"),
+    (["--type", "yarn", "--factor", "2", "--layout", "both3"], "--layout: must be one of both, legacy, v5, got 'both3'"),
 ])
 def test_refusals_exit_2_and_write_nothing(tmp_path, capsys, args, needle):
     # the second --layer-type case runs on a model with sliding layers that share one RoPE (mistral style)
