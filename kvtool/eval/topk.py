@@ -39,7 +39,8 @@ def kld(base: Mapping[str, float], cand: Mapping[str, float], k: int) -> float:
     keys = list(base)
     p = np.exp(np.array([base[v] for v in keys], dtype=np.float64))
     missing = [i for i, v in enumerate(keys) if v not in cand]
-    q = np.array([math.exp(cand[v]) if v in cand else 0.0 for v in keys], dtype=np.float64)
+    # the same exp as p's: identical answers give exactly 0
+    q = np.exp(np.array([cand.get(v, -np.inf) for v in keys], dtype=np.float64))
     if missing:
         left = max(1.0 - float(np.exp(np.array(list(cand.values()), dtype=np.float64)).sum()), 0.0)
         q[missing] = min(math.exp(kth_largest(cand, k)), left / len(missing))
