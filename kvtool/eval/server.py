@@ -5,6 +5,7 @@ error with the server's own message, a model name it does not serve, a family kv
 
 from __future__ import annotations
 
+import http.client
 import json
 import socket
 import urllib.error
@@ -55,7 +56,7 @@ class Server:
             raise self.error(f"{path}: cannot connect: {reason}") from None
         except (socket.timeout, TimeoutError):
             raise self.error(f"{path}: no answer within {self.timeout:g} s (--server-timeout)") from None
-        except (ConnectionError, OSError) as exc:  # reset, closed mid-answer
+        except (ConnectionError, OSError, http.client.HTTPException) as exc:  # reset, closed mid-answer, garbage
             raise self.error(f"{path}: {type(exc).__name__}: {exc}") from None
         if len(raw) > MAX_RESPONSE:
             raise self.error(f"{path}: the answer is larger than {MAX_RESPONSE >> 20} MiB")

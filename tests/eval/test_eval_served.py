@@ -140,6 +140,35 @@ def test_a_server_that_does_not_answer_times_out(text_file, capsys):
     assert "no answer within 1 s" in line and "--server" in line
 
 
+@pytest.mark.parametrize("answer, said", [
+    (b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n{", "not JSON"),  # closed mid-answer
+    (b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n<html", "not JSON"),
+    (b"HTTP/1.1 404 Not Found\r\nContent-Length: 2\r\n\r\n{}", "HTTP 404"),
+    (b"garbage\r\n\r\n", "BadStatusLine"),
+])
+def test_a_loopback_server_answering_garbage_is_one_line(answer, said, text_file, capsys):
+    with socket.socket() as s:  # answers every request with `answer`, then closes
+        s.bind(("127.0.0.1", 0))
+        s.listen(4)
+        s.settimeout(10)
+
+        def serve_one():
+            try:
+                c, _ = s.accept()
+            except OSError:
+                return
+            with c:
+                c.recv(65536)
+                c.sendall(answer)
+
+        t = threading.Thread(target=serve_one, daemon=True)
+        t.start()
+        line = _error_line(capsys, "smollm2", "--server", f"http://127.0.0.1:{s.getsockname()[1]}",
+                           "--server-timeout", "5", "--text", text_file)
+        t.join()
+    assert said in line and "/v1/models" in line and "--server" in line
+
+
 def test_a_model_without_prompt_logprobs_is_refused(llama_server, text_file, capsys):
     line = _error_line(capsys, "smollm2-nologits", "--server", llama_server, "--text", text_file, *WINDOW)
     assert "/v1/completions" in line and "logits_all" in line
