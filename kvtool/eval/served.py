@@ -101,6 +101,18 @@ def evaluate_served(cand: Server, base: Server | None, text: str, *, max_length:
     return sums, about
 
 
+def _text(texts) -> str:
+    """The evaluation text as one string (the server tokenizes it): the built-in one, a str, or several texts
+    joined by a blank line as local eval joins them (each a str, or a file read through its pieces())."""
+    if texts is None:
+        from kvtool.datasets import evaluation_text
+
+        return evaluation_text()
+    if isinstance(texts, str):
+        return texts
+    return "\n\n".join(t if isinstance(t, str) else "".join(t.pieces()) for t in texts)
+
+
 def _add(sums: Sums, c: list, b: list | None, k: int, cand: Server) -> None:
     lc = np.array([p.logprob for p in c], dtype=np.float64)
     sums.nll.add(-lc)
@@ -125,7 +137,7 @@ def evaluate(model: str, *, server: str, baseline: str | None = None, baseline_s
     """`kvtool eval MODEL --server URL [--baseline NAME] [--baseline-server URL]` as a library: the
     kvtool.eval.api.EvalReport of the model served under the name MODEL at URL, against the baseline served under
     NAME (default MODEL) at --baseline-server (default URL) when either is given."""
-    from kvtool.eval.api import EvalReport, _join
+    from kvtool.eval.api import EvalReport
 
     stride = stride if stride is not None else max(1, max_length // 2)
     cand = Server(server, model, timeout=timeout, option="server")
@@ -133,7 +145,7 @@ def evaluate(model: str, *, server: str, baseline: str | None = None, baseline_s
     if baseline is not None or baseline_server is not None:
         base = Server(baseline_server or server, baseline or model, timeout=timeout,
                       option="baseline_server" if baseline_server else "server")
-    sums, about = evaluate_served(cand, base, _join(texts), max_length=max_length, stride=stride,
+    sums, about = evaluate_served(cand, base, _text(texts), max_length=max_length, stride=stride,
                                   max_tokens=max_tokens, k=top_logprobs, progress=progress)
     seconds, n_windows = about.pop("seconds"), about.pop("windows")
     r = EvalReport(model=f"{model} @ {cand.url}", label=None,
