@@ -24,10 +24,12 @@ def register(app: typer.Typer) -> None:
         if o.dry_run:
             console.out(render_plan(p))
             return EXIT_OK
-        require_torch("kvtool eval")
+        if not o.server:  # a server's figures need neither torch nor transformers
+            require_torch("kvtool eval")
         with kv_progress.session(o.progress):
-            with kv_progress.task("starting (importing torch and transformers)"):
-                from kvtool.eval.api import evaluate  # noqa: F401  (the import is the task)
+            if not o.server:
+                with kv_progress.task("starting (importing torch and transformers)"):
+                    from kvtool.eval.api import evaluate  # noqa: F401  (the import is the task)
             report = apply(p)
         if o.format == "json":
             console.out(console.json_text(_finite(report.as_dict()), indent=2, sort_keys=True))
@@ -63,11 +65,17 @@ def render_text(r) -> console.Text:
         else:
             kv += f" emulated, {s['source']} scales for {s['layers']} layers ({s['min_scale']:.4g}..{s['max_scale']:.4g})"
     lines.append(f"device    {r.device}, {r.dtype}, KV cache {kv}")
+    if r.memory and r.memory.get("windows_moved"):
+        lines.append(f"windows   {r.memory['windows_moved']} started up to a few tokens late so that their text "
+                     "tokenizes back to their tokens")
     lines.append(f"ppl       {m['ppl']:.4f} ± {m['ppl_se']:.4f}")
     if r.baseline:
         lines.append(f"baseline  {m['baseline_ppl']:.4f} ± {m['baseline_ppl_se']:.4f}")
         lines.append(f"ratio     {m['ppl_ratio']:.5f} ± {m['ppl_ratio_se']:.5f}  (log {m['log_ppl_ratio']:+.5f})")
-        lines.append(f"kld       {m['kld_mean']:.6f} ± {m['kld_se']:.6f} nats/token (KL(baseline || model))")
+        how = "KL(baseline || model)"
+        if r.memory and r.memory.get("mode") == "served":
+            how += f"; top-{r.memory['top_logprobs']} estimate, biased low: docs/eval.md"
+        lines.append(f"kld       {m['kld_mean']:.6f} ± {m['kld_se']:.6f} nats/token ({how})")
         lines.append(f"top-1     {m['top1_agreement']:.4f} ± {m['top1_se']:.4f}")
         lines.append(f"p(correct) change: mean {m['dp_mean']:+.5f} ± {m['dp_se']:.5f}, rms {m['dp_rms']:.5f}")
     rate = m["tokens"] / r.seconds if r.seconds > 0 else float("nan")

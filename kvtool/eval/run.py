@@ -47,12 +47,35 @@ def gate_limits(o: EvalOptions) -> dict[str, float]:
 
     off = o.max_ppl_increase.strip().lower() in ("off", "none", "")
     gates = parse_limits(None if off else o.max_ppl_increase, o.max_kld, o.min_top1)
-    if o.baseline is None:
+    if o.baseline is None and o.baseline_server is None:
         explicit = [g for g in gates if g != "max_ppl_increase"]
         if explicit:
-            raise UsageError("compares against a baseline; give --baseline", option=explicit[0])
+            raise UsageError("compares against a baseline; give --baseline" + (" or --baseline-server" if o.server
+                                                                                 else ""), option=explicit[0])
         return {}  # the default PPL gate needs a baseline
     return gates
+
+
+# what a server decides itself (its engine's flags), so eval --server refuses them: option -> its default
+_LOCAL_ONLY = {"device": "auto", "dtype": "auto", "device_map": None, "max_memory": None, "batch_size": None,
+               "kv_cache_dtype": "auto", "kv_scales": "checkpoint"}
+
+
+def check_served(o: EvalOptions) -> None:
+    """--server's refusals: options only the local path has, the server options without --server, bounds."""
+    if not o.server:
+        for name in ("baseline_server",):
+            if getattr(o, name) is not None:
+                raise UsageError("goes with --server", option=name)
+        return
+    for name, default in _LOCAL_ONLY.items():
+        if getattr(o, name) != default:
+            raise UsageError("the server decides this (its own flags, e.g. vLLM's --kv-cache-dtype); it does not "
+                             "go with --server", option=name)
+    if not 1 <= o.top_logprobs <= 1000:
+        raise UsageError(f"must be between 1 and 1000, got {o.top_logprobs}", option="top_logprobs")
+    if not 1 <= o.server_timeout <= 86400:
+        raise UsageError(f"must be between 1 and 86400 seconds, got {o.server_timeout:g}", option="server_timeout")
 
 
 def planned_tokens(chars: int, max_tokens: int | None) -> tuple[int, bool]:
@@ -74,6 +97,7 @@ def plan(model: str, o: EvalOptions, *, texts=READ, text_name: str | None = None
     from kvtool.eval.gate import parse_limits
 
     o.check()  # the declared choices and bounds (kvtool/options/eval.py), again after a caller's edits
+    check_served(o)
     limits = gate_limits(o) if gates is None else parse_limits(**gates)
     if texts is READ:
         from kvtool.datasets import read_texts
@@ -87,7 +111,7 @@ def plan(model: str, o: EvalOptions, *, texts=READ, text_name: str | None = None
         raise UsageError(f"unknown value {o.kv_scales!r}; use {' or '.join(KV_SCALE_SOURCES)}", option="kv_scales")
     check_settings(max_length=o.max_length, stride=o.stride, max_tokens=o.max_tokens, batch_size=o.batch_size,
                    max_memory=max_memory, device_map=o.device_map)
-    if shape is None:
+    if shape is None and not o.server:
         from kvtool.model.preflight import check_loadable
 
         check_loadable(model, o.baseline)  # refuse a bad folder before torch and transformers are imported
@@ -103,10 +127,17 @@ def plan(model: str, o: EvalOptions, *, texts=READ, text_name: str | None = None
 
 
 def apply(p: EvalPlan, *, device: str | None = None, progress: bool | None = None):
-    """Evaluate a plan: the kvtool.eval.api.EvalReport (gates applied). Imports torch."""
+    """Evaluate a plan: the kvtool.eval.api.EvalReport (gates applied). Imports torch unless --server."""
+    o = p.options
+    if o.server:
+        from kvtool.eval import served
+
+        return served.evaluate(p.model, server=o.server, baseline=o.baseline, baseline_server=o.baseline_server,
+                               texts=p.texts, text_name=p.text_name, max_length=o.max_length, stride=o.stride,
+                               max_tokens=o.max_tokens, top_logprobs=o.top_logprobs, timeout=o.server_timeout,
+                               gates=p.gates, progress=progress)
     from kvtool.eval.api import evaluate
 
-    o = p.options
     return evaluate(p.model, p.baseline, texts=p.texts, text_name=p.text_name, max_length=o.max_length,
                     stride=o.stride, max_tokens=o.max_tokens, device=device or o.device, dtype=o.dtype,
                     kv_cache_dtype=o.kv_cache_dtype, kv_scales=o.kv_scales, batch_size=o.batch_size,
@@ -115,8 +146,14 @@ def apply(p: EvalPlan, *, device: str | None = None, progress: bool | None = Non
 
 def render_plan(p: EvalPlan) -> console.Text:
     """--dry-run: what will be evaluated and its estimated cost (kvtool.model.costs)."""
-    shape = p.model_shape()
     about = "" if p.tokens_exact else "~"
+    o = p.options
+    if o.server:
+        base = (f" against {o.baseline or p.model} at {o.baseline_server or o.server}"
+                if o.baseline or o.baseline_server else "")
+        return console.lines([f"kvtool eval plan: {p.model} served at {o.server}{base}",
+                              f"  tokens       {about}{p.tokens}, top {o.top_logprobs} log-probabilities each"])
+    shape = p.model_shape()
     return console.lines([
         f"kvtool eval plan: {p.model}" + (f" against {p.baseline}" if p.baseline else ""),
         f"  tokens       {about}{p.tokens} through {shape.layers} layers"

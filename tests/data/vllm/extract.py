@@ -22,7 +22,7 @@ HERE = Path(__file__).resolve().parent
 EXCERPTS: dict[str, tuple[str, ...]] = {
     "vllm/model_executor/layers/rotary_embedding/__init__.py": ("get_rope",),
     "vllm/config/model.py": ("_get_and_verify_max_len", "_resolve_auto_dtype", "ModelConfig.get_num_kv_heads",
-                             "ModelConfig.verify_with_parallel_config"),
+                             "ModelConfig.verify_with_parallel_config", "ModelConfig.max_logprobs"),
     "vllm/transformers_utils/config.py": ("patch_legacy_rope_type",),
     "vllm/model_executor/model_loader/weight_utils.py": ("maybe_remap_kv_scale_name",),
     "vllm/model_executor/models/llama.py": ("LlamaModel.hf_to_vllm_mapper",),
@@ -33,6 +33,19 @@ EXCERPTS: dict[str, tuple[str, ...]] = {
                                       "ChunkedLocalAttentionSpec.max_admission_blocks_per_request"),
     "vllm/model_executor/layers/quantization/compressed_tensors/compressed_tensors.py": (
         "CompressedTensorsKVCacheMethod.validate_kv_cache_scheme",),
+    # the completions protocol `kvtool eval --server` speaks (tests/eval/test_eval_protocol.py)
+    "vllm/entrypoints/openai/completion/protocol.py": (
+        "CompletionRequest.model", "CompletionRequest.prompt", "CompletionRequest.max_tokens",
+        "CompletionRequest.temperature", "CompletionRequest.echo",
+        "CompletionRequest.logprobs", "CompletionRequest.prompt_logprobs", "CompletionRequest.return_token_ids",
+        "CompletionRequest.return_tokens_as_token_ids", "CompletionRequest.to_sampling_params",
+        "CompletionLogProbs", "CompletionResponseChoice"),
+    "vllm/entrypoints/serve/tokenize/protocol.py": ("TokenizeCompletionRequest", "TokenizeResponse",
+                                                   "DetokenizeRequest", "DetokenizeResponse"),
+    "vllm/entrypoints/serve/tokenize/api_router.py": ("tokenize", "detokenize"),
+    "vllm/logprobs.py": ("Logprob",),
+    "vllm/sampling_params.py": ("SamplingParams._validate_logprobs",),
+    "vllm/engine/arg_utils.py": ("EngineArgs.max_logprobs",),
 }
 
 
