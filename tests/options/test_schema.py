@@ -31,10 +31,17 @@ def test_a_step_accepts_exactly_its_declared_recipe_keys(cmd):
             assert s["properties"][f.recipe_key]["enum"] == list(f.choices)
 
 
-def test_rope_choices_are_what_the_rope_planner_accepts():
-    from kvtool.rope.apply import LAYOUTS
+def test_rope_choices_are_what_the_rope_planner_accepts(tiny_llama_config):
+    """Every declared layout is one the planner writes (it has no list of its own), each differently."""
+    from kvtool.model.spec import build_spec
+    from kvtool.rope.apply import plan_rope
 
-    assert rope_options.LAYOUTS == LAYOUTS
+    spec = build_spec(tiny_llama_config)
+    configs = []
+    for layout in rope_options.LAYOUTS:
+        o = rope_options.RopeOptions(src="m", dst="out", type="linear", factor=2.0, layout=layout)
+        configs.append(repr(plan_rope(spec, o)))
+    assert len(set(configs)) == len(rope_options.LAYOUTS)
 
 
 def test_registry_choices_are_filled_in_when_a_recipe_is_loaded():
