@@ -33,7 +33,7 @@ class Checked:
     def describe(self) -> str:
         vs = self.versions
         shown = vs[0] if len(vs) == 1 else f"{len(vs)} releases {vs[0]}..{vs[-1]}"
-        return f"{self.engine} {shown} ({self.requirement or self.source})"
+        return f"{self.engine} {shown} ({self.requirement + ' from ' + self.source if self.requirement else self.source})"
 
 
 @lru_cache(maxsize=None)
@@ -141,3 +141,25 @@ def installed(engine: str) -> str | None:
     except InvalidVersion:
         return None
     return v
+
+
+def one_release(requirement: str | None, engine: str, *, option: str) -> Checked:
+    """The single release an arithmetic follows (kv-budget, rope --show): `engine==X`, else the installed or
+    newest known one. A range names several releases whose arithmetic may differ: refused."""
+    if requirement is None:
+        return default(engine)
+    name, spec = parse(requirement, option=option)
+    if name != engine:
+        raise UsageError(f"{requirement!r}: this option takes a {engine} release", option=option)
+    versions = select(engine, spec, requirement, option=option)
+    if len(versions) != 1:
+        raise UsageError(f"{requirement!r} matches {len(versions)} releases; give one ({engine}==X)", option=option)
+    return Checked(engine, versions, "--engine", requirement)
+
+
+def vllm_max_len_switches(requirement: str | None, *, option: str = "engine") -> tuple[Checked, frozenset[str]]:
+    """(the vLLM release, the arithmetic switches of schemas/engines/facts.json that hold there)."""
+    from kvtool.engines.facts import arithmetic
+
+    release = one_release(requirement, "vllm", option=option)
+    return release, arithmetic("vllm", release.versions[0])

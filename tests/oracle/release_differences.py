@@ -29,7 +29,16 @@ class ReleaseDifference:
             and (not self.error or re.search(self.error, error or "") is not None)
 
 
-RELEASE_DIFFERENCES: tuple[ReleaseDifference, ...] = ()
+RELEASE_DIFFERENCES: tuple[ReleaseDifference, ...] = (
+    ReleaseDifference(
+        "positions-scaled-before-4.43", "<4.43", ("freqs-differ",),
+        ("llama/rope_linear*", "llama/rope_legacy_type_only", "llama/rope_type_conflict", "llama/rope_unknown_key",
+         "llama/rope_dynamic*", "kvtool-rope/llama/linear", "kvtool-rope/llama/dynamic"),
+        "before 4.43 LlamaLinearScalingRotaryEmbedding divides the positions by factor in forward() (and the "
+        "dynamic class rescales base per sequence) and keeps inv_freq unscaled (modeling_llama.py 4.42.4, "
+        "LlamaLinearScalingRotaryEmbedding.forward): the angles equal kvtool's inv_freq / factor, the stored "
+        "inv_freq does not"),
+)
 
 
 def covering(version: str, case_id: str, kind: str, error: str) -> list[ReleaseDifference]:

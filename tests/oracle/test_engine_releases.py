@@ -34,7 +34,8 @@ from release_differences import RELEASE_DIFFERENCES, covering  # noqa: E402
 pytestmark = [pytest.mark.engines, pytest.mark.oracle, pytest.mark.torch]
 REPO = Path(__file__).resolve().parents[2]
 RULES = REPO / "tests" / "data" / "rules"
-ROPE_FACTS = ("rope_parameters_only", "rope_scaling_ignored", "partial_rotary_ignored")
+# facts that change the frequencies a release computes (an ignored head_dim changes the rotary dim too)
+ROPE_FACTS = ("rope_parameters_only", "rope_scaling_ignored", "partial_rotary_ignored", "explicit_head_dim")
 
 
 def _own_outputs() -> list[dict]:
@@ -64,7 +65,7 @@ def cases() -> tuple[dict, ...]:
 
 
 def kvtool_view(cfg: dict, version: str):
-    """(facts that hold at `version`, lint's error codes, kvtool's as-written frequencies and theta)."""
+    """(facts that hold at `version`, lint's error and warning codes, kvtool's as-written frequencies and theta)."""
     from kvtool.engines.facts import effects
     from kvtool.model.spec import build_spec
     from oracle_engine import kvtool_verdict
@@ -73,39 +74,41 @@ def kvtool_view(cfg: dict, version: str):
     try:
         spec = build_spec(cfg)
     except Exception:  # noqa: BLE001 - lint reports it (an error)
-        return [], kv.errors or ["spec"], None, None
+        return [], kv.errors or ["spec"], kv.warnings, None, None
     found = effects(spec, "transformers", (version,))
     theta = None
     if spec.position == "rope" and spec.rope:
         rp = spec.rope.get("full_attention") or spec.rope.get("default")
         theta = float(rp.theta) if rp is not None and isinstance(rp.theta, (int, float)) else None
-    return found, kv.errors, kv.inv_freq, theta
+    return found, kv.errors, kv.warnings, kv.inv_freq, theta
 
 
 def disagreements(case: dict, version: str, r: dict) -> list[tuple[str, str]]:
     """(kind, text) for each way the release and kvtool's verdict for it differ on one case."""
     cfg = case["config"]
-    found, errors, inv, theta = kvtool_view(cfg, version)
+    found, errors, warnings, inv, theta = kvtool_view(cfg, version)
     refuses = [e for e in found if e.fact.effect == "refuses"]
     detectors = {e.fact.detector for e in found}
     runs = r["loads"] and r.get("forward") is not False
     out = []
     if refuses and runs:
         out.append(("fact-not-refused", f"kvtool: {refuses[0].message()}; the release loads it"))
-    if not runs and not refuses and not errors:
+    # KV703 (remote code): the config names its own code; a release refuses it without trust_remote_code
+    if not runs and not refuses and not errors and "KV703" not in warnings:
         out.append(("refused-unexplained", f"the release refuses ({r['error']}); kvtool reports no error"))
     if not runs:
         return out
     rope_differs = bool(detectors & set(ROPE_FACTS))
     if r.get("inv_freq") is not None and inv is not None:
-        same = len(r["inv_freq"]) == len(inv) and np.allclose(r["inv_freq"], inv, rtol=1e-5, atol=1e-12)
+        same = len(r["inv_freq"]) == len(inv) and np.allclose(r["inv_freq"], inv, rtol=1e-5, atol=1e-12,
+                                                                    equal_nan=True)
         if same and rope_differs:
             out.append(("fact-freqs-equal", "kvtool says the release reads the RoPE differently; same frequencies"))
         if not same and not rope_differs:
             out.append(("freqs-differ", f"inv_freq differ: release {np.round(r['inv_freq'][:3], 6).tolist()}... "
                                         f"kvtool {np.round(inv[:3], 6).tolist()}..."))
     if r.get("rope_theta") is not None and theta is not None and not rope_differs:
-        if not np.isclose(r["rope_theta"], theta, rtol=1e-9):
+        if not np.isclose(r["rope_theta"], theta, rtol=1e-9, equal_nan=True):
             out.append(("theta-differs", f"the release reads rope_theta {r['rope_theta']:g}, kvtool {theta:g}"))
     if isinstance(cfg.get("dtype"), str) and cfg.get("torch_dtype") is None and r.get("torch_dtype", "") != "":
         if ("dtype_only" in detectors) != (r.get("torch_dtype") is None):
