@@ -141,6 +141,7 @@ def build(src_root: Path) -> dict:
                               lambda b, mts: {
         "id": f"tf-layer-types-from-{b}", "engine": "transformers", "releases": f"<{b}",
         "effect": "reads-differently", "detector": "layer_types_ignored", "args": {"model_types": mts},
+        "drops": ["layer_types"],
         "says": "ignores layer_types (its {kinds} layers are laid out by the class's older keys)",
         "citation": {"file": f"src/transformers/models/{module_of(src_root / versions[-1], mts[0])}/"
                              f"configuration_{module_of(src_root / versions[-1], mts[0])}.py",
@@ -148,6 +149,7 @@ def build(src_root: Path) -> dict:
     rows += _rows_by_boundary({mt: v for mt, v in rope_from.items() if present[mt] != v}, lambda b, mts: {
         "id": f"tf-rope-scaling-from-{b}", "engine": "transformers", "releases": f"<{b}",
         "effect": "reads-differently", "detector": "rope_scaling_ignored", "args": {"model_types": mts},
+        "drops": ["rope_scaling"],
         "says": "ignores rope_scaling ({what}) and runs plain RoPE",
         "citation": {"file": f"src/transformers/models/{module_of(src_root / b, mts[0])}/"
                              f"configuration_{module_of(src_root / b, mts[0])}.py",
@@ -155,6 +157,7 @@ def build(src_root: Path) -> dict:
     rows += _rows_by_boundary({mt: v for mt, v in head_dim_from.items() if present[mt] != v}, lambda b, mts: {
         "id": f"tf-head-dim-from-{b}", "engine": "transformers", "releases": f"<{b}",
         "effect": "reads-differently", "detector": "explicit_head_dim", "args": {"model_types": mts},
+        "drops": ["head_dim"],
         "says": "ignores head_dim = {head_dim} and uses hidden_size / num_attention_heads = {hidden_size} / {heads} = "
                 "{derived} (the checkpoint's q/k/v/o weights then fail to load: size mismatch)",
         "citation": {"file": f"src/transformers/models/{module_of(src_root / b, mts[0])}/"

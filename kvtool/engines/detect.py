@@ -61,6 +61,22 @@ def rope_scaling_two_fields(spec, args) -> list[Hit]:
     return [Hit(spec.prefixed("rope_scaling"), {"what": what, "message": msg})]
 
 
+@DETECTORS.register("rope_scaling_three_fields")
+def rope_scaling_three_fields(spec, args) -> list[Hit]:
+    """Phi-3's pre-4.43 `_rope_scaling_validation`, restated: exactly {"type", "short_factor", "long_factor"}."""
+    if spec.model_type not in args["model_types"]:
+        return []
+    rs = _top(spec, "rope_scaling")
+    if rs is None or isinstance(rs, dict) and set(rs) == {"type", "short_factor", "long_factor"}:
+        return []
+    msg = ("`rope_scaling` must be a dictionary with three fields, `type`, `short_factor` and `long_factor`, "
+           f"got {rs}")
+    what = "this rope_scaling"
+    if isinstance(rs, dict) and "rope_type" in rs and "type" not in rs:
+        what = f"rope_type {rs['rope_type']!r} without 'type'"
+    return [Hit(spec.prefixed("rope_scaling"), {"what": what, "message": msg})]
+
+
 @DETECTORS.register("rope_scaling_ignored")
 def rope_scaling_ignored(spec, args) -> list[Hit]:
     """A scaling rope_scaling on a release whose config class does not read rope_scaling yet."""

@@ -16,7 +16,7 @@ from functools import lru_cache
 
 EFFECTS = ("refuses", "reads-differently", "arithmetic")
 FILES = ("facts.json", "transformers_releases.json")
-_KEYS = {"id", "engine", "releases", "effect", "detector", "args", "says", "code", "citation", "arithmetic"}
+_KEYS = {"id", "engine", "releases", "effect", "detector", "args", "says", "code", "citation", "arithmetic", "drops"}
 
 
 @dataclass(frozen=True)
@@ -41,6 +41,9 @@ class Fact:
     args: dict = field(default_factory=dict, hash=False)
     code: str | None = None  # rule code of the finding (default: KV010 refuses, KV011 reads differently)
     arithmetic: str | None = None  # for effect "arithmetic": the switch kvtool's arithmetic reads
+    # reads-differently rows: the config keys the release does not read; it runs the config without them
+    # (what the engine lane compares the release's frequencies, theta and head_dim with)
+    drops: tuple[str, ...] = ()
 
     def applies_to(self, version: str) -> bool:
         return version in _specifier(self.releases)
@@ -86,7 +89,7 @@ def _row(r: dict, where: str) -> Fact:
         raise ValueError(f"{where}: engine fact {r['id']!r}: detector {r.get('detector')!r}")
     return Fact(id=r["id"], engine=r["engine"], releases=r["releases"], effect=r["effect"], says=r["says"],
                 citation=Citation(**r["citation"]), detector=r.get("detector"), args=r.get("args", {}),
-                code=r.get("code"), arithmetic=r.get("arithmetic"))
+                code=r.get("code"), arithmetic=r.get("arithmetic"), drops=tuple(r.get("drops", ())))
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,8 @@ model, one forward, the RoPE inverse frequencies). kvtool's verdict for that rel
 (kvtool/engines/facts.py) that hold there plus lint's errors. They must agree:
 - a fact that says the release refuses: the release refuses (config or forward);
 - the release refuses: a fact says so, or lint reports an error;
-- RoPE the facts say the release reads as written: the same frequencies and theta as kvtool computes; RoPE they say
-  it reads differently: other ones;
+- the release's RoPE frequencies and theta are kvtool's for the config as the facts say the release reads it (the
+  keys a `reads-differently` row `drops` removed): as written where no fact holds;
 - `dtype` written alone: the release's torch_dtype is None exactly where the dtype fact says so;
 - an explicit head_dim: the attention module uses it exactly where no head_dim fact says otherwise;
 unless tests/oracle/release_differences.py lists the disagreement with the engine's reason.
@@ -34,8 +34,6 @@ from release_differences import RELEASE_DIFFERENCES, covering  # noqa: E402
 pytestmark = [pytest.mark.engines, pytest.mark.oracle, pytest.mark.torch]
 REPO = Path(__file__).resolve().parents[2]
 RULES = REPO / "tests" / "data" / "rules"
-# facts that change the frequencies a release computes (an ignored head_dim changes the rotary dim too)
-ROPE_FACTS = ("rope_parameters_only", "rope_scaling_ignored", "partial_rotary_ignored", "explicit_head_dim")
 
 
 def _own_outputs() -> list[dict]:
@@ -64,53 +62,71 @@ def cases() -> tuple[dict, ...]:
     return tuple(out + _own_outputs())
 
 
-def kvtool_view(cfg: dict, version: str):
-    """(facts that hold at `version`, lint's error and warning codes, kvtool's as-written frequencies and theta)."""
-    from kvtool.engines.facts import effects
+def _numbers(cfg: dict):
+    """kvtool's frequencies and theta for a config as written (rope's math, lint's spec)."""
     from kvtool.model.spec import build_spec
     from oracle_engine import kvtool_verdict
 
     kv = kvtool_verdict(cfg)
+    theta = None
     try:
         spec = build_spec(cfg)
     except Exception:  # noqa: BLE001 - lint reports it (an error)
-        return [], kv.errors or ["spec"], kv.warnings, None, None
-    found = effects(spec, "transformers", (version,))
-    theta = None
+        return kv, None, None
     if spec.position == "rope" and spec.rope:
         rp = spec.rope.get("full_attention") or spec.rope.get("default")
         theta = float(rp.theta) if rp is not None and isinstance(rp.theta, (int, float)) else None
-    return found, kv.errors, kv.warnings, kv.inv_freq, theta
+        if theta is None and rp is not None:
+            from kvtool.model.rope.params import theta_of
+
+            theta = theta_of(spec, rp)
+    return kv, spec, theta
+
+
+def kvtool_view(cfg: dict, version: str):
+    """(facts that hold at `version`, lint's verdict on the config as written, and kvtool's frequencies and theta
+    for the config as the release reads it: without the keys the facts say it does not read)."""
+    from kvtool.engines.facts import effects
+
+    kv, spec, _ = _numbers(cfg)
+    if spec is None:
+        return [], kv, None, None
+    found = effects(spec, "transformers", (version,))
+    dropped = {k for e in found for k in e.fact.drops}
+    read = {k: v for k, v in cfg.items() if k not in dropped}
+    kv_read, _, theta = _numbers(read) if dropped else (kv, spec, _numbers(cfg)[2])
+    return found, kv, kv_read.inv_freq, theta
 
 
 def disagreements(case: dict, version: str, r: dict) -> list[tuple[str, str]]:
     """(kind, text) for each way the release and kvtool's verdict for it differ on one case."""
     cfg = case["config"]
-    found, errors, warnings, inv, theta = kvtool_view(cfg, version)
+    found, kv, inv, theta = kvtool_view(cfg, version)
     refuses = [e for e in found if e.fact.effect == "refuses"]
     detectors = {e.fact.detector for e in found}
     runs = r["loads"] and r.get("forward") is not False
     out = []
     if refuses and runs:
         out.append(("fact-not-refused", f"kvtool: {refuses[0].message()}; the release loads it"))
-    # KV703 (remote code): the config names its own code; a release refuses it without trust_remote_code
-    if not runs and not refuses and not errors and "KV703" not in warnings:
+    # KV703 (remote code) / KV001 (a model type no table knows): the config names code the release needs
+    explained = kv.errors or {"KV703", "KV001"} & set(kv.messages)
+    if not runs and not refuses and not explained:
         out.append(("refused-unexplained", f"the release refuses ({r['error']}); kvtool reports no error"))
-    if not runs:
+    # lint's errors already say no engine runs this as written; KV218 / KV219 say transformers rotates the whole
+    # head where kvtool's numbers (vLLM's) rotate part of it
+    if not runs or kv.errors or {"KV218", "KV219"} & set(kv.warnings):
         return out
-    rope_differs = bool(detectors & set(ROPE_FACTS))
     if r.get("inv_freq") is not None and inv is not None:
         same = len(r["inv_freq"]) == len(inv) and np.allclose(r["inv_freq"], inv, rtol=1e-5, atol=1e-12,
                                                                     equal_nan=True)
-        if same and rope_differs:
-            out.append(("fact-freqs-equal", "kvtool says the release reads the RoPE differently; same frequencies"))
-        if not same and not rope_differs:
+        if not same:
             out.append(("freqs-differ", f"inv_freq differ: release {np.round(r['inv_freq'][:3], 6).tolist()}... "
-                                        f"kvtool {np.round(inv[:3], 6).tolist()}..."))
-    if r.get("rope_theta") is not None and theta is not None and not rope_differs:
+                                        f"kvtool {np.round(inv[:3], 6).tolist()}... (facts: {sorted(detectors)})"))
+    if r.get("rope_theta") is not None and theta is not None:
         if not np.isclose(r["rope_theta"], theta, rtol=1e-9, equal_nan=True):
-            out.append(("theta-differs", f"the release reads rope_theta {r['rope_theta']:g}, kvtool {theta:g}"))
-    if isinstance(cfg.get("dtype"), str) and cfg.get("torch_dtype") is None and r.get("torch_dtype", "") != "":
+            out.append(("theta-differs", f"the release reads rope_theta {r['rope_theta']:g}, kvtool {theta:g} "
+                                         f"(facts: {sorted(detectors)})"))
+    if isinstance(cfg.get("dtype"), str) and cfg.get("torch_dtype") is None and "torch_dtype" in r:
         if ("dtype_only" in detectors) != (r.get("torch_dtype") is None):
             out.append(("dtype", f"the release reads torch_dtype {r.get('torch_dtype')}; dtype fact "
                                  f"{'holds' if 'dtype_only' in detectors else 'does not hold'}"))
