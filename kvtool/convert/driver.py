@@ -491,6 +491,9 @@ def run_convert(plan: ConvertPlan, dst: str | Path, *, method_obj=None, force: b
             (tmp / "config.json").write_text(dump_config(plan.new_config), encoding="utf-8")
             side = copy_side_files(plan.src, tmp)
             prov["files"] = result.files
+            from kvtool.engines.compat import read_as_written
+
+            prov["engines_read_as_written"] = read_as_written(plan.new_config)  # `kvtool lint --compat DST`: why
             (tmp / "kvtool.json").write_text(json.dumps(prov, indent=2) + "\n", encoding="utf-8")
     return ConvertResult(plan=plan, dst=dst, files=result.files, side_files=side, provenance=prov)
 

@@ -83,6 +83,14 @@ def intended_by(spec) -> dict[str, str]:
     return out
 
 
+def read_as_written(config: dict) -> dict[str, str]:
+    """For the kvtool.json of a checkpoint kvtool writes: engine -> the release lines that read its config as
+    written ("none" when none does), from the facts table as it stands when the checkpoint is written."""
+    from kvtool.model.spec import build_spec
+
+    return intended_by(build_spec(config))
+
+
 def render_text(model: str, table: list[Row]) -> str:
     width = max(len(f"{r.engine} {r.releases}") for r in table)
     lines = [f"{model}: what each engine release does with it (kvtool lint --compat)"]

@@ -89,6 +89,9 @@ def write_output(src: Path, tmp: Path, *, config: dict, scales: dict[str, torch.
     (tmp / INDEX_NAME).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     (tmp / "config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     side = copy_side_files(src, tmp)
+    from kvtool.engines.compat import read_as_written
+
+    provenance = {**provenance, "engines_read_as_written": read_as_written(config)}  # `kvtool lint --compat DST`: why
     (tmp / "kvtool.json").write_text(json.dumps(provenance, indent=2) + "\n", encoding="utf-8")
     return WriteSummary(dst=tmp, linked=linked, copied=copied, scale_shard=SCALE_SHARD,
                         scale_tensors={n: tuple(t.shape) for n, t in scales.items()}, side_files=side)

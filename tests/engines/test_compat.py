@@ -44,3 +44,23 @@ def test_lint_compat_prints_one_screen(tmp_path, capsys) -> None:
 def test_lint_compat_bad_input_exits_2(tmp_path, capsys) -> None:
     assert main(["lint", "--compat", "--isolated", str(tmp_path / "missing")]) == 2
     assert capsys.readouterr().err.startswith("kvtool: error: ")
+
+
+def test_read_as_written_of_a_config() -> None:
+    assert compat.read_as_written(dict(LLAMA31)) == {"transformers": "4.43-5.24", "vllm": "0.5-0.33"}
+    none = {**LLAMA31, "model_type": "qwen3_5_text", "head_dim": 64}
+    assert compat.read_as_written(none)["transformers"] == "5.2-5.24"
+
+
+def test_checkpoints_kvtool_writes_say_which_releases_read_them(tmp_path) -> None:
+    """convert's kvtool.json records the release lines that read the written config as written."""
+    pytest = __import__("pytest")
+    pytest.importorskip("torch")
+    from tests.convert.test_convert_cli import llama, run
+
+    src = llama(tmp_path / "src")
+    assert run(src, tmp_path / "out", "--to", "gqa", "--groups", "4") == 0
+    prov = json.loads((tmp_path / "out" / "kvtool.json").read_text())
+    written = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert prov["engines_read_as_written"] == compat.read_as_written(written)
+    assert set(prov["engines_read_as_written"]) == {"transformers", "vllm"}
