@@ -36,6 +36,15 @@ def model_type_unknown(spec, args) -> list[Hit]:
             if isinstance(mt, str) and mt in args["model_types"]][:1]
 
 
+def _refused(rs, types: tuple[str, ...] | None) -> str:
+    """What a legacy rope_scaling validation refuses, in words: the rope_type-only case is the common one."""
+    if isinstance(rs, dict) and "rope_type" in rs and "type" not in rs:
+        return f"rope_type {rs['rope_type']!r} without 'type'"
+    if types is not None and isinstance(rs, dict) and rs.get("type") not in (None, *types):
+        return f"rope type {rs.get('type')!r}"
+    return "this rope_scaling"
+
+
 @DETECTORS.register("rope_scaling_two_fields")
 def rope_scaling_two_fields(spec, args) -> list[Hit]:
     """The pre-4.43 `_rope_scaling_validation` of llama-family config classes, restated: rope_scaling must be
@@ -53,12 +62,7 @@ def rope_scaling_two_fields(spec, args) -> list[Hit]:
         msg = f"`rope_scaling`'s factor field must be a float > 1, got {rs.get('factor')}"
     else:
         return []
-    what = "this rope_scaling"
-    if isinstance(rs, dict) and "rope_type" in rs and "type" not in rs:
-        what = f"rope_type {rs['rope_type']!r} without 'type'"
-    elif isinstance(rs, dict) and rs.get("type") not in (None, "linear", "dynamic"):
-        what = f"rope type {rs.get('type')!r}"
-    return [Hit(spec.prefixed("rope_scaling"), {"what": what, "message": msg})]
+    return [Hit(spec.prefixed("rope_scaling"), {"what": _refused(rs, ("linear", "dynamic")), "message": msg})]
 
 
 @DETECTORS.register("rope_scaling_three_fields")
@@ -71,10 +75,7 @@ def rope_scaling_three_fields(spec, args) -> list[Hit]:
         return []
     msg = ("`rope_scaling` must be a dictionary with three fields, `type`, `short_factor` and `long_factor`, "
            f"got {rs}")
-    what = "this rope_scaling"
-    if isinstance(rs, dict) and "rope_type" in rs and "type" not in rs:
-        what = f"rope_type {rs['rope_type']!r} without 'type'"
-    return [Hit(spec.prefixed("rope_scaling"), {"what": what, "message": msg})]
+    return [Hit(spec.prefixed("rope_scaling"), {"what": _refused(rs, None), "message": msg})]
 
 
 @DETECTORS.register("rope_scaling_ignored")
