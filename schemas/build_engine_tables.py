@@ -15,7 +15,8 @@ text search, never imported:
 - the releases whose config class still has the two-field `_rope_scaling_validation` (rope_scaling must be
   {"type": "linear" | "dynamic", "factor": float > 1});
 - the first release whose config class reads `layer_types` (older ones ignore it);
-- the first release whose config class reads `rope_scaling` or `rope_parameters` (older ones run plain RoPE);
+(whether a class applies rope_scaling is decided by its modeling file, which may read the attribute its config
+class never declares: those rows are hand-written in facts.json from the modeling files);
 - the first release whose config class reads `head_dim` (older ones use hidden_size / num_attention_heads).
 Rows are grouped by the release where the behaviour changes; each cites the file of the release that shows it.
 Run it when a transformers release is added to schemas/engines/releases.json; tests/oracle/test_engine_releases.py
@@ -141,7 +142,6 @@ def build(src_root: Path) -> dict:
     for found, key, detector, says in (
             (layer_types_from, "layer_types", "layer_types_ignored",
              "ignores layer_types (its {kinds} layers are laid out by the class's older keys)"),
-            (rope_from, "rope_scaling", "rope_scaling_ignored", "ignores rope_scaling ({what}) and runs plain RoPE"),
             (head_dim_from, "head_dim", "explicit_head_dim",
              "ignores head_dim = {head_dim} and uses hidden_size / num_attention_heads = {hidden_size} / {heads} = "
              "{derived} (the checkpoint's q/k/v/o weights then fail to load: size mismatch)")):

@@ -55,9 +55,9 @@ def _head_dim(model):
     return hd if isinstance(hd, int) else None
 
 
-def _theta(conf):
+def _theta(conf, major: int):
     t = getattr(conf, "rope_theta", None)
-    rp = getattr(conf, "rope_parameters", None)
+    rp = getattr(conf, "rope_parameters", None) if major >= 5 else None  # 4.x keeps an unread dict as an attribute
     if isinstance(rp, dict):
         inner = rp.get("full_attention") if isinstance(rp.get("full_attention"), dict) else rp
         t = inner.get("rope_theta", t)
@@ -66,7 +66,10 @@ def _theta(conf):
 
 def probe(case: dict, folder: Path) -> dict:
     import torch
+    import transformers
     from transformers import AutoConfig, AutoModelForCausalLM
+
+    major = int(transformers.__version__.split(".")[0])
 
     out = {"id": case["id"], "loads": False, "error": "", "forward": None, "inv_freq": None}
     (folder / "config.json").write_text(json.dumps(case["config"]), encoding="utf-8")
@@ -78,7 +81,7 @@ def probe(case: dict, folder: Path) -> dict:
     out["loads"] = True
     dtype = getattr(conf, "torch_dtype", None)
     out["torch_dtype"] = None if dtype is None else str(dtype).replace("torch.", "")
-    out["rope_theta"] = _theta(conf)
+    out["rope_theta"] = _theta(conf, major)
     if not _cheap(case["config"]):
         return out
     try:
