@@ -17,7 +17,10 @@ text search, never imported:
 - the first release whose config class reads `layer_types` (older ones ignore it);
 (whether a class applies rope_scaling is decided by its modeling file, which may read the attribute its config
 class never declares: those rows are hand-written in facts.json from the modeling files);
-- the first release whose config class reads `head_dim` (older ones use hidden_size / num_attention_heads).
+- the first release whose config class reads `head_dim` (older ones use hidden_size / num_attention_heads) or
+  `partial_rotary_factor` (older ones rotate the whole head);
+- from 4.43 (modeling_rope_utils.py), the first release whose ROPE_INIT_FUNCTIONS has each RoPE type kvtool's
+  type table gives transformers (older ones fail with KeyError on the type).
 Rows are grouped by the release where the behaviour changes; each cites the file of the release that shows it.
 Run it when a transformers release is added to schemas/engines/releases.json; tests/oracle/test_engine_releases.py
 checks the rows against the installed releases themselves.
@@ -104,6 +107,7 @@ def build(src_root: Path) -> dict:
     layer_types_from: dict[str, str] = {}  # model type -> first release whose config class reads layer_types
     rope_from: dict[str, str] = {}  # model type -> first release whose config class reads rope_scaling / _parameters
     head_dim_from: dict[str, str] = {}  # model type -> first release whose config class reads head_dim
+    prf_from: dict[str, str] = {}  # model type -> first release whose config class reads partial_rotary_factor
     seen_two_fields: set[str] = set()
     for v in versions:
         src = src_root / v
@@ -124,8 +128,27 @@ def build(src_root: Path) -> dict:
                 rope_from.setdefault(mt, v)
             if "head_dim" in text:
                 head_dim_from.setdefault(mt, v)
+            if "partial_rotary_factor" in text:
+                prf_from.setdefault(mt, v)
+    rope_types: dict[str, str] = {}  # rope type -> first release whose ROPE_INIT_FUNCTIONS has it
+    rope_utils = [v for v in versions if (src_root / v / "transformers/modeling_rope_utils.py").is_file()]
+    for v in rope_utils:
+        init = _dict_keys(src_root / v / "transformers/modeling_rope_utils.py", "ROPE_INIT_FUNCTIONS")
+        for t in init:
+            rope_types.setdefault(t, v)
+    sys.path.insert(0, str(HERE.parent))
+    from kvtool.model.rope.types import KINDS
+
     oldest = versions[0]
     rows: list[dict] = []
+    first_utils = rope_utils[0] if rope_utils else None
+    rows += _rows_by_boundary({t: v for t, v in rope_types.items() if first_utils and v != first_utils
+                               and t in KINDS and "transformers" in KINDS[t].engines}, lambda b, ts: {
+        "id": f"tf-rope-types-from-{b}", "engine": "transformers", "releases": f">={first_utils},<{b}",
+        "effect": "refuses", "detector": "rope_type_unknown", "args": {"rope_types": ts},
+        "says": "does not know rope type {rope_type!r} (KeyError on ROPE_INIT_FUNCTIONS)",
+        "citation": {"file": "src/transformers/modeling_rope_utils.py",
+                     "function": "ROPE_INIT_FUNCTIONS (first listed)", "release": b}})
     rows += _rows_by_boundary({mt: v for mt, v in present.items() if v != oldest}, lambda b, mts: {
         "id": f"tf-model-types-from-{b}", "engine": "transformers", "releases": f"<{b}", "effect": "refuses",
         "detector": "model_type_unknown", "args": {"model_types": mts}, "says": UNKNOWN_MESSAGE,
@@ -144,7 +167,9 @@ def build(src_root: Path) -> dict:
              "ignores layer_types (its {kinds} layers are laid out by the class's older keys)"),
             (head_dim_from, "head_dim", "explicit_head_dim",
              "ignores head_dim = {head_dim} and uses hidden_size / num_attention_heads = {hidden_size} / {heads} = "
-             "{derived} (the checkpoint's q/k/v/o weights then fail to load: size mismatch)")):
+             "{derived} (the checkpoint's q/k/v/o weights then fail to load: size mismatch)"),
+            (prf_from, "partial_rotary_factor", "partial_rotary_ignored",
+             "ignores partial_rotary_factor = {factor} and rotates the whole head")):
         rows += _rows_by_boundary({mt: v for mt, v in found.items() if present[mt] != v},
                                   lambda b, mts, key=key, detector=detector, says=says: {
             "id": f"tf-{key.replace('_', '-')}-from-{b}", "engine": "transformers", "releases": f"<{b}",

@@ -21,6 +21,10 @@ class Hit:
 
 
 DETECTORS: Registry[Callable] = Registry("engine fact detector")
+# Detectors about what a release does with a key: where another fact says that release does not read the key at
+# all (its `drops`), they do not hold there (a class that ignores rope_scaling never meets an unknown rope type).
+READS = {"rope_type_unknown": "rope_scaling", "yarn_original_ignored": "rope_scaling",
+         "yarn_factor_from_context": "rope_scaling", "yarn_context": "rope_scaling"}
 
 
 def _top(spec, key: str):
@@ -78,6 +82,40 @@ def rope_scaling_three_fields(spec, args) -> list[Hit]:
     return [Hit(spec.prefixed("rope_scaling"), {"what": _refused(rs, None), "message": msg})]
 
 
+@DETECTORS.register("rope_type_unknown")
+def rope_type_unknown(spec, args) -> list[Hit]:
+    """A RoPE type the release's ROPE_INIT_FUNCTIONS does not have yet."""
+    for rp in spec.rope.values():
+        if rp.rope_type in args["rope_types"]:
+            return [Hit(rp.path, {"rope_type": rp.rope_type})]
+    return []
+
+
+@DETECTORS.register("yarn_original_ignored")
+def yarn_original_ignored(spec, args) -> list[Hit]:
+    """yarn whose original_max_position_embeddings is not max_position_embeddings: releases that take the
+    correction range from max_position_embeddings compute other frequencies."""
+    for rp in spec.rope.values():
+        orig = rp.params.get("original_max_position_embeddings")
+        if rp.rope_type == "yarn" and isinstance(orig, int) and spec.max_position and orig != spec.max_position:
+            return [Hit(rp.path, {"original": orig, "max_position_embeddings": spec.max_position})]
+    return []
+
+
+@DETECTORS.register("yarn_factor_from_context")
+def yarn_factor_from_context(spec, args) -> list[Hit]:
+    """yarn whose factor is not max_position_embeddings / original_max_position_embeddings: releases that
+    recompute the factor from the two lengths run another one."""
+    for rp in spec.rope.values():
+        orig, factor = rp.params.get("original_max_position_embeddings"), rp.params.get("factor")
+        if rp.rope_type == "yarn" and isinstance(orig, int) and orig > 0 and is_number(factor) and spec.max_position:
+            used = spec.max_position / orig
+            if abs(used - float(factor)) > 1e-9 * max(1.0, float(factor)):
+                return [Hit(rp.path, {"used": f"{used:g}", "factor": f"{float(factor):g}",
+                                      "max_position_embeddings": spec.max_position, "original": orig})]
+    return []
+
+
 @DETECTORS.register("rope_scaling_ignored")
 def rope_scaling_ignored(spec, args) -> list[Hit]:
     """A scaling rope_scaling on a release whose config class does not read rope_scaling yet."""
@@ -110,9 +148,11 @@ def rope_parameters_only(spec, args) -> list[Hit]:
 @DETECTORS.register("dtype_only")
 def dtype_only(spec, args) -> list[Hit]:
     """`dtype` written (transformers >= 4.56 spelling) and no `torch_dtype`: older readers see no dtype."""
-    if _top(spec, "dtype") is None or _top(spec, "torch_dtype") is not None:
-        return []
-    return [Hit(spec.prefixed("dtype"), {"dtype": _top(spec, "dtype")})]
+    outer = spec.full_config if isinstance(spec.full_config, dict) else {}
+    for cfg, path in ((outer, "dtype"), (spec.config, spec.prefixed("dtype"))):
+        if isinstance(cfg, dict) and cfg.get("dtype") is not None and cfg.get("torch_dtype") is None:
+            return [Hit(path, {"dtype": cfg["dtype"]})]
+    return []
 
 
 @DETECTORS.register("explicit_head_dim")

@@ -110,18 +110,24 @@ class Effect:
 
 
 def effects(spec, engine: str, versions: tuple[str, ...]) -> list[Effect]:
-    """The facts of `engine` that hold for this config at any of `versions`, one Effect per fact and hit."""
-    from kvtool.engines.detect import DETECTORS
+    """The facts of `engine` that hold for this config at any of `versions`, one Effect per fact and hit. A fact
+    about what a release does with a key (detect.READS) does not hold where another fact says it drops the key."""
+    from kvtool.engines.detect import DETECTORS, READS
 
-    out = []
+    hits = []
     for fact in facts():
         if fact.engine != engine or fact.detector is None:
             continue
         inside = tuple(v for v in versions if fact.applies_to(v))
-        if not inside:
-            continue
-        for hit in DETECTORS[fact.detector](spec, fact.args):
-            out.append(Effect(fact, hit.path, fact.says.format(**hit.values), inside))
+        if inside:
+            hits += [(fact, hit, inside) for hit in DETECTORS[fact.detector](spec, fact.args)]
+    dropped = {v: {k for f, _, inside in hits if v in inside for k in f.drops} for v in versions}
+    out = []
+    for fact, hit, inside in hits:
+        key = READS.get(fact.detector)
+        kept = tuple(v for v in inside if key is None or key not in dropped[v])
+        if kept:
+            out.append(Effect(fact, hit.path, fact.says.format(**hit.values), kept))
     return out
 
 

@@ -107,7 +107,7 @@ def disagreements(case: dict, version: str, r: dict) -> list[tuple[str, str]]:
     detectors = {e.fact.detector for e in found}
     runs = r["loads"] and r.get("forward") is not False
     out = []
-    if refuses and runs:
+    if refuses and runs and not kv.errors:  # lint's own error already says the config is broken (odd head_dim)
         out.append(("fact-not-refused", f"kvtool: {refuses[0].message()}; the release loads it"))
     # KV703 (remote code) / KV001 (a model type no table knows): the config names code the release needs;
     # KV216: a RoPE type only vLLM implements (transformers refuses it, as the warning says)
@@ -118,6 +118,15 @@ def disagreements(case: dict, version: str, r: dict) -> list[tuple[str, str]]:
     # head where kvtool's numbers (vLLM's) rotate part of it
     if not runs or kv.errors or {"KV218", "KV219"} & set(kv.warnings):
         return out
+    # facts whose claim is other frequencies than written (a yarn ramp or factor the release derives its own way):
+    # the lane checks that they differ
+    numeric = detectors & {"yarn_original_ignored", "yarn_factor_from_context"}
+    if detectors & {"rope_scaling_ignored", "rope_parameters_only"}:
+        numeric = set()  # the release does not read the dict those facts are about
+    if numeric and r.get("inv_freq") is not None and inv is not None:
+        if len(r["inv_freq"]) == len(inv) and np.allclose(r["inv_freq"], inv, rtol=1e-5, atol=1e-12):
+            out.append(("fact-freqs-equal", f"kvtool says {sorted(numeric)}; the release computes the written ones"))
+        inv = None
     if r.get("inv_freq") is not None and inv is not None:
         same = len(r["inv_freq"]) == len(inv) and np.allclose(r["inv_freq"], inv, rtol=1e-5, atol=1e-12,
                                                                     equal_nan=True)
