@@ -170,7 +170,10 @@ define("KV212", "rope-served-context", "info", "vLLM serves a different context 
 define("KV213", "rope-v5-only", "warning", "RoPE settings exist only in the transformers v5 layout",
        """
        What it does: flags configs whose rope_parameters (transformers >= 5) set a non-default
-       RoPE while the legacy fields (rope_theta, rope_scaling) say something else or are absent.
+       RoPE while the legacy fields (rope_theta, rope_scaling) are absent, when lint checks a
+       transformers release < 5 (`--engine transformers==4.57.6`, `[tool.kvtool] engines`, or a 4.x
+       installed): the engine fact "tf-rope-parameters-only" (schemas/engines/facts.json, cited
+       configuration_llama.py LlamaConfig.__init__, 4.57.6; tested against 4.38 .. 5.0 by the engine lane).
        Why it matters: transformers 4.x and tools built on it ignore rope_parameters without a
        warning and run the default base with no scaling: long-context quality collapses quietly.
        Example: {"rope_parameters": {"rope_type": "default", "rope_theta": 1000000}} with no rope_theta.
