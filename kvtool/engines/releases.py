@@ -33,7 +33,9 @@ class Checked:
     def describe(self) -> str:
         vs = self.versions
         shown = vs[0] if len(vs) == 1 else f"{len(vs)} releases {vs[0]}..{vs[-1]}"
-        return f"{self.engine} {shown} ({self.requirement + ' from ' + self.source if self.requirement else self.source})"
+        # a requirement the user wrote is shown with where it came from; the defaults (installed, newest known) are
+        # plain release numbers (the JSON output's "source" says which)
+        return f"{self.engine} {shown}" + (f" ({self.requirement} from {self.source})" if self.requirement else "")
 
 
 @lru_cache(maxsize=None)
