@@ -36,6 +36,10 @@ class BudgetOptions:
     max_num_batched_tokens: int | None = None
     hybrid_kv_cache: bool = True  # False: vLLM's --disable-hybrid-kv-cache-manager (windows not exploited)
     what_if: tuple[Variant, ...] = ()
+    # --engine vllm==X: the release whose max_model_len derivation sizes the default sequence, and its switches
+    # (schemas/engines/facts.json "arithmetic" rows: kvtool.engines.releases.vllm_max_len_switches)
+    vllm_release: str | None = None
+    vllm_switches: frozenset = frozenset()
 
 
 @dataclass
@@ -209,6 +213,20 @@ def _fill_pool(f: Figures, pool: float | None, block_size: int) -> None:
         f.kv_pool_tokens = int(pool // (f.kv_bytes_per_token_per_gpu * bs)) * bs
 
 
+def _served(spec, switches: frozenset) -> int | None:
+    """The max_model_len a vLLM release derives (kvtool.model.rope.types.served_context), None without RoPE."""
+    from kvtool.model.rope.params import raw_dict, rope_dict
+    from kvtool.model.rope.types import served_context
+
+    if spec.position != "rope" or not spec.rope:
+        return None
+    key = "full_attention" if "full_attention" in spec.rope else "default"
+    rp = spec.rope.get(key) or next(iter(spec.rope.values()))
+    params = {k: v for k, v in {**raw_dict(spec, rp, key), **rope_dict(rp, spec)}.items() if k != "type"}
+    return served_context(params, spec.max_position, spec.model_type,
+                          yarn_from_original="yarn_from_original" in switches)
+
+
 def compute(ckpt, spec, opts: BudgetOptions) -> Budget:
     notes: list[str] = []
     where = str(ckpt.config_path)  # the file the missing value should be in
@@ -216,6 +234,9 @@ def compute(ckpt, spec, opts: BudgetOptions) -> Budget:
         raise UsageError("cannot tell the number of layers (num_hidden_layers or its equivalent is missing)",
                          file=where, field=spec.key("num_layers") or spec.prefixed("num_hidden_layers"))
     seq_len, source = opts.max_model_len, "--max-model-len"
+    if seq_len is None and opts.vllm_release is not None:
+        seq_len = _served(spec, opts.vllm_switches)
+        source = f"vLLM {opts.vllm_release}'s max_model_len from the config"
     if seq_len is None:
         seq_len, source = spec.max_position, f"config {spec.key('max_position') or 'max_position_embeddings'}"
         if not seq_len:

@@ -23,6 +23,8 @@ def register(app: typer.Typer) -> None:
         from kvtool.rules.run import apply, plan
 
         p = plan(o, formats=tuple(FORMATS))
+        if p.compat:
+            return _compat(p)
         reports = apply(p, by_suffix={".yaml": _lint_recipe, ".yml": _lint_recipe})
         if p.format == "text":  # unusable inputs as one line each on stderr, like every other kvtool error
             from kvtool.output.text import error_line
@@ -45,3 +47,24 @@ def _lint_recipe(*args, **kwargs):
     from kvtool.recipes.lint import lint_recipe
 
     return lint_recipe(*args, **kwargs)
+
+
+def _compat(p) -> int:
+    """`kvtool lint --compat`: one table per model; exit 2 when a model could not be read."""
+    from kvtool.engines.compat import render_text
+    from kvtool.rules.run import apply_compat
+
+    results = apply_compat(p)
+    for path, _, error in results:
+        if error:
+            console.out(f"kvtool: error: {error}" if error.startswith(path) else f"kvtool: error: {path}: {error}",
+                        err=True)
+    if p.format == "json":
+        doc = {"models": [{"model": path, "compat": [r.as_dict() for r in table]}
+                          for path, table, _ in results if table is not None]}
+        console.out(console.json_text(doc, indent=2, sort_keys=True))
+    else:
+        for path, table, _ in results:
+            if table is not None:
+                console.out(console.lines(render_text(path, table).splitlines()))
+    return EXIT_INPUT if any(error for _, _, error in results) else EXIT_OK

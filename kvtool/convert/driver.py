@@ -451,6 +451,9 @@ def write(plan: ConvertPlan, dst: str | Path, *, force: bool = False, progress: 
             write_new(tmp / "config.json", dump_config(plan.new_config))
             side = copy_side_files(plan.src, tmp)
             prov["files"] = result.files
+            from kvtool.engines.compat import read_as_written
+
+            prov["engines_read_as_written"] = read_as_written(plan.new_config)  # `kvtool lint --compat DST`: why
             write_new(tmp / "kvtool.json", json.dumps(prov, indent=2) + "\n")
     return ConvertResult(plan=plan, dst=dst, files=result.files, side_files=side, provenance=prov)
 

@@ -36,6 +36,9 @@ class KvBudgetOptions:
     disable_hybrid_kv_cache_manager: bool = option(False, help="Size sliding-window and chunked layers like full "
                                                                "ones, as vLLM does with this flag (or with KV "
                                                                "connectors that lack hybrid support).")
+    engine: str | None = option(None, metavar="REQ",
+                                help="Size the default sequence as this vLLM release derives max_model_len from the "
+                                     "config, e.g. vllm==0.28.0 (yarn: original x factor before 0.30).")
     what_if: str | None = option(None, help="Variants side by side: gqa:N, mqa, mha, a KV dtype, or +-joined, e.g. "
                                             "gqa:8,mqa,fp8,gqa:4+fp8.")
     format: str = option("text", choices=FORMATS, help="text | json")

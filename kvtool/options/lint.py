@@ -23,5 +23,13 @@ class LintOptions:
                                               help="Check vLLM's divisibility rules for this TP size.")
     config: Path | None = option(None, recipe=False, help="Read [tool.kvtool] from this pyproject.toml.")
     isolated: bool = option(False, recipe=False, help="Ignore every pyproject.toml.")
+    engine: list[str] = option(default_factory=list, repeatable=True, recipe="engines", metavar="REQ",
+                               schema={"type": "array", "items": {"type": "string", "minLength": 1}},
+                               help="Engine releases to check, e.g. transformers==4.44.2 or 'vllm>=0.6,<0.9' (a range "
+                                    "checks every known release in it; repeatable). Default: [tool.kvtool] engines, "
+                                    "else the installed releases, else the newest known.")
+    compat: bool = option(False, recipe=False,
+                          help="Print one row per engine release (transformers 4.38.., vLLM 0.5..): reads it as "
+                               "written, reads it differently, or refuses.")
     require_weights: bool = option(False, recipe=False,
                                    help="Git LFS pointers instead of weights (KV613) are an error, not an info.")

@@ -38,6 +38,9 @@ class RopeOptions:
     link: bool = option(False, recipe=False, help="Hard-link unchanged files into DST instead of copying: saves "
                                                   "disk, but editing either copy in place changes both.")
     show: bool = option(False, recipe=False, help="Explain the RoPE setup: wavelengths before/after, served context.")
+    engine: str | None = option(None, recipe=False, metavar="REQ",
+                                help="The vLLM release whose max_model_len arithmetic --show uses, e.g. vllm==0.28.0 "
+                                     "(default: the installed one, else the newest known).")
     plot: str | None = option(None, recipe=False,
                               help="Draw wavelength per dimension, before/after, to FILE.png (needs matplotlib).")
 

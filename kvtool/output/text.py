@@ -27,7 +27,9 @@ def render_text(reports) -> console.Text:
             dtype = f"{kv['dtype']}, vLLM --kv-cache-dtype auto" if kv.get("dtype_note") else kv["dtype"]
             lines.append(f"{r.model}: KV cache {fmt_bytes(kv['bytes_per_token'])}/token ({dtype}){tail}")
         counts = {s: sum(1 for f in r.findings if f.severity == s) for s in ("error", "warning", "info")}
-        lines.append(f"{r.model}: {counts['error']} error(s), {counts['warning']} warning(s), {counts['info']} info")
+        checked = f"; checked {r.checked()}" if getattr(r, "engines", None) else ""
+        lines.append(f"{r.model}: {counts['error']} error(s), {counts['warning']} warning(s), {counts['info']} info"
+                     f"{checked}")
     return console.lines(lines)
 
 

@@ -92,6 +92,9 @@ def write_output(src: Path, tmp: Path, *, config: dict, scales: dict[str, torch.
     write_new(tmp / INDEX_NAME, json.dumps(index, indent=2, sort_keys=True) + "\n")
     write_new(tmp / "config.json", json.dumps(config, indent=2, ensure_ascii=False) + "\n")
     side = copy_side_files(src, tmp)
+    from kvtool.engines.compat import read_as_written
+
+    provenance = {**provenance, "engines_read_as_written": read_as_written(config)}  # `kvtool lint --compat DST`: why
     write_new(tmp / "kvtool.json", json.dumps(provenance, indent=2) + "\n")
     return WriteSummary(dst=tmp, linked=linked, copied=copied, scale_shard=SCALE_SHARD,
                         scale_tensors={n: tuple(t.shape) for n, t in scales.items()}, side_files=side)

@@ -63,13 +63,17 @@ def run(a: RopeOptions, echo: Callable[[str], None] = console.out) -> int:
     spec = build_spec(ckpt.config)
     source = str(ckpt.config_path)
     require_valid_numbers(spec, source)
+    from kvtool.engines.releases import vllm_max_len_switches
+
+    vllm, switches = vllm_max_len_switches(a.engine)  # the served context of --show follows this release
 
     if a.type is None:
-        states = sh.current_states(spec)
+        states = sh.current_states(spec, switches=switches)
         if not states or spec.position != "rope":
             raise UsageError(f"{spec.model_type or 'this model'} does not use RoPE (position: {spec.position})", file=source)
         if a.show:
-            echo(f"{source}: {spec.model_type}, {len(spec.layer_types)} layers")
+            echo(f"{source}: {spec.model_type}, {len(spec.layer_types)} layers; served context as "
+                 f"{vllm.describe()} derives it")
             for st in states:
                 echo(sh.describe(st))
         if a.plot:
@@ -81,8 +85,8 @@ def run(a: RopeOptions, echo: Callable[[str], None] = console.out) -> int:
 
     key, rp = target_params(spec, a.layer_type)
     new_key, new_rp = target_params(plan.spec, a.layer_type)
-    st_before = sh.state_of(spec, key, rp)
-    st_after = sh.state_of(plan.spec, new_key, new_rp, params=plan.new)
+    st_before = sh.state_of(spec, key, rp, switches=switches)
+    st_after = sh.state_of(plan.spec, new_key, new_rp, params=plan.new, switches=switches)
     if a.show:
         echo(sh.describe(st_before, st_after, original=plan.original))
     if a.plot:
@@ -102,6 +106,10 @@ def run(a: RopeOptions, echo: Callable[[str], None] = console.out) -> int:
     for f in plan.findings:
         if f.code.startswith("KV2") and f.severity != "info":
             echo(f"  note: {f.code} [{f.severity}] {f.message}")
+    from kvtool.engines.compat import intended_by
+
+    echo("  read as written by: " + "; ".join(f"{e} {lines}" for e, lines in intended_by(plan.spec).items())
+         + " (kvtool lint --compat DST)")
     echo(f"  {written}")
     return EXIT_OK
 

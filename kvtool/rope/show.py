@@ -34,13 +34,15 @@ class RopeState:
     reason: str = ""  # why frequencies are missing
 
 
-def state_of(spec, layer_key: str, rp, params: dict | None = None) -> RopeState:
-    """The state of one layer type; `params` overrides the dict (the planned one)."""
+def state_of(spec, layer_key: str, rp, params: dict | None = None, *, switches: frozenset = frozenset()) -> RopeState:
+    """The state of one layer type; `params` overrides the dict (the planned one). `switches`: the vLLM
+    release's max_model_len arithmetic (kvtool.engines.releases.vllm_max_len_switches)."""
     p = params if params is not None else {**raw_dict(spec, rp, layer_key), **rope_dict(rp, spec)}
     p = {k: v for k, v in p.items() if k != "type"}
     g = geometry_for(spec, rp)
     label = "full_attention" if layer_key == "default" else layer_key
-    served = rt.served_context(p, spec.max_position, spec.model_type)
+    served = rt.served_context(p, spec.max_position, spec.model_type,
+                               yarn_from_original="yarn_from_original" in switches)
     if g is None:
         return RopeState(label, p, None, spec.max_position, None, None, served, "rotary dimension unknown")
     g = rt.Geometry(dim=g.dim, theta=float(p.get("rope_theta", g.theta)), max_position_embeddings=spec.max_position,
@@ -55,8 +57,8 @@ def state_of(spec, layer_key: str, rp, params: dict | None = None) -> RopeState:
     return RopeState(label, p, g.dim, spec.max_position, inv, att, served)
 
 
-def current_states(spec) -> list[RopeState]:
-    return [state_of(spec, key, rp) for key, rp in spec.rope.items()]
+def current_states(spec, *, switches: frozenset = frozenset()) -> list[RopeState]:
+    return [state_of(spec, key, rp, switches=switches) for key, rp in spec.rope.items()]
 
 
 def _fmt_len(x: float) -> str:

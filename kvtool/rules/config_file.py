@@ -6,6 +6,7 @@
     strict = false                   # warnings fail too
     tensor-parallel-size = 8
     format = "text"                  # text | json | sarif | github
+    engines = ["transformers==4.44.2", "vllm>=0.6,<0.9"]   # releases to check (default: the installed ones)
 
     [tool.kvtool.per-file-ignores]
     "models/legacy/*" = ["KV2"]      # glob on the model path given to lint, or on a finding's file
@@ -23,7 +24,7 @@ from pathlib import Path, PurePosixPath
 from kvtool.errors import UsageError
 from kvtool.io.inputfile import TOML_LIMIT, read_text
 
-_KEYS = {"select", "ignore", "strict", "tensor-parallel-size", "format", "per-file-ignores"}
+_KEYS = {"select", "ignore", "strict", "tensor-parallel-size", "format", "per-file-ignores", "engines"}
 
 
 @dataclass
@@ -34,6 +35,7 @@ class LintSettings:
     tensor_parallel_size: int | None = None
     format: str | None = None
     per_file_ignores: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    engines: tuple[str, ...] | None = None  # engine requirements (kvtool.engines.releases.resolve reads them)
     source: Path | None = None  # the pyproject.toml these came from
 
     def ignored_for(self, *paths: str | None) -> tuple[str, ...]:
@@ -131,6 +133,12 @@ def load_settings(path: Path | None, *, formats: tuple[str, ...] | None = None) 
         if formats is not None and norm["format"] not in formats:
             raise UsageError(f"must be one of {', '.join(formats)}", file=str(path), field="tool.kvtool.format")
         s.format = norm["format"]
+    if "engines" in norm:
+        e = norm["engines"]
+        if not isinstance(e, list) or not all(isinstance(v, str) and v.strip() for v in e):
+            raise UsageError("must be a list of engine requirements, e.g. [\"transformers==4.44.2\"]", file=str(path),
+                             field="tool.kvtool.engines")
+        s.engines = tuple(e)
     if "per-file-ignores" in norm:
         pfi = norm["per-file-ignores"]
         if not isinstance(pfi, dict):

@@ -19,6 +19,11 @@ class ModelReport:
     model_type: str | None = None
     kv: dict | None = None  # KV-cache cost summary
     error: str | None = None  # input unusable: the one-line reason (exit 2)
+    engines: tuple = ()  # the engine releases checked (kvtool.engines.releases.Checked)
+
+    def checked(self) -> str:
+        """'transformers 5.24.0 (installed), vllm 0.33.0 (newest known)' for the summary line."""
+        return ", ".join(c.describe() for c in self.engines)
 
     def failing(self, strict: bool) -> list[Finding]:
         floor = SEVERITY_ORDER["warning" if strict else "error"]
@@ -29,6 +34,9 @@ class ModelReport:
              "findings": [f.as_dict() for f in self.findings], "kv_cache": self.kv}
         if self.error is not None:
             d["error"] = self.error
+        if self.engines:
+            d["engines"] = [{"engine": c.engine, "versions": list(c.versions), "source": c.source,
+                             "requirement": c.requirement} for c in self.engines]
         return d
 
 
@@ -91,7 +99,10 @@ def _lint(source: str, options: LintOptions) -> ModelReport:
             ctx.report("KV000", f"internal error in the {topic} checks: {type(exc).__name__}: {exc}")
     findings = _drop_schema_duplicates([f for f in ctx.findings if options.selection.allows(f.code)])
     findings.sort(key=lambda f: (f.file or "", f.line or 0, f.code, f.path or ""))
-    return ModelReport(model=source, findings=findings, model_type=spec.model_type, kv=kv_summary(spec))
+    from kvtool.engines.releases import checked_default
+
+    return ModelReport(model=source, findings=findings, model_type=spec.model_type, kv=kv_summary(spec),
+                       engines=options.engines or checked_default())
 
 
 def _drop_schema_duplicates(findings: list[Finding]) -> list[Finding]:

@@ -55,7 +55,7 @@ class Finding:
 
 # The modules that define rules and checkers, in checker order (a topic module is listed here, once).
 TOPICS = tuple(f"kvtool.rules.{m}" for m in (
-    "dtype", "heads", "internal", "mla_moe", "numbers", "positions", "quantization", "recipe", "rope", "schema",
+    "dtype", "engines", "heads", "internal", "mla_moe", "numbers", "positions", "quantization", "recipe", "rope", "schema",
     "security", "sliding", "vocab", "weights"))
 RULES: Registry[Rule] = Registry("rule", modules=TOPICS, unknown="unknown {kind} {name!r}; `kvtool rules` lists them")
 CHECKERS: Registry[tuple[str, Callable]] = Registry("checker", modules=TOPICS)  # "topic.function" -> (topic, function)
@@ -113,3 +113,5 @@ class LintOptions:
     require_weights: bool = False  # KV613 (weights not pulled, LFS pointers) becomes an error
     # [tool.kvtool.per-file-ignores]: glob on the model path or a finding's file -> codes / prefixes switched off
     per_file_ignores: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # the engine releases checked (kvtool.engines.releases.Checked); empty: the installed ones, else the newest known
+    engines: tuple = ()

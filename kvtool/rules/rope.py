@@ -8,10 +8,10 @@ other type multiplies max_position_embeddings by factor.
 
 from __future__ import annotations
 
-import math
 
 from kvtool.model.rope import types as rt
-from kvtool.model.rope.params import geometry_for, is_nested, legacy_view, raw_dict, rope_dict, v5_view
+from kvtool.model.rope.params import (describe_rope, geometry_for, has_legacy_rope, is_nested, layout_differences,
+                                      raw_dict, rope_dict, v5_view)
 from kvtool.rules.registry import checker, define
 from kvtool.values import is_number as _num
 
@@ -170,7 +170,10 @@ define("KV212", "rope-served-context", "info", "vLLM serves a different context 
 define("KV213", "rope-v5-only", "warning", "RoPE settings exist only in the transformers v5 layout",
        """
        What it does: flags configs whose rope_parameters (transformers >= 5) set a non-default
-       RoPE while the legacy fields (rope_theta, rope_scaling) say something else or are absent.
+       RoPE while the legacy fields (rope_theta, rope_scaling) are absent, when lint checks a
+       transformers release < 5 (`--engine transformers==4.57.6`, `[tool.kvtool] engines`, or a 4.x
+       installed): the engine fact "tf-rope-parameters-only" (schemas/engines/facts.json, cited
+       configuration_llama.py LlamaConfig.__init__, 4.57.6; tested against 4.38 .. 5.0 by the engine lane).
        Why it matters: transformers 4.x and tools built on it ignore rope_parameters without a
        warning and run the default base with no scaling: long-context quality collapses quietly.
        Example: {"rope_parameters": {"rope_type": "default", "rope_theta": 1000000}} with no rope_theta.
@@ -384,8 +387,9 @@ def _check_context(ctx, spec, kind, params, base, at) -> None:
 
 
 def _check_layouts(ctx, spec) -> None:
-    v5 = v5_view(spec)
-    if v5 is None:
+    """KV214: both layouts written and disagreeing. RoPE written only in rope_parameters is an engine fact
+    (KV213, kvtool/rules/engines.py: which transformers releases read it differently is in the facts table)."""
+    if v5_view(spec) is None:
         return
     rp_key = spec.key("rope_parameters") or "rope_parameters"
     if spec.arch.attention.get("rope_per_layer_type") and not is_nested(spec.get("rope_parameters")) and \
@@ -394,39 +398,8 @@ def _check_layouts(ctx, spec) -> None:
                    "transformers' config class fails (KeyError 'full_attention'); nest it under full_attention / "
                    "sliding_attention", path=rp_key)
         return
-    legacy = legacy_view(spec)
-    has_legacy = isinstance(spec.get("rope_scaling"), dict) and bool(spec.get("rope_scaling")) or \
-        spec.values.get("rope_theta") is not None and spec.values["rope_theta"].key is not None
-    rp_key = spec.key("rope_parameters") or "rope_parameters"
-    for lt, new in v5.items():
-        old = legacy.get(lt) if lt in legacy else (legacy["full_attention"] if len(v5) == 1 else None)
-        if old is None or _same(old, new):
-            continue
-        path = f"{rp_key}.{lt}" if len(v5) > 1 or lt not in ("full_attention",) else rp_key
-        if has_legacy:
-            ctx.report("KV214", f"{path} says {_describe(new)} but the legacy fields say {_describe(old)}", path=path)
-        else:
-            ctx.report("KV213", f"{path} sets {_describe(new)}; transformers 4.x ignores rope_parameters and would "
-                       f"run {_describe(old)}", path=path)
-            return
-
-
-def _same(a: dict, b: dict) -> bool:
-    if set(a) != set(b):
-        return False
-    for k in a:
-        x, y = a[k], b[k]
-        if _num(x) and _num(y):
-            if not math.isclose(float(x), float(y), rel_tol=1e-9):
-                return False
-        elif x != y:
-            return False
-    return True
-
-
-def _describe(d: dict) -> str:
-    extra = ", ".join(f"{k} {d[k]}" for k in sorted(d) if k not in ("rope_type", "rope_theta")
-                      and not isinstance(d[k], list))
-    theta = d.get("rope_theta")
-    theta_s = f"{theta:g}" if _num(theta) else repr(theta)
-    return f"{d.get('rope_type')} RoPE (theta {theta_s}{', ' + extra if extra else ''})"
+    if not has_legacy_rope(spec):
+        return
+    for path, new, old in layout_differences(spec):
+        ctx.report("KV214", f"{path} says {describe_rope(new)} but the legacy fields say {describe_rope(old)}",
+                   path=path)

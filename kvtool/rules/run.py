@@ -18,6 +18,7 @@ class LintPlan:
     engine: EngineOptions
     format: str
     names: tuple[str, ...] = field(default=())  # what the caller calls each model too (per-file ignores match it)
+    compat: bool = False  # --compat: the engine-release table instead of the findings
 
 
 def settings_for(o: LintOptions, *, formats: tuple[str, ...] | None = None) -> LintSettings:
@@ -60,8 +61,23 @@ def plan(o: LintOptions, settings: LintSettings | None = None, *, formats: tuple
     strict = o.strict if o.strict is not None else bool(settings.strict)
     engine = EngineOptions(tensor_parallel_size=tp, selection=Selection(select=chosen, ignore=dropped),
                            strict=strict, require_weights=o.require_weights,
-                           per_file_ignores=settings.per_file_ignores)
-    return LintPlan(paths=tuple(o.paths), engine=engine, format=fmt, names=tuple(names))
+                           per_file_ignores=settings.per_file_ignores, engines=engines_for(o, settings))
+    if o.compat and fmt not in ("text", "json"):
+        raise UsageError(f"--compat prints text or json, not {fmt}", option="format")
+    return LintPlan(paths=tuple(o.paths), engine=engine, format=fmt, names=tuple(names), compat=bool(o.compat))
+
+
+def engines_for(o: LintOptions, settings: LintSettings, *, source: str = "--engine") -> tuple:
+    """The engine releases to check: --engine (or a recipe's engines), else [tool.kvtool] engines, else the
+    installed releases / the newest known (kvtool.engines.releases)."""
+    from kvtool.engines.releases import checked_default, resolve
+
+    if o.engine:
+        return resolve(o.engine, source=source, option="engine")
+    if settings.engines:
+        return resolve(settings.engines, source="pyproject.toml", file=str(settings.source),
+                       field="tool.kvtool.engines")
+    return checked_default()
 
 
 def apply(p: LintPlan, *, by_suffix: dict[str, Callable] | None = None) -> list:
@@ -76,6 +92,24 @@ def apply(p: LintPlan, *, by_suffix: dict[str, Callable] | None = None) -> list:
     return out
 
 
+def apply_compat(p: LintPlan) -> list[tuple[str, list | None, str | None]]:
+    """--compat: (path, kvtool.engines.compat rows, None) per model, or (path, None, the one-line error)."""
+    from kvtool.engines.compat import rows
+    from kvtool.errors import InputError
+    from kvtool.model.checkpoint import open_checkpoint
+    from kvtool.model.spec import build_spec
+
+    out = []
+    for path in p.paths:
+        try:
+            ckpt = open_checkpoint(path)
+        except InputError as exc:
+            out.append((path, None, exc.line()))
+            continue
+        out.append((path, rows(build_spec(ckpt.config)), None))
+    return out
+
+
 def recipe_step_options(step_options: dict, path: str = "") -> LintOptions:
     """A recipe's lint step as `kvtool lint` options (codes as the command's comma-separated flags)."""
     def codes(key: str) -> str | None:
@@ -83,7 +117,7 @@ def recipe_step_options(step_options: dict, path: str = "") -> LintOptions:
         return None if value is None else ",".join(value)
 
     return LintOptions(paths=[path] if path else [], select=codes("select"), ignore=codes("ignore"),
-                       strict=bool(step_options.get("strict")))
+                       strict=bool(step_options.get("strict")), engine=list(step_options.get("engines") or []))
 
 
 def recipe_settings() -> LintSettings:

@@ -56,7 +56,14 @@ def test_every_rope_rule_has_fail_and_pass_fixtures():
 
 @pytest.mark.parametrize("code,case", _cases(), ids=[f"{c}/{n}" for c, n in _cases()])
 def test_rule_fixture(code, case):
-    rep = lint_one(str(RULE_FIXTURES / code / case), OPTS)
+    from dataclasses import replace
+
+    from kvtool.engines.releases import resolve
+
+    extra = RULE_FIXTURES / code / case / "kvtool-lint.json"  # the engine releases a fixture is about (KV213)
+    engines = json.loads(extra.read_text()).get("engine", []) if extra.is_file() else []
+    rep = lint_one(str(RULE_FIXTURES / code / case),
+                   replace(OPTS, engines=resolve(engines, source="--engine")) if engines else OPTS)
     assert rep.error is None, rep.error
     hits = [f for f in rep.findings if f.code == code]
     assert "KV000" not in {f.code for f in rep.findings}

@@ -1,7 +1,8 @@
 """Every rule has a failing and a passing fixture: tests/data/rules/<CODE>/fail*/ and pass*/.
 
 A fail fixture must produce its code; a pass fixture must not. A folder may hold kvtool-lint.json
-with lint options (e.g. {"tensor_parallel_size": 4}). Fixtures of the KV1xx, KV3xx-KV8xx rules are
+with lint options (e.g. {"tensor_parallel_size": 4}, {"engine": ["transformers==4.42.4"]}: the engine releases
+checked, as `--engine` gives them; without it, the newest releases kvtool knows, whatever is installed). Fixtures of the KV1xx, KV3xx-KV8xx rules are
 written by tests/data/rules/build.py; the other rule owners add theirs in the same layout.
 """
 
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from kvtool.engines.releases import ENGINES, newest, resolve
 from kvtool.rules.engine import lint_one
 from kvtool.rules import load_all
 from kvtool.rules.registry import RULES, LintOptions
@@ -34,6 +36,7 @@ def _cases() -> list[tuple[str, str]]:
 def _lint(folder: Path):
     opts_file = folder / "kvtool-lint.json"
     opts = json.loads(opts_file.read_text()) if opts_file.is_file() else {}
+    opts["engines"] = resolve(opts.pop("engine", []) or [f"{e}=={newest(e)}" for e in ENGINES], source="--engine")
     return lint_one(str(folder), LintOptions(**opts))
 
 

@@ -177,3 +177,68 @@ def v5_view(spec) -> dict[str, dict] | None:
     if is_nested(rp):
         return {lt: _norm(d, d.get("rope_theta", top)) for lt, d in rp.items()}
     return {"full_attention": _norm(rp, rp.get("rope_theta", top))}
+
+
+def same_rope(a: dict, b: dict) -> bool:
+    """Two normalised RoPE dicts (legacy_view / v5_view entries) describe the same RoPE."""
+    import math
+
+    from kvtool.values import is_number
+
+    if set(a) != set(b):
+        return False
+    for k in a:
+        x, y = a[k], b[k]
+        if is_number(x) and is_number(y):
+            if not math.isclose(float(x), float(y), rel_tol=1e-9):
+                return False
+        elif x != y:
+            return False
+    return True
+
+
+def describe_rope(d: dict) -> str:
+    """'llama3 RoPE (theta 500000, factor 8.0, ...)' for a normalised RoPE dict."""
+    from kvtool.values import is_number
+
+    extra = ", ".join(f"{k} {d[k]}" for k in sorted(d) if k not in ("rope_type", "rope_theta")
+                      and not isinstance(d[k], list))
+    theta = d.get("rope_theta")
+    theta_s = f"{theta:g}" if is_number(theta) else repr(theta)
+    return f"{d.get('rope_type')} RoPE (theta {theta_s}{', ' + extra if extra else ''})"
+
+
+def has_legacy_rope(spec) -> bool:
+    """The config writes the legacy layout itself (a non-empty rope_scaling or a rope_theta key)."""
+    rs = spec.get("rope_scaling")
+    return isinstance(rs, dict) and bool(rs) or \
+        spec.values.get("rope_theta") is not None and spec.values["rope_theta"].key is not None
+
+
+def layout_differences(spec) -> list[tuple[str, dict, dict]]:
+    """(config path, what rope_parameters says, what the legacy fields give) for each layer type where the two
+    layouts disagree; [] when the config has no rope_parameters."""
+    v5 = v5_view(spec)
+    if v5 is None:
+        return []
+    legacy = legacy_view(spec)
+    rp_key = spec.key("rope_parameters") or "rope_parameters"
+    out = []
+    for lt, new in v5.items():
+        old = legacy.get(lt) if lt in legacy else (legacy["full_attention"] if len(v5) == 1 else None)
+        if old is None or same_rope(old, new):
+            continue
+        out.append((f"{rp_key}.{lt}" if len(v5) > 1 or lt != "full_attention" else rp_key, new, old))
+    return out
+
+
+def v5_only_difference(spec) -> tuple[str, str, str] | None:
+    """RoPE written only in rope_parameters that a reader of the legacy fields (transformers 4.x) runs
+    differently: (path, what rope_parameters says, what the legacy reader runs), else None."""
+    if has_legacy_rope(spec):
+        return None
+    diffs = layout_differences(spec)
+    if not diffs:
+        return None
+    path, new, old = diffs[0]
+    return path, describe_rope(new), describe_rope(old)

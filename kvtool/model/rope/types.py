@@ -290,7 +290,8 @@ def compute(params: dict, g: Geometry, seq_len: int | None = None) -> tuple:
 VLLM_UNSCALED_MODEL_TYPES = ("gemma3",)
 
 
-def served_context(params: dict, max_position_embeddings: int | None, model_type: str | None = None) -> int | None:
+def served_context(params: dict, max_position_embeddings: int | None, model_type: str | None = None, *,
+                   yarn_from_original: bool = False) -> int | None:
     """The max_model_len vLLM derives from this rope dict, or None when vLLM refuses the dict.
 
     vllm 0.33, vllm/config/model.py, _get_and_verify_max_len: types whose max_position_embeddings
@@ -298,16 +299,28 @@ def served_context(params: dict, max_position_embeddings: int | None, model_type
     `factor` (1.0 when absent or null). vllm/model_executor/layers/rotary_embedding/__init__.py,
     get_rope, raises for an unknown type ("Unknown RoPE scaling type") and indexes each type's
     required keys (rope_parameters["factor"]): a KeyError at load, so nothing is served.
+    `yarn_from_original`: the older arithmetic (the engine fact "vllm-yarn-max-len-from-original",
+    schemas/engines/facts.json): only su / longrope / llama3 keep max_position_embeddings, yarn serves
+    original_max_position_embeddings x factor, every other type max_position_embeddings x factor.
     """
     if max_position_embeddings is None:
         return None
     kind = kind_of(params.get("rope_type", params.get("type", "default")) or "default")
     if kind is None or "vllm" not in kind.engines or kind.missing(params):
         return None
-    if any(m in (model_type or "") for m in VLLM_UNSCALED_MODEL_TYPES) or kind.context == "as_is":
-        return max_position_embeddings
     f = params.get("factor")
     f = float(f) if _num(f) else 1.0
+    if any(m in (model_type or "") for m in VLLM_UNSCALED_MODEL_TYPES):
+        return max_position_embeddings
+    if yarn_from_original:
+        if kind.name in ("longrope", "llama3"):
+            return max_position_embeddings
+        orig = params.get("original_max_position_embeddings")
+        if kind.name == "yarn" and isinstance(orig, int) and not isinstance(orig, bool) and orig > 0:
+            return int(orig * f)
+        return int(max_position_embeddings * f)
+    if kind.context == "as_is":
+        return max_position_embeddings
     return int(max_position_embeddings * f)
 
 

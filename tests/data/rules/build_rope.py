@@ -107,6 +107,7 @@ FIXTURES = {
         "fail_qwen35": real("qwen3.5-27b"),
         "pass_v5_default": llama(rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
         "pass_both_layouts": llama(rope_theta=5e5, rope_parameters={"rope_type": "default", "rope_theta": 5e5}),
+        "pass_transformers5": real("qwen3.5-27b"),
     },
     "KV214": {
         "fail_theta": llama(rope_theta=1e4, rope_parameters={"rope_type": "default", "rope_theta": 5e5}),
@@ -150,12 +151,23 @@ FIXTURES = {
 }
 
 
+# kvtool-lint.json of a fixture: the engine releases it is about (KV213 holds for transformers < 5 only)
+OPTIONS = {
+    ("KV213", "fail_glm5"): {"engine": ["transformers==4.57.6"]},
+    ("KV213", "fail_qwen35"): {"engine": ["transformers==4.57.6"]},
+    ("KV213", "pass_both_layouts"): {"engine": ["transformers>=4.38,<5"]},
+    ("KV213", "pass_transformers5"): {"engine": ["transformers==5.0.0"]},
+}
+
+
 def build() -> None:
     for code, cases in FIXTURES.items():
         shutil.rmtree(HERE / code, ignore_errors=True)
         for name, cfg in cases.items():
             (HERE / code / name).mkdir(parents=True)
             (HERE / code / name / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+            if (code, name) in OPTIONS:
+                (HERE / code / name / "kvtool-lint.json").write_text(json.dumps(OPTIONS[code, name]) + "\n")
     print(f"wrote {sum(map(len, FIXTURES.values()))} fixtures for {len(FIXTURES)} rules under {HERE}")
 
 

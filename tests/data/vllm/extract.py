@@ -1,5 +1,12 @@
 """Copy the few vLLM functions kvtool's rules restate into tests/data/vllm/<version>/ (verbatim excerpts).
 
+Two sets: EXCERPTS (every fact of tests/oracle/test_vllm_facts.py, for the release those tests pin, 0.33.0) and
+RELEASE_EXCERPTS (the functions whose behaviour changed between releases: the engine facts of
+schemas/engines/facts.json, checked per release by tests/oracle/test_vllm_releases.py). A function moved between
+files across releases, so RELEASE_EXCERPTS lists the candidate files, first found wins:
+
+    python tests/data/vllm/extract.py /tmp/vllm/src 0.6.3 --releases
+
 vLLM's GPU wheel cannot be installed or imported on the CPU test machines, but its Python source can be
 read. tests/oracle/test_vllm_facts.py checks each fact lint, kv-budget and quantize-kv rely on against
 these excerpts, executing the pure functions where it can. To refresh them for another release:
@@ -49,6 +56,14 @@ EXCERPTS: dict[str, tuple[str, ...]] = {
 }
 
 
+# qualified name -> the files it lived in over the releases (oldest layout last)
+RELEASE_EXCERPTS: dict[str, tuple[str, ...]] = {
+    "_get_and_verify_max_len": ("vllm/config/model.py", "vllm/config/__init__.py", "vllm/config.py"),
+    "get_rope": ("vllm/model_executor/layers/rotary_embedding/__init__.py",
+                 "vllm/model_executor/layers/rotary_embedding.py"),
+}
+
+
 def _find(tree: ast.Module, qualname: str) -> ast.AST:
     parts = qualname.split(".")
     nodes = tree.body
@@ -92,5 +107,35 @@ def extract(src_root: Path, version: str) -> None:
         print(f"wrote {out_dir / excerpt_name(rel)}")
 
 
+def extract_release(src_root: Path, version: str) -> None:
+    """RELEASE_EXCERPTS of one release into tests/data/vllm/<version>/ (one file per source file)."""
+    by_file: dict[str, list[str]] = {}
+    for name, candidates in RELEASE_EXCERPTS.items():
+        rel = next((c for c in candidates if (src_root / c).is_file() and
+                    f"def {name}(" in (src_root / c).read_text(encoding="utf-8")), None)
+        if rel is None:
+            raise LookupError(f"{name}: in none of {candidates}")
+        by_file.setdefault(rel, []).append(name)
+    out_dir = HERE / version
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for rel, names in by_file.items():
+        text = (src_root / rel).read_text(encoding="utf-8")
+        tree, lines = ast.parse(text), text.splitlines()
+        parts = [f"# vLLM {version}, {rel} (Apache-2.0, https://github.com/vllm-project/vllm); verbatim excerpts"]
+        for name in names:
+            node = _find(tree, name)
+            start = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
+            parts.append(f"# --- {name} (lines {start}-{node.end_lineno})")
+            parts.append("\n".join(lines[start - 1:node.end_lineno]))
+        target = out_dir / excerpt_name(rel)
+        if target.exists() and version == "0.33.0":
+            continue  # the pinned release's files hold EXCERPTS already (same functions)
+        target.write_text("\n".join(parts) + "\n", encoding="utf-8")
+        print(f"wrote {target}")
+
+
 if __name__ == "__main__":
-    extract(Path(sys.argv[1]), sys.argv[2])
+    if sys.argv[3:] == ["--releases"]:
+        extract_release(Path(sys.argv[1]), sys.argv[2])
+    else:
+        extract(Path(sys.argv[1]), sys.argv[2])
