@@ -2,8 +2,7 @@
 options declaration (kvtool/options) and handed to the command's own callback.
 
 Importing typer and click and building the command tree cost more than linting a model folder (issue 30); a
-small conversion waits on them too (kvtool/commands/convert.py still imports typer itself: the tree of every
-command, click's parse and the other command modules are what it saves). This
+small conversion waits on them too (none of the four imports typer or click on this path). This
 reader takes only the command lines it reads exactly as click does: the declared flag spellings, `--flag VALUE`
 and `--flag=VALUE`, `--x` / `--no-x` for negatable switches, positional arguments in their declared number,
 values converted by the same int() / float() / Path() as click's types. Anything else (`--help`, an unknown,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import typer
+from typing import TYPE_CHECKING
 
 from kvtool import console
 from kvtool import progress as kv_progress
@@ -11,9 +11,15 @@ from kvtool.deps import require_torch
 from kvtool.errors import EXIT_OK, UsageError
 from kvtool.options.convert import ConvertOptions
 
+if TYPE_CHECKING:  # typer is imported by the typer CLI only (kvtool/commands/argv.py runs convert without it)
+    import typer
+
 
 def register(app: typer.Typer) -> None:
-    @command(app, ConvertOptions, cls=_DstRequiredCommand,
+    # the usage line's DST, for the typer CLI alone (kvtool/commands/argv.py's Direct takes no click class)
+    typer_settings = {} if getattr(app, "direct", False) else {"cls": _dst_required_command()}
+
+    @command(app, ConvertOptions, **typer_settings,
              help="Convert attention heads: --to gqa --groups G | --to mqa | --to mha (exact expansion).")
     def convert(o: ConvertOptions) -> int:
         from kvtool.convert.report import render_plan, render_result
@@ -51,11 +57,15 @@ def register(app: typer.Typer) -> None:
         return EXIT_OK
 
 
-class _DstRequiredCommand(typer.core.TyperCommand):
+def _dst_required_command():
     """Usage `kvtool convert [OPTIONS] SRC DST`: DST is optional to click only so --dry-run can go without it."""
+    import typer
 
-    def collect_usage_pieces(self, ctx):
-        return ["DST" if piece == "[DST]" else piece for piece in super().collect_usage_pieces(ctx)]
+    class DstRequiredCommand(typer.core.TyperCommand):
+        def collect_usage_pieces(self, ctx):
+            return ["DST" if piece == "[DST]" else piece for piece in super().collect_usage_pieces(ctx)]
+
+    return DstRequiredCommand
 
 
 def _device_and_eval(eval_flag: bool | None, method_uses_torch: bool) -> tuple[str, bool]:

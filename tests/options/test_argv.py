@@ -139,8 +139,9 @@ def test_help_usage_errors_and_other_commands_go_to_typer(args):
 
 
 @pytest.mark.parametrize("args,numpy", [(["lint", EXAMPLE, "--isolated"], False), (["kv-budget", EXAMPLE], False),
-                                        (["rope", EXAMPLE, "--show"], True)])  # rope computes frequencies in numpy
-def test_lint_kv_budget_and_rope_import_neither_typer_nor_click(tmp_path, args, numpy):
+                                        (["rope", EXAMPLE, "--show"], True),  # rope computes frequencies in numpy
+                                        (["convert", EXAMPLE, "--to", "mqa", "--dry-run"], False)])
+def test_lint_kv_budget_rope_and_convert_import_neither_typer_nor_click(tmp_path, args, numpy):
     code = ("import sys\n"
             "from kvtool.cli import main\n"
             f"assert main({args!r}) in (0, 1)\n"
