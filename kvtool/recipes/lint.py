@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from kvtool.errors import InputError
-from kvtool.io.inputfile import not_regular
+
 from kvtool.recipes.load import RecipeError, load_recipe
 from kvtool.rules import load_all
 from kvtool.rules.engine import ModelReport, select
 from kvtool.rules.registry import RULES, Finding, LintOptions
+
+FILE_KEYS = ("short_factor_file", "long_factor_file")  # the rope step's files, beside the steps' `text`
 
 
 def lint_recipe(path: str, options: LintOptions) -> ModelReport:
@@ -33,11 +35,14 @@ def lint_recipe_file(path: str) -> ModelReport:
         report.error = exc.line()
         return report
     for step in recipe.steps:
-        for sec in (step.options, step.options.get("calibration")):
-            for t, resolved in recipe.text_files(sec):
-                why = not_regular(resolved)
-                if why:
-                    report.findings.append(finding(
-                        "KV962", f"step {step.index} ({step.kind}): text file {t!r} {why} (resolved to {resolved})",
-                        f"steps[{step.index - 1}].{step.kind}", step.line))
+        named = [("text file", t, resolved) for sec in (step.options, step.options.get("calibration"))
+                 for t, resolved in recipe.text_files(sec)]
+        named += [(key, step.options[key], recipe.resolve(step.options[key])) for key in FILE_KEYS
+                  if isinstance(step.options.get(key), str)]
+        for what, t, resolved in named:
+            why = recipe.file_problem(t)
+            if why:
+                report.findings.append(finding(
+                    "KV962", f"step {step.index} ({step.kind}): {what} {t!r} {why} (resolved to {resolved})",
+                    f"steps[{step.index - 1}].{step.kind}", step.line))
     return report

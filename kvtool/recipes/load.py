@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -16,7 +17,7 @@ import yaml
 
 from kvtool.model.architectures import schemas_dir
 from kvtool.errors import InputError, KvtoolError
-from kvtool.io.inputfile import RECIPE_LIMIT, read_text
+from kvtool.io.inputfile import RECIPE_LIMIT, not_regular, read_text
 from kvtool.io.jsonfile import lone_surrogate
 
 RECIPE_SUFFIXES = (".yaml", ".yml")
@@ -57,8 +58,19 @@ class Recipe:
     steps: list[Step] = field(default_factory=list)
 
     def resolve(self, rel: str) -> Path:
-        p = Path(rel).expanduser()
-        return p if p.is_absolute() else (self.path.parent / p)
+        """A path the recipe names, relative to the recipe's folder (`~` is not expanded: see `file_problem`)."""
+        return self.path.parent / rel
+
+    def file_problem(self, rel: str) -> str | None:
+        """Why the file the recipe names as `rel` cannot be read, or None: it must be a regular file inside the
+        recipe's folder, links resolved, so a recipe from a pull request cannot make kvtool read (and hash into
+        kvtool.json, or calibrate on) a file of the machine's: /proc/self/environ, ~/.ssh/..., ../secret."""
+        if Path(rel).is_absolute() or str(rel).startswith("~"):
+            return "is not a path relative to the recipe's folder (paths in a recipe stay inside its folder)"
+        base = os.path.realpath(self.path.parent)
+        if os.path.commonpath([base, os.path.realpath(self.resolve(rel))]) != base:
+            return "leads outside the recipe's folder (paths in a recipe stay inside its folder)"
+        return not_regular(self.resolve(rel))
 
     def text_files(self, section: dict | None) -> list[tuple[str, Path]]:
         """(as written, resolved path) for a section's `text` (one path or a list), relative to the recipe."""

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from kvtool.errors import KvtoolError, UsageError
-from kvtool.io.inputfile import not_regular
+from kvtool.recipes.lint import FILE_KEYS
+
 from kvtool.model.checkpoint import Checkpoint
 from kvtool.recipes.load import Recipe, Step
 
@@ -75,7 +76,7 @@ def _text_paths(recipe: Recipe, step: Step, section: dict | None, *, required: b
             raise _fail(recipe, step, "needs calibration text: set calibration.text (a file relative to the recipe)")
         return
     for t, path in recipe.text_files(section):
-        why = not_regular(path)
+        why = recipe.file_problem(t)
         if why:
             raise _fail(recipe, step, f"text file {t!r} {why} (resolved to {path})")
 
@@ -126,8 +127,11 @@ def rope_options(options: dict, recipe: Recipe, **given):
         v = getattr(o, f.name)
         if f.base_type is float and isinstance(v, int) and not isinstance(v, bool):
             setattr(o, f.name, float(v))  # as the command's typer option gives it: YAML `1` must write 1.0, not 1
-    for name in ("short_factor_file", "long_factor_file"):
+    for name in FILE_KEYS:
         if getattr(o, name) is not None:
+            why = recipe.file_problem(getattr(o, name))
+            if why:
+                raise UsageError(f"file {getattr(o, name)!r} {why}", option=name)
             setattr(o, name, str(recipe.resolve(getattr(o, name))))
     return o
 
