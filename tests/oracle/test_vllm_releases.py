@@ -20,7 +20,7 @@ from kvtool.engines.facts import arithmetic, facts
 from kvtool.model.rope.types import served_context
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "vllm"
-RELEASES = sorted((p.name for p in DATA.iterdir() if p.is_dir()), key=lambda v: tuple(int(x) for x in v.split(".")))
+RELEASES = sorted((p.name for p in DATA.iterdir() if p.is_dir() and p.name[:1].isdigit()), key=lambda v: tuple(int(x) for x in v.split(".")))
 
 
 def _excerpt(version: str, name: str) -> str:

@@ -151,7 +151,10 @@ def test_write_output_maps_every_tensor_and_copies_or_links_the_shards(tiny, tmp
     with safe_open(str(dst / SCALE_SHARD), framework="pt") as f:
         assert f.metadata()["kvtool.kv_scale_point"] == "post_rope"
         assert f.get_tensor("model.layers.0.self_attn.v_scale").shape == (2, 1, 1)
-    assert json.loads((dst / "kvtool.json").read_text()) == {"command": "quantize-kv"}
+    from kvtool.engines.compat import read_as_written
+
+    assert json.loads((dst / "kvtool.json").read_text()) == {  # the provenance, and which releases read the config
+        "command": "quantize-kv", "engines_read_as_written": read_as_written({"model_type": "llama"})}
 
 
 @pytest.mark.parametrize("args, needle", [
