@@ -28,7 +28,6 @@ import re
 import shutil
 import signal
 import socket
-import sys
 import threading
 import uuid
 from pathlib import Path
@@ -154,6 +153,18 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def staging_dir_for(dst: Path, kind: str = "tmp") -> Path:
+    """A new staging folder next to `dst`: its parents made, stale ones of earlier runs swept. A place the
+    system refuses (DST under a file, in /proc, a name too long) is one line naming DST."""
+    parent = dst.parent if str(dst.parent) else Path(".")
+    try:
+        make_parents(parent)
+        sweep_stale(parent, dst.name)
+        return make_staging_dir(parent, dst.name, kind)
+    except OSError as exc:
+        raise InputError(f"cannot create the output folder: {_os_error_message(exc)}", file=str(dst)) from None
+
+
 def make_staging_dir(parent: Path, dst_name: str, kind: str = "tmp") -> Path:
     """Create `.DST.kvtool-KIND-PID-HEX` in `parent` with its marker file (host, pid)."""
     folder = make_dir(parent / f".{dst_name}.kvtool-{kind}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
@@ -211,13 +222,7 @@ def staged_output(dst: str | Path, *, force: bool = False, protect: Iterable[Pat
     """Yield a temporary folder next to `dst`; rename it to `dst` only if the block succeeds."""
     dst = Path(dst)
     check_destination(dst, force=force, protect=protect)
-    parent = dst.parent if str(dst.parent) else Path(".")
-    try:
-        make_parents(parent)
-        sweep_stale(parent, dst.name)
-        tmp = make_staging_dir(parent, dst.name)
-    except OSError as exc:
-        raise InputError(f"cannot create the output folder: {_os_error_message(exc)}", file=str(dst)) from None
+    tmp = staging_dir_for(dst)
     try:
         with sigterm_as_interrupt():
             yield tmp

@@ -197,19 +197,14 @@ def apply_recipe(recipe_path: str | Path, src: str | Path, dst: str | Path, *, d
         echo(f"  {step.index}. {step.kind}: {desc}")
     if dry_run:
         return {"recipe": str(recipe.path), "plan": plan, "dry_run": True}
-    from kvtool.io.staging import _os_error_message, check_destination, make_staging_dir, scratch_outputs, sweep_stale
+    from kvtool.io.staging import check_destination, scratch_outputs, staging_dir_for
 
     dst = Path(dst)
     check_destination(dst, force=force, protect=[src])
     kept = dst.parent / f"{dst.name}.intermediate"
     if keep_intermediate:
         _check_intermediate(kept, force=force, src=src)
-    try:  # DST under a file, in /proc, a name too long: one line, as staged_output says it for the commands
-        outputfile.make_parents(dst.parent)
-        sweep_stale(dst.parent, dst.name)
-        work = make_staging_dir(dst.parent, dst.name, "work")
-    except OSError as exc:
-        raise InputError(f"cannot create the output folder: {_os_error_message(exc)}", file=str(dst)) from None
+    work = staging_dir_for(dst, "work")  # as staged_output makes the commands' (one line when refused)
     ctx = RunContext(recipe=recipe, src=src, current=src, work=work, device=device, progress=progress,
                      validated=validated)
     report = {"kvtool_report_version": 1, "recipe": {"path": str(recipe.path), "name": recipe.name,
