@@ -4,12 +4,10 @@ from __future__ import annotations
 
 from kvtool.errors import InputError
 
-from kvtool.recipes.load import RecipeError, load_recipe
+from kvtool.recipes.load import FILE_KEYS, RecipeError, load_recipe
 from kvtool.rules import load_all
 from kvtool.rules.engine import ModelReport, select
 from kvtool.rules.registry import RULES, Finding, LintOptions
-
-FILE_KEYS = ("short_factor_file", "long_factor_file")  # the rope step's files, beside the steps' `text`
 
 
 def lint_recipe(path: str, options: LintOptions) -> ModelReport:

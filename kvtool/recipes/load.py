@@ -41,6 +41,9 @@ class RecipeError(InputError):
         super().__init__(where + detail, file=file, field=field)
 
 
+FILE_KEYS = ("short_factor_file", "long_factor_file")  # the rope step's files, beside the steps' `text`
+
+
 @dataclass(frozen=True)
 class Step:
     kind: str  # convert | rope | quantize-kv | lint | eval

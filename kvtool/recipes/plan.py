@@ -14,10 +14,9 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from kvtool.errors import KvtoolError, UsageError
-from kvtool.recipes.lint import FILE_KEYS
 
 from kvtool.model.checkpoint import Checkpoint
-from kvtool.recipes.load import Recipe, Step
+from kvtool.recipes.load import FILE_KEYS, Recipe, Step
 
 # Built-in datasets a recipe step may name: offline only, so a recipe never waits on the network midway.
 RECIPE_DATASETS = ("pydoc",)
