@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install llama-cpp-python's OpenAI-compatible server, the real engine tests/eval/test_eval_served.py starts.
-# The wheel is built from PyPI's sdist once (CPU only, generic x86-64 with AVX2: ~20-30 min on 2 cores) and kept in
+# The wheel is built from PyPI's sdist once (CPU only, generic x86-64 with AVX2: ~8 min on 2 quiet cores, 55 min on busy ones) and kept in
 # the cache, keyed by the version and the build flags; later runs install the cached wheel in seconds.
 set -euo pipefail
 VERSION="${LLAMA_CPP_PYTHON_VERSION:-0.3.36}"
