@@ -1,0 +1,1 @@
+"""GQA/MHA -> MLA (multi-head latent attention, DeepSeek layout): shape, solve and layout modules."""
