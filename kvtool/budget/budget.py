@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from kvtool.model import kvcache
 from kvtool.budget.estimate import estimate
 from kvtool.budget.gpus import Gpu
+from kvtool.budget.paging import Paging, mixed_kinds
 from kvtool.budget.variants import Variant
 from kvtool.errors import UsageError
 from kvtool.units import fmt_bytes
@@ -153,12 +154,16 @@ def figures(spec, name: str, kv_heads: int | None, kv_dtype: str, eb: float, opt
     refusal = kvcache.tp_refusal(spec.num_heads, kv_heads if kv_heads is not None else spec.num_kv_heads, tp,
                                  mla=spec.is_mla)
     rows: list[LayerRow] = []
-    for layer in kvcache.layers(spec, kv_heads=kv_heads):
+    paging = Paging(opts.vllm_switches, opts.hybrid_kv_cache)
+    kv_layers = kvcache.layers(spec, kv_heads=kv_heads)
+    mixed = mixed_kinds(kv_layers)
+    for layer in kv_layers:
         per_gpu = layer.on_gpu(tp)
-        tokens = layer.paged_tokens(seq_len, opts.block_size, step, hybrid=opts.hybrid_kv_cache)
+        tokens = paging.tokens(layer, seq_len, opts.block_size, step, mixed=mixed)
         rows.append(LayerRow(layer, per_gpu, layer.bytes_per_token(eb), per_gpu.bytes_per_token(eb), tokens,
                              tokens * layer.bytes_per_token(eb), tokens * per_gpu.bytes_per_token(eb)))
-    f = Figures(name, kv_heads, kv_dtype, eb, rows, refusal, padding=group_padding(rows, opts.hybrid_kv_cache))
+    f = Figures(name, kv_heads, kv_dtype, eb, rows, refusal,
+                padding=group_padding(rows, paging.keeps_windows(mixed), paging))
     f.kv_bytes_per_token = sum(r.bytes_per_token for r in rows)
     f.kv_bytes_per_token_per_gpu = sum(r.bytes_per_token_per_gpu for r in rows)
     f.kv_bytes_per_sequence = sum(r.bytes_per_sequence for r in rows) + sum(p.bytes_per_sequence for p in f.padding)
@@ -169,11 +174,12 @@ def figures(spec, name: str, kv_heads: int | None, kv_dtype: str, eb: float, opt
     return f
 
 
-def group_padding(rows: list[LayerRow], hybrid: bool) -> list[Padding]:
+def group_padding(rows: list[LayerRow], hybrid: bool, paging: Paging = Paging()) -> list[Padding]:
     """Padding layers of vLLM's hybrid KV-cache groups (kv_cache_utils._get_kv_cache_groups_uniform_page_size).
 
-    With more than one kind of KV layer, vLLM splits each kind into groups of equal size: the smallest
-    kind's layer count, or the largest's when it is under 1.5x the smallest. A kind whose count is not a
+    With more than one kind of KV layer, vLLM splits each kind into groups of equal size (Paging.group_size:
+    the smallest kind's layer count, or, from 0.18, the largest's when it is under 1.5x the smallest). A kind
+    whose count is not a
     multiple is padded, and a padding slot reserves memory like a real layer of that kind (Gemma-3-1B:
     4 global layers, so the 22 sliding layers fill 6 groups of 4 and 2 slots are padding).
     """
@@ -187,8 +193,7 @@ def group_padding(rows: list[LayerRow], hybrid: bool) -> list[Padding]:
         kinds.setdefault(key, []).append(r)
     if len(kinds) <= 1:
         return []
-    counts = [len(v) for v in kinds.values()]
-    group = max(counts) if max(counts) < 1.5 * min(counts) else min(counts)
+    group = paging.group_size([len(v) for v in kinds.values()])
     out = []
     for members in kinds.values():
         extra = kvcache.cdiv(len(members), group) * group - len(members)
@@ -225,6 +230,15 @@ def _served(spec, switches: frozenset) -> int | None:
     params = {k: v for k, v in {**raw_dict(spec, rp, key), **rope_dict(rp, spec)}.items() if k != "type"}
     return served_context(params, spec.max_position, spec.model_type,
                           yarn_from_original="yarn_from_original" in switches)
+
+
+def _paging_notes(opts: BudgetOptions) -> list[str]:
+    """The paging rules of the --engine release that differ from the newest's (facts.json `arithmetic` rows)."""
+    from kvtool.budget.paging import SWITCHES
+    from kvtool.engines.facts import facts
+
+    return [f"vLLM {opts.vllm_release}: {f.says} ({f.citation})" for f in facts()
+            if f.engine == "vllm" and f.arithmetic in SWITCHES and f.applies_to(opts.vllm_release)]
 
 
 def compute(ckpt, spec, opts: BudgetOptions) -> Budget:
@@ -291,7 +305,10 @@ def compute(ckpt, spec, opts: BudgetOptions) -> Budget:
         notes.append(f"kvtool has no architecture table for model_type {spec.model_type!r}: read with generic "
                      "field names, so per-layer differences the config encodes its own way are not seen")
     windowed = {r.layer.layer_type for r in current.layers if r.layer.window is not None}
-    if windowed and not opts.hybrid_kv_cache:
+    mixed = mixed_kinds([r.layer for r in current.layers])
+    if windowed and opts.vllm_release is not None:
+        notes.extend(_paging_notes(opts))
+    if windowed and mixed and not opts.hybrid_kv_cache:
         notes.append("--disable-hybrid-kv-cache-manager: sliding-window / chunked layers are sized like full ones")
     elif "chunked_attention" in windowed:
         notes.append("some vLLM versions turn the hybrid KV-cache manager off for chunked local attention unless "
