@@ -22,9 +22,11 @@ V0_CEIL = "kv_sliding_v0_ceil_blocks"
 V0_FLOOR_PLUS_TWO = "kv_sliding_v0_floor_plus_two_blocks"
 # V1 before max_in_flight_tokens: windowed layers reserve one scheduler step beyond the window
 ONE_STEP = "kv_sliding_one_step"
-# hybrid groups as large as the smallest kind (before the "under 1.5x the smallest: the largest" rule)
+# hybrid groups as large as the smallest kind, or the largest kind's when it is under 1.25x the smallest (the
+# newest: under 1.5x)
 GROUP_MIN = "kv_group_min_layers"
-SWITCHES = (ALL_FULL, MIXED_FULL, V0_CEIL, V0_FLOOR_PLUS_TWO, ONE_STEP, GROUP_MIN)
+GROUP_125 = "kv_group_max_under_1_25x"
+SWITCHES = (ALL_FULL, MIXED_FULL, V0_CEIL, V0_FLOOR_PLUS_TWO, ONE_STEP, GROUP_MIN, GROUP_125)
 
 # vllm/config/vllm.py, VllmConfig.max_concurrent_batches (0.33.0): async scheduling, on by default with one
 # pipeline stage, keeps two batches in flight, and windowed layers hold blocks for both (max_in_flight_tokens)
@@ -64,7 +66,7 @@ class Paging:
         small, large = min(counts), max(counts)
         if GROUP_MIN in self.switches:
             return small
-        return large if large < 1.5 * small else small
+        return large if large < (1.25 if GROUP_125 in self.switches else 1.5) * small else small
 
 
 def mixed_kinds(layers: list[LayerKV]) -> bool:

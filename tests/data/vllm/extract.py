@@ -64,6 +64,26 @@ RELEASE_EXCERPTS: dict[str, tuple[str, ...]] = {
 }
 
 
+# The paging rules kv-budget restates per release (schemas/engines/facts.json `kv_*` arithmetic rows,
+# tests/oracle/test_vllm_paging.py) and the Qwen3.5 KV-scale loading: copied where the release has them (V0 and V1
+# releases hold different ones), first candidate file found wins.
+OPTIONAL_RELEASE_EXCERPTS: dict[str, tuple[str, ...]] = {
+    "EngineArgs.use_v2_block_manager": ("vllm/engine/arg_utils.py",),
+    "BlockSpaceManagerV1.__init__": ("vllm/core/block_manager_v1.py",),
+    "BlockSpaceManagerV2.__init__": ("vllm/core/block_manager_v2.py",),
+    "SelfAttnBlockSpaceManager.__init__": ("vllm/core/block_manager.py",),
+    "GPUModelRunner.get_kv_cache_spec": ("vllm/v1/worker/gpu_model_runner.py",),
+    "SlidingWindowSpec.max_memory_usage_bytes": ("vllm/v1/kv_cache_interface.py",),
+    "SlidingWindowSpec.max_admission_blocks_per_request": ("vllm/v1/kv_cache_interface.py",),
+    "VllmConfig.max_concurrent_batches": ("vllm/config/vllm.py",),
+    "VllmConfig.max_in_flight_tokens": ("vllm/config/vllm.py",),
+    "get_kv_cache_config": ("vllm/v1/core/kv_cache_utils.py",),
+    "_get_kv_cache_config_uniform_page_size": ("vllm/v1/core/kv_cache_utils.py",),
+    "_get_kv_cache_groups_uniform_page_size": ("vllm/v1/core/kv_cache_planning.py", "vllm/v1/core/kv_cache_utils.py"),
+    "Qwen3_5Model.load_weights": ("vllm/model_executor/models/qwen3_5.py",),
+}
+
+
 def _find(tree: ast.Module, qualname: str) -> ast.AST:
     parts = qualname.split(".")
     nodes = tree.body
@@ -116,9 +136,25 @@ def extract_release(src_root: Path, version: str) -> None:
         if rel is None:
             raise LookupError(f"{name}: in none of {candidates}")
         by_file.setdefault(rel, []).append(name)
+    for name, candidates in OPTIONAL_RELEASE_EXCERPTS.items():
+        for c in candidates:
+            if (src_root / c).is_file():
+                try:
+                    _find(ast.parse((src_root / c).read_text(encoding="utf-8")), name)
+                except LookupError:
+                    continue
+                by_file.setdefault(c, []).append(name)
+                break
     out_dir = HERE / version
     out_dir.mkdir(parents=True, exist_ok=True)
     for rel, names in by_file.items():
+        target = out_dir / excerpt_name(rel)
+        if target.exists() and version == "0.33.0":  # the pinned release's EXCERPTS: add only what they lack
+            held = target.read_text(encoding="utf-8")
+            names = [n for n in names if f"# --- {n} (lines" not in held]
+            if not names:
+                continue
+            target = target.with_name(target.name.replace(".txt", ".release.txt"))
         text = (src_root / rel).read_text(encoding="utf-8")
         tree, lines = ast.parse(text), text.splitlines()
         parts = [f"# vLLM {version}, {rel} (Apache-2.0, https://github.com/vllm-project/vllm); verbatim excerpts"]
@@ -126,10 +162,9 @@ def extract_release(src_root: Path, version: str) -> None:
             node = _find(tree, name)
             start = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
             parts.append(f"# --- {name} (lines {start}-{node.end_lineno})")
-            parts.append("\n".join(lines[start - 1:node.end_lineno]))
-        target = out_dir / excerpt_name(rel)
-        if target.exists() and version == "0.33.0":
-            continue  # the pinned release's files hold EXCERPTS already (same functions)
+            body = lines[start - 1:node.end_lineno]
+            indent = len(body[0]) - len(body[0].lstrip())  # class members dedented, so each excerpt parses
+            parts.append("\n".join(line[indent:] for line in body))
         target.write_text("\n".join(parts) + "\n", encoding="utf-8")
         print(f"wrote {target}")
 
