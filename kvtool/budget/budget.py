@@ -1,8 +1,8 @@
 """The kv-budget figures: KV bytes per layer / token / sequence, weights, the KV pool and what fits.
 
 Sizes follow vLLM's paged allocator: every layer reserves whole blocks; a sliding-window layer
-reserves window-1 tokens plus one scheduler step plus one block; a chunked-local layer the chunk plus
-one step; MLA one latent per token replicated on every tensor-parallel GPU; models that mix kinds
+reserves window-1 tokens plus the tokens in flight plus one block; a chunked-local layer the chunk plus
+the tokens in flight (per release: kvtool/budget/paging.py); MLA one latent per token replicated on every tensor-parallel GPU; models that mix kinds
 get the padding slots of vLLM's equal-size layer groups. The KV pool is
 GPU memory x utilization - weights per GPU - --reserve (vLLM also subtracts the activation peak
 and CUDA-graph memory it profiles at start-up; kvtool cannot know those, --reserve stands in).

@@ -64,9 +64,9 @@ class LayerKV:
     def paged_tokens(self, seq_len: int, block_size: int, batched_tokens: int, *, hybrid: bool = True) -> int:
         """Token slots vLLM reserves for this layer for one sequence of seq_len tokens.
 
-        Full layers: whole blocks for every token. Sliding layers: the last window-1 tokens plus one
-        scheduler step (batched_tokens, chunked prefill), plus one block because the window need not
-        start on a block boundary. Chunked-local layers: the chunk plus one scheduler step.
+        Full layers: whole blocks for every token. Sliding layers: the last window-1 tokens plus
+        batched_tokens (the tokens in flight, chunked prefill: kvtool.budget.paging), plus one block because
+        the window need not start on a block boundary. Chunked-local layers: the chunk plus batched_tokens.
         hybrid=False is vLLM with its hybrid KV-cache manager disabled: every layer is sized as full.
         """
         if self.kind == "none" or seq_len <= 0:
