@@ -70,6 +70,8 @@ class Paging:
 
 
 def mixed_kinds(layers: list[LayerKV]) -> bool:
-    """More than one kind of KV layer (full, or windowed with its window)."""
-    return len({(lay.layer_type, lay.window) if lay.window is not None else None
-                for lay in layers if lay.kind != "none"}) > 1
+    """Full and windowed KV layers together: what vLLM converts to full attention without its hybrid manager (a
+    model whose layers all slide keeps its window: kv_cache_planning._promote_local_kv_cache_specs, 0.33.0;
+    kv_cache_utils.unify_hybrid_kv_cache_specs, 0.9.0 .. 0.10.2)."""
+    kv = [lay for lay in layers if lay.kind != "none"]
+    return any(lay.window is None for lay in kv) and any(lay.window is not None for lay in kv)

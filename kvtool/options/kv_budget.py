@@ -34,8 +34,10 @@ class KvBudgetOptions:
                                                 help="Scheduler step for sliding-window sizing (default: vLLM's, 8192 "
                                                      "on >=70 GiB non-A100 GPUs, else 2048).")
     disable_hybrid_kv_cache_manager: bool = option(False, help="Size sliding-window and chunked layers like full "
-                                                               "ones, as vLLM does with this flag (or with KV "
-                                                               "connectors that lack hybrid support).")
+                                                               "ones beside full-attention layers, as vLLM does with "
+                                                               "this flag (or with KV connectors that lack hybrid "
+                                                               "support); a model whose layers all slide keeps its "
+                                                               "window.")
     engine: str | None = option(None, metavar="REQ",
                                 help="Size the default sequence as this vLLM release derives max_model_len from the "
                                      "config, e.g. vllm==0.28.0 (yarn: original x factor before 0.30).")

@@ -94,3 +94,11 @@ def test_gpt_oss_20b_group_threshold_follows_the_release(tmp_path, capsys) -> No
                      "--max-model-len", "8192", "--format", "json"]) == 0
         d = json.loads(capsys.readouterr().out)
         assert [(p["layer_type"], p["count"]) for p in d["padding_layers"]] == pads, release
+
+
+def test_disabling_the_hybrid_manager_keeps_an_all_sliding_window(capsys) -> None:
+    """--disable-hybrid-kv-cache-manager converts windows to full only beside full layers (Gemma-3); Mistral-v0.1's
+    layers all slide, so they keep the window (vllm/v1/core/kv_cache_planning.py, _promote_local_kv_cache_specs)."""
+    per_layer = 2 * 8 * 128 * 2
+    d = _budget(capsys, "mistral-7b-instruct-v0.1", "--disable-hybrid-kv-cache-manager", "--max-model-len", "32768")
+    assert d["kv_bytes_per_sequence"] == 32 * (_cdiv(4096 - 1 + 2 * 2048, 16) + 1) * 16 * per_layer

@@ -175,3 +175,18 @@ def test_qwen3_5_kv_scales_fact_is_where_the_remap_is_missing(version) -> None:
 def test_excerpts_cover_both_sides_of_each_change() -> None:
     assert {"0.6.2", "0.6.3", "0.8.2", "0.8.3", "0.9.0", "0.9.1", "0.17.0", "0.18.0", "0.24.0", "0.25.1",
             "0.26.0"} <= set(RELEASES), sorted(p.name for p in DATA.iterdir())
+
+
+@pytest.mark.parametrize("version", _with("unify_hybrid_kv_cache_specs"))
+def test_windows_become_full_only_beside_full_layers(version) -> None:
+    """Without the hybrid manager (before 0.9.1, or --disable-hybrid-kv-cache-manager) vLLM converts windowed specs
+    to full only when full-attention layers are present too: a model whose layers all slide keeps its window."""
+    code = _excerpt(version, "unify_hybrid_kv_cache_specs")
+    if "_promote_local_kv_cache_specs(" in code:
+        code += _excerpt(version, "_promote_local_kv_cache_specs")
+    assert "if has_full_attention and" in code, version
+    layers = [_sliding(4096)] * 4
+    assert not P.mixed_kinds(layers) and P.mixed_kinds(layers + [LayerKV(4, "full_attention", "GQA", 1, 1, None, 2, 1)])
+    for hybrid in (True, False):
+        assert P.Paging(arithmetic("vllm", version), hybrid).keeps_windows(P.mixed_kinds(layers)) == \
+            (P.ALL_FULL not in arithmetic("vllm", version)), version

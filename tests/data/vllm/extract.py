@@ -78,6 +78,8 @@ OPTIONAL_RELEASE_EXCERPTS: dict[str, tuple[str, ...]] = {
     "VllmConfig.max_concurrent_batches": ("vllm/config/vllm.py",),
     "VllmConfig.max_in_flight_tokens": ("vllm/config/vllm.py",),
     "get_kv_cache_config": ("vllm/v1/core/kv_cache_utils.py",),
+    "unify_hybrid_kv_cache_specs": ("vllm/v1/core/kv_cache_planning.py", "vllm/v1/core/kv_cache_utils.py"),
+    "_promote_local_kv_cache_specs": ("vllm/v1/core/kv_cache_planning.py", "vllm/v1/core/kv_cache_utils.py"),
     "_get_kv_cache_config_uniform_page_size": ("vllm/v1/core/kv_cache_utils.py",),
     "_get_kv_cache_groups_uniform_page_size": ("vllm/v1/core/kv_cache_planning.py", "vllm/v1/core/kv_cache_utils.py"),
     "Qwen3_5Model.load_weights": ("vllm/model_executor/models/qwen3_5.py",),
