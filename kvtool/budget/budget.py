@@ -232,13 +232,13 @@ def _served(spec, switches: frozenset) -> int | None:
                           yarn_from_original="yarn_from_original" in switches)
 
 
-def _paging_notes(opts: BudgetOptions) -> list[str]:
-    """The paging rules of the --engine release that differ from the newest's (facts.json `arithmetic` rows)."""
-    from kvtool.budget.paging import SWITCHES
+def _paging_notes(opts: BudgetOptions, switches: frozenset[str]) -> list[str]:
+    """The --engine release's paging rules that differ from the newest's and change this model's figures
+    (facts.json `arithmetic` rows, with their citations)."""
     from kvtool.engines.facts import facts
 
     return [f"vLLM {opts.vllm_release}: {f.says} ({f.citation})" for f in facts()
-            if f.engine == "vllm" and f.arithmetic in SWITCHES and f.applies_to(opts.vllm_release)]
+            if f.engine == "vllm" and f.arithmetic in switches and f.applies_to(opts.vllm_release)]
 
 
 def compute(ckpt, spec, opts: BudgetOptions) -> Budget:
@@ -307,7 +307,7 @@ def compute(ckpt, spec, opts: BudgetOptions) -> Budget:
     windowed = {r.layer.layer_type for r in current.layers if r.layer.window is not None}
     mixed = mixed_kinds([r.layer for r in current.layers])
     if windowed and opts.vllm_release is not None:
-        notes.extend(_paging_notes(opts))
+        notes.extend(_paging_notes(opts, Paging(opts.vllm_switches, opts.hybrid_kv_cache).shaping(mixed)))
     if windowed and mixed and not opts.hybrid_kv_cache:
         notes.append("--disable-hybrid-kv-cache-manager: sliding-window / chunked layers are sized like full ones")
     elif "chunked_attention" in windowed:

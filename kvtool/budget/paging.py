@@ -61,6 +61,15 @@ class Paging:
             return min(cdiv(seq_len, bs), cap) * bs
         return layer.paged_tokens(seq_len, bs, self.in_flight_tokens(step), hybrid=True)
 
+    def shaping(self, mixed: bool) -> frozenset[str]:
+        """The switches that change a windowed model's figures (what kv-budget notes)."""
+        if ALL_FULL in self.switches:
+            return frozenset({ALL_FULL})
+        if not self.keeps_windows(mixed):
+            return frozenset({MIXED_FULL} & self.switches)
+        v0 = self.switches & {V0_CEIL, V0_FLOOR_PLUS_TWO}
+        return v0 or (self.switches & ({ONE_STEP, GROUP_MIN, GROUP_125} if mixed else {ONE_STEP}))
+
     def group_size(self, counts: list[int]) -> int:
         """Layers per hybrid KV-cache group, from the layer count of each kind."""
         small, large = min(counts), max(counts)

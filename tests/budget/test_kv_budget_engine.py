@@ -102,3 +102,20 @@ def test_disabling_the_hybrid_manager_keeps_an_all_sliding_window(capsys) -> Non
     per_layer = 2 * 8 * 128 * 2
     d = _budget(capsys, "mistral-7b-instruct-v0.1", "--disable-hybrid-kv-cache-manager", "--max-model-len", "32768")
     assert d["kv_bytes_per_sequence"] == 32 * (_cdiv(4096 - 1 + 2 * 2048, 16) + 1) * 16 * per_layer
+
+
+@pytest.mark.parametrize("name,release,cited", [
+    ("gemma-3-1b-it", "0.6.3", {"vllm-v0-interleaved-window-full"}),
+    ("mistral-7b-instruct-v0.1", "0.6.3", {"vllm-v0-sliding-floor-plus-two-blocks"}),
+    ("gemma-3-1b-it", "0.8.2", {"vllm-v1-no-sliding-spec"}),
+    ("gemma-3-1b-it", "0.10.2", {"vllm-sliding-one-step", "vllm-hybrid-group-min-layers"}),
+    ("mistral-7b-instruct-v0.1", "0.10.2", {"vllm-sliding-one-step"}),
+    ("gemma-3-1b-it", "0.33.0", set()),
+])
+def test_notes_cite_the_rows_that_shaped_the_figures(capsys, name, release, cited) -> None:
+    from kvtool.engines.facts import facts
+
+    notes = " ".join(_budget(capsys, name, "--engine", f"vllm=={release}")["notes"])
+    rows = {f.id for f in facts() if f.effect == "arithmetic" and f.arithmetic.startswith("kv_")
+            and str(f.citation) in notes}
+    assert rows == cited, (release, rows)
