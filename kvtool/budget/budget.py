@@ -84,6 +84,7 @@ class Figures:
     max_concurrent_sequences: int | None = None
     kv_pool_tokens: int | None = None  # tokens the pool holds when every KV layer keeps every token
     padding: list[Padding] = field(default_factory=list)
+    cache: kvcache.CacheFormat | None = None  # how vLLM stores the KV-cache dtype (scales, packing)
 
 
 @dataclass
@@ -143,13 +144,15 @@ def served_weight_bytes(ckpt) -> int:
     return total
 
 
-def kv_elem(spec, kv_cache_dtype: str) -> tuple[str, float, str | None]:
-    """(dtype name, bytes per element, note) for --kv-cache-dtype; auto follows vLLM (kvcache.serving_kv_dtype)."""
-    return kvcache.serving_kv_dtype(spec, kv_cache_dtype)
+def kv_elem(spec, kv_cache_dtype: str) -> tuple[str, kvcache.CacheFormat, str | None]:
+    """(dtype name, vLLM's layout for it, note) for --kv-cache-dtype; auto follows vLLM; a dtype vLLM would
+    refuse for this model is one UsageError line (kvcache.cache_format)."""
+    fmt, note = kvcache.cache_format(spec, kv_cache_dtype)
+    return fmt.name, fmt, note
 
 
-def figures(spec, name: str, kv_heads: int | None, kv_dtype: str, eb: float, opts: BudgetOptions,
-             seq_len: int, step: int) -> Figures:
+def figures(spec, name: str, kv_heads: int | None, kv_dtype: str, eb: "float | kvcache.CacheFormat",
+            opts: BudgetOptions, seq_len: int, step: int) -> Figures:
     tp = opts.tensor_parallel_size
     refusal = kvcache.tp_refusal(spec.num_heads, kv_heads if kv_heads is not None else spec.num_kv_heads, tp,
                                  mla=spec.is_mla)
@@ -162,9 +165,13 @@ def figures(spec, name: str, kv_heads: int | None, kv_dtype: str, eb: float, opt
         tokens = paging.tokens(layer, seq_len, opts.block_size, step, mixed=mixed)
         rows.append(LayerRow(layer, per_gpu, layer.bytes_per_token(eb), per_gpu.bytes_per_token(eb), tokens,
                              tokens * layer.bytes_per_token(eb), tokens * per_gpu.bytes_per_token(eb)))
-    f = Figures(name, kv_heads, kv_dtype, eb, rows, refusal,
-                padding=group_padding(rows, paging.keeps_windows(mixed), paging))
-    f.kv_bytes_per_token = sum(r.bytes_per_token for r in rows)
+    elements = sum(r.layer.elements_per_token for r in rows)
+    per_token = sum(r.bytes_per_token for r in rows)
+    fmt = eb if isinstance(eb, kvcache.CacheFormat) else None
+    elem = eb if fmt is None else per_token / elements if elements else 0  # per cached element, scales included
+    f = Figures(name, kv_heads, kv_dtype, elem, rows, refusal,
+                padding=group_padding(rows, paging.keeps_windows(mixed), paging), cache=fmt)
+    f.kv_bytes_per_token = per_token
     f.kv_bytes_per_token_per_gpu = sum(r.bytes_per_token_per_gpu for r in rows)
     f.kv_bytes_per_sequence = sum(r.bytes_per_sequence for r in rows) + sum(p.bytes_per_sequence for p in f.padding)
     f.kv_bytes_per_sequence_per_gpu = (sum(r.bytes_per_sequence_per_gpu for r in rows)
@@ -265,6 +272,13 @@ def compute(ckpt, spec, opts: BudgetOptions) -> Budget:
     kv_dtype, eb, dnote = kv_elem(spec, opts.kv_cache_dtype)
     if dnote:
         notes.append(dnote)
+    if eb.skip:
+        notes.append(f"{kv_dtype}: vLLM keeps the first and last {eb.dtype.boundary_layers} attention layers in "
+                     f"the model dtype (TurboQuantConfig.get_boundary_skip_layers: layers "
+                     f"{', '.join(map(str, sorted(eb.skip)))}); the block-size alignment it then applies "
+                     "(Platform._align_heterogeneous_kv_block_size) is not modelled")
+    if eb.dtype.platform:
+        notes.append(f"{kv_dtype}: {eb.dtype.platform}")
 
     weight_bytes = weight_params = None
     weight_source = None
@@ -295,9 +309,8 @@ def compute(ckpt, spec, opts: BudgetOptions) -> Budget:
     _fill_pool(current, pool, opts.block_size)
     variants: list[Figures] = []
     for v in opts.what_if:
-        v_dtype = v.kv_dtype or kv_dtype
-        f = figures(spec, v.name, v.kv_heads, v_dtype, kvcache.dtype_bytes(v_dtype) if v.kv_dtype else eb,
-                     opts, seq_len, step)
+        v_dtype, v_fmt = (kv_elem(spec, v.kv_dtype)[:2] if v.kv_dtype else (kv_dtype, eb))
+        f = figures(spec, v.name, v.kv_heads, v_dtype, v_fmt, opts, seq_len, step)
         _fill_pool(f, pool, opts.block_size)
         variants.append(f)
 

@@ -41,7 +41,7 @@ class KvDtype:
     block: int | None = None
     boundary_layers: int = 0  # first / last N attention layers vLLM keeps at the model dtype (dense models)
     must_match_model: bool = False  # float16 / bfloat16: vLLM refuses one that is not the model's dtype
-    out_of_tree: str | None = None  # served by a platform outside vLLM's own backends
+    platform: str | None = None  # the one platform that serves it (ROCm only; an out-of-tree plugin)
 
     @property
     def cite(self) -> str:

@@ -18,7 +18,8 @@ class KvBudgetOptions:
     batch: int | None = option(None, flags=("--batch", "--concurrency"), minimum=1, maximum=1 << 30,
                                help="Concurrent sequences (default 1; when given with a GPU, exit 1 if they do not fit).")
     kv_cache_dtype: str = option("auto", choices=KV_CACHE_DTYPES,
-                                 help="auto | fp16 | bf16 | fp32 | fp8 | fp8_e4m3 | fp8_e5m2 | int8 (auto = the model dtype).")
+                                 help="A KV-cache dtype vLLM 0.33 accepts, sized with its scales and packing (auto = "
+                                      "the model dtype; the table: docs/kv-budget.md).")
     block_size: int = option(16, minimum=1, maximum=1 << 20,
                              help="Paged-attention block size in tokens (vLLM's default 16).")
     tensor_parallel_size: int = option(1, short="-tp", minimum=1, maximum=QUANTITY_BOUNDS["num_heads"].high,

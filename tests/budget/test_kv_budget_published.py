@@ -21,11 +21,11 @@ IN_FLIGHT = 2
 
 
 # --- GQA / MHA ------------------------------------------------------------------------------
-def test_llama31_8b_fp16_per_token_and_mha_what_if(capsys):
+def test_llama31_8b_bf16_per_token_and_mha_what_if(capsys):
     # Llama-3.1-8B: 32 layers, 8 KV heads, head_dim 4096/32 = 128; K and V at 2 bytes.
     per_token = 2 * 8 * 128 * 2 * 32
     assert per_token == 131_072
-    d = run_json(capsys, config("llama-3.1-8b"), "--kv-cache-dtype", "fp16", "--what-if", "mha,mqa,gqa:4")
+    d = run_json(capsys, config("llama-3.1-8b"), "--kv-cache-dtype", "bfloat16", "--what-if", "mha,mqa,gqa:4")
     assert d["kv_bytes_per_token"] == per_token
     assert d["max_model_len"] == 131_072  # the config's max_position_embeddings
     assert d["kv_bytes_per_sequence"] == per_token * 131_072 == 16 * GIB
@@ -201,12 +201,13 @@ def test_gpt_oss_120b_on_h100_uses_vllms_larger_scheduler_step(capsys):
 
 
 # --- KV dtype -------------------------------------------------------------------------------
-def test_fp8_halves_bf16_and_int8_is_one_byte(capsys):
+def test_fp8_halves_bf16_and_per_token_head_int8_adds_its_scales(capsys):
     fp8 = run_json(capsys, config("llama-3.1-8b"), "--kv-cache-dtype", "fp8")
-    int8 = run_json(capsys, config("llama-3.1-8b"), "--kv-cache-dtype", "int8")
-    fp32 = run_json(capsys, config("llama-3.1-8b"), "--kv-cache-dtype", "fp32")
-    assert fp8["kv_bytes_per_token"] == int8["kv_bytes_per_token"] == 2 * 8 * 128 * 1 * 32 == 65_536
-    assert fp32["kv_bytes_per_token"] == 2 * 8 * 128 * 4 * 32
+    e5m2 = run_json(capsys, config("llama-3.1-8b"), "--kv-cache-dtype", "fp8_e5m2")
+    int8 = run_json(capsys, config("llama-3.1-8b"), "--kv-cache-dtype", "int8_per_token_head")
+    assert fp8["kv_bytes_per_token"] == e5m2["kv_bytes_per_token"] == 2 * 8 * 128 * 1 * 32 == 65_536
+    # one float32 scale for K and one for V per token and KV head, beside the int8 values
+    assert int8["kv_bytes_per_token"] == (2 * 128 * 1 + 2 * 4) * 8 * 32 == 67_584
     mla = run_json(capsys, config("deepseek-v3"), "--kv-cache-dtype", "fp8_e4m3", "--max-model-len", "1024")
     assert mla["kv_bytes_per_token"] == (512 + 64) * 1 * 61
 

@@ -86,6 +86,57 @@ OPTIONAL_RELEASE_EXCERPTS: dict[str, tuple[str, ...]] = {
 }
 
 
+# The KV-cache dtypes kvtool/model/kv_dtypes.json restates (tests/model/test_kv_dtypes.py), for 0.33.0: which
+# names vLLM accepts, how each is stored, and which attention backends list it. Merged into EXCERPTS.
+_B = "vllm/v1/attention/backends/"
+_KINDS = "supported_kv_cache_dtypes"
+KV_DTYPE_EXCERPTS: dict[str, tuple[str, ...]] = {
+    "vllm/config/cache.py": ("CacheDType", "CacheConfig.cache_dtype"),
+    # the two paging functions first: OPTIONAL_RELEASE_EXCERPTS wrote them to this file before it was in EXCERPTS
+    "vllm/config/vllm.py": ("VllmConfig.max_concurrent_batches", "VllmConfig.max_in_flight_tokens",
+                            "VllmConfig._reject_mismatched_float_kv_cache"),
+    "vllm/utils/torch_utils.py": ("STR_DTYPE_TO_TORCH_DTYPE", "MODELOPT_TO_VLLM_KV_CACHE_DTYPE_MAP",
+                                  "get_kv_cache_quant_algo_string", "resolve_kv_cache_dtype_string",
+                                  "kv_cache_dtype_str_to_dtype", "nvfp4_kv_cache_full_dim"),
+    "vllm/v1/kv_cache_interface.py": ("KVQuantMode", "get_kv_quant_mode"),
+    "vllm/model_executor/layers/attention/mla_attention.py": ("_canonicalize_sparse_mla_kv_cache_dtype",
+                                                              "MLAAttention.get_kv_cache_spec",
+                                                              "MLACommonBackend.customize_spec"),
+    "vllm/model_executor/layers/quantization/turboquant/config.py": ("TQ_PRESETS", "TurboQuantConfig"),
+    "vllm/v1/attention/ops/rocm_octave.py": ("HADAMARD_BLOCK", "ROPE_BITS", "NOPE_BITS", "rope_dim_from_hf_config",
+                                             "OctaveFormat"),
+    "vllm/v1/attention/ops/ultraquant/format.py": ("GROUP_SIZE", "get_group_size", "k_codes_bytes", "n_groups",
+                                                   "k_scales_bytes", "v_codes_bytes", "v_scales_bytes", "slot_size"),
+    _B + "triton_attn.py": ("TritonAttentionBackend.customize_spec", "TritonAttentionBackend." + _KINDS),
+    _B + "flashinfer.py": ("FlashInferBackend.customize_spec", "FlashInferBackend." + _KINDS),
+    _B + "turboquant_attn.py": ("TurboQuantAttentionBackend.customize_spec", "TurboQuantAttentionBackend." + _KINDS),
+    _B + "rocm_octave_attn.py": ("RocmOctaveAttentionBackend.customize_spec", "RocmOctaveAttentionBackend." + _KINDS),
+    _B + "ultraquant_attn.py": ("UltraQuantAttentionBackend.customize_spec", "UltraQuantAttentionBackend." + _KINDS),
+    _B + "b12x.py": ("_B12X_FP8_KV_CACHE_DTYPES", "_B12X_SUPPORTED_KV_CACHE_DTYPES",
+                     "B12xPagedAttentionBackend." + _KINDS),
+    **{_B + f: tuple(f"{c}.{_KINDS}" for c in classes) for f, classes in {
+        "cpu_attn.py": ("CPUAttentionBackend",), "flash_attn.py": ("FlashAttentionBackend",),
+        "flex_attention.py": ("FlexAttentionBackend",), "hpc_attn.py": ("HpcAttentionBackend",),
+        "rocm_aiter_fa.py": ("AiterFlashAttentionBackend",),
+        "rocm_aiter_unified_attn.py": ("RocmAiterUnifiedAttentionBackend",),
+        "rocm_attn.py": ("RocmAttentionBackend",), "rocm_segmented_attn.py": ("RocmSegmentedAttentionBackend",),
+        "triton_attn_diffkv.py": ("TritonAttentionDiffKVBackend",),
+        "mla/cpu_mla.py": ("CPUMLABackend",), "mla/cutlass_mla.py": ("CutlassMLABackend",),
+        "mla/flashattn_mla.py": ("FlashAttnMLABackend",),
+        "mla/flashattn_mla_sparse.py": ("FlashAttnMLASparseBackend", "FlashAttnMLASparseFA4Backend"),
+        "mla/flashinfer_mla.py": ("FlashInferMLABackend",),
+        "mla/flashinfer_mla_sparse.py": ("FlashInferMLASparseTRTLLMBackend", "FlashInferMLASparseSM120Backend"),
+        "mla/flashinfer_mla_sparse_sm90.py": ("FlashInferMLASparseSM90Backend",),
+        "mla/flashmla.py": ("FlashMLABackend",), "mla/flashmla_sparse.py": ("FlashMLASparseBackend",),
+        "mla/rocm_aiter_mla.py": ("AiterMLABackend",), "mla/rocm_aiter_mla_sparse.py": ("ROCMAiterMLASparseBackend",),
+        "mla/tokenspeed_mla.py": ("TokenspeedMLABackend",), "mla/triton_mla.py": ("TritonMLABackend",),
+        "mla/xpu_mla_sparse.py": ("XPUMLASparseBackend",),
+    }.items()},
+}
+for _file, _names in KV_DTYPE_EXCERPTS.items():
+    EXCERPTS[_file] = EXCERPTS.get(_file, ()) + _names
+
+
 def _find(tree: ast.Module, qualname: str) -> ast.AST:
     parts = qualname.split(".")
     nodes = tree.body
