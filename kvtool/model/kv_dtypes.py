@@ -42,6 +42,7 @@ class KvDtype:
     boundary_layers: int = 0  # first / last N attention layers vLLM keeps at the model dtype (dense models)
     must_match_model: bool = False  # float16 / bfloat16: vLLM refuses one that is not the model's dtype
     platform: str | None = None  # the one platform that serves it (ROCm only; an out-of-tree plugin)
+    eval: str | None = None  # the torch dtype `kvtool eval` rounds K and V through to emulate it (kvtool/eval/fp8.py)
 
     @property
     def cite(self) -> str:
@@ -160,6 +161,11 @@ def table() -> dict[str, KvDtype]:
 def names() -> tuple[str, ...]:
     """Every `--kv-cache-dtype` value vLLM accepts (auto first)."""
     return tuple(table())
+
+
+def emulated() -> tuple[str, ...]:
+    """The dtypes `kvtool eval` emulates (rows with an `eval` dtype); it cannot emulate the others."""
+    return tuple(n for n, r in table().items() if r.eval)
 
 
 def get(name: str) -> KvDtype | None:
