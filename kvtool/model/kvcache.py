@@ -271,6 +271,23 @@ def serving_kv_dtype(spec, kv_cache_dtype: str = "auto") -> tuple[str, "float | 
     return fmt.name, (fmt.dtype.element_bits / 8 if plain else fmt), why
 
 
+def dtype_refusal(spec, row: kv_dtypes.KvDtype, native: str | None = None) -> str | None:
+    """Why vLLM would refuse this KV-cache dtype for this model, or None: no in-tree attention backend for its
+    attention kind, a float16 / bfloat16 cache that is not the model's dtype, a head size its packing cannot take."""
+    native = native or native_kv_dtype(spec)[0]
+    kind = kv_dtypes.attention_kind(spec)
+    if kind not in row.attention:
+        serves = " or ".join(kv_dtypes.KIND_WORDS[k] for k in row.attention) or "no attention kind"
+        return (f"vLLM {kv_dtypes.release()} has no attention backend that stores {row.name} for "
+                f"{kv_dtypes.KIND_WORDS[kind]}; {row.name} serves {serves}")
+    if row.must_match_model and row.name != native:
+        return (f"vLLM refuses kv_cache_dtype {row.name} for a model served in {native} "
+                f"(VllmConfig._reject_mismatched_float_kv_cache); use auto or {native}")
+    if kind == "standard" and spec.head_dim:
+        return row.slot_problem(spec.head_dim, spec.rotary_dim)
+    return None
+
+
 def cache_format(spec, kv_cache_dtype: str = "auto", *, refuse: bool = True) -> tuple[CacheFormat, str | None]:
     """vLLM's KV-cache layout for `--kv-cache-dtype` on this model, and a note on how auto resolved.
 
@@ -298,18 +315,11 @@ def cache_format(spec, kv_cache_dtype: str = "auto", *, refuse: bool = True) -> 
         row = replace(kv_dtypes.get("bfloat16"), name=name, storage=name, must_match_model=False,
                       element_bits=int(dtype_bytes(name) * 8))
     kind = kv_dtypes.attention_kind(spec)
-    problem = None
-    if kind not in row.attention:
-        serves = " or ".join(kv_dtypes.KIND_WORDS[k] for k in row.attention) or "no attention kind"
-        problem = (f"vLLM {kv_dtypes.release()} has no attention backend that stores {name} for "
-                   f"{kv_dtypes.KIND_WORDS[kind]}; {name} serves {serves}")
-    elif row.must_match_model and name != native:
-        problem = (f"vLLM refuses kv_cache_dtype {name} for a model served in {native} "
-                   f"(VllmConfig._reject_mismatched_float_kv_cache); use auto or {native}")
-    elif kind == "standard" and spec.head_dim:
-        problem = row.slot_problem(spec.head_dim, spec.rotary_dim)
+    problem = dtype_refusal(spec, row, native)
     if problem and refuse:
         raise UsageError(problem, option="kv_cache_dtype")
+    if problem:  # lint's summary: vLLM would not start (KV805 says why); size the model dtype's cache instead
+        row, why = kv_dtypes.get(native) or row, f"{name} is not served here ({problem}): sized as {native}"
     if kind == "mla_sparse" and name in ("auto", "fp8", "fp8_e4m3") and row.name != "fp8_ds_mla":
         # mla_attention.py _canonicalize_sparse_mla_kv_cache_dtype: the backend, not the flag, decides
         why = ((why + "; ") if why else "") + (
