@@ -205,8 +205,8 @@ def markdown() -> str:
                                             key=key, value_bits=r.value_bits, group_size=r.group_size,
                                             token_bytes=r.token_bytes, compact=", compact K" if r.compact else "")
         at128 = "512" if r.layout == "model" else "" if r.layout == "token_blob" else str(r.slot_bytes(128, 128))
-        extra = [f"the first and last {r.boundary_layers} layers stay in the model dtype (no Mamba / linear-attention "
-                 "layers)"
+        extra = [f"in a model without Mamba / linear-attention layers the first and last {r.boundary_layers} layers "
+                 "stay in the model dtype"
                  ] if r.boundary_layers else []
         extra += ["must be the model's dtype"] if r.must_match_model else []
         extra += [r.platform] if r.platform else []
