@@ -279,6 +279,10 @@ def compute(ckpt, spec, opts: BudgetOptions) -> Budget:
                      "(Platform._align_heterogeneous_kv_block_size) is not modelled")
     if eb.dtype.platform:
         notes.append(f"{kv_dtype}: {eb.dtype.platform}")
+    table_release = kvcache.kv_dtypes.release()
+    if opts.vllm_release is not None and opts.vllm_release != table_release and opts.kv_cache_dtype != "auto":
+        notes.append(f"--kv-cache-dtype {opts.kv_cache_dtype} is sized as vLLM {table_release} stores it "
+                     f"(kvtool/model/kv_dtypes.json); vLLM {opts.vllm_release} was not read for it")
 
     weight_bytes = weight_params = None
     weight_source = None

@@ -123,3 +123,10 @@ def test_every_vllm_dtype_is_a_choice():
     from kvtool.options.kv_budget import KvBudgetOptions
 
     assert field_named(KvBudgetOptions, "kv_cache_dtype").choices == kv_dtypes.names()
+
+
+def test_another_engine_release_says_the_dtype_sizes_are_033s(capsys):
+    d = run_json(capsys, config("llama-3.1-8b"), "--engine", "vllm==0.30.0", "--kv-cache-dtype", "nvfp4")
+    assert any("sized as vLLM 0.33.0 stores it" in n and "0.30.0 was not read" in n for n in d["notes"])
+    same = run_json(capsys, config("llama-3.1-8b"), "--engine", "vllm==0.33.0", "--kv-cache-dtype", "nvfp4")
+    assert not any("was not read" in n for n in same["notes"])
