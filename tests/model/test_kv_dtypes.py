@@ -28,7 +28,7 @@ from kvtool.model.spec import build_spec
 
 VERSION = "0.33.0"
 DATA = Path(__file__).resolve().parents[1] / "data" / "vllm" / VERSION
-CONFIGS = Path("/work/shared/configs")
+CONFIGS = Path(__file__).resolve().parents[1] / "data" / "configs"  # real configs, with sources
 BYTES = {"uint8": 1, "int8": 1, "float8_e4m3fn": 1, "float16": 2, "half": 2, "bfloat16": 2, "float32": 4, "float": 4}
 TORCH = types.SimpleNamespace(**{k: k for k in BYTES}, dtype=str)  # torch.uint8 -> "uint8"
 HEAD_DIMS = (64, 72, 80, 96, 128, 192, 256)  # 72: a TurboQuant slot that rounds up to even
