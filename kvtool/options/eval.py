@@ -9,6 +9,7 @@ from kvtool.progress import FLAG_HELP
 PERCENT = {"$ref": "#/$defs/percent"}  # 0.02 or "2%"
 FORMATS = ("text", "json")
 GATE_FIELDS = ("max_ppl_increase", "max_kld", "min_top1")  # kvtool.eval.gate.GATES (a test checks)
+FP8_ATTENTION = ("cache-only", "flash-attn", "flashinfer", "triton")  # kvtool.eval.fp8_backends.CHOICES (a test checks)
 
 
 @operation("eval")
@@ -42,6 +43,10 @@ class EvalOptions:
     kv_cache_dtype: str = option("auto", schema={"enum": ["auto", "fp8"]},
                                  help="auto (fp8 when the checkpoint has KV scales) | fp8 | off")
     kv_scales: str = option("checkpoint", recipe=False, help="checkpoint | one (1.0, vLLM's default)")
+    fp8_attention: str = option("cache-only", choices=FP8_ATTENTION,
+                                help="With an FP8 KV cache, what else vLLM 0.33's backend rounds to e4m3: cache-only "
+                                     "(K/V only) | flash-attn (FA3 on Hopper: + queries) | flashinfer (+ queries) | "
+                                     "triton (+ queries and probabilities). docs/eval.md#fp8-attention")
     max_ppl_increase: str = option("2%", recipe="thresholds.max_ppl_increase", schema=PERCENT,
                                    help="Gate: PPL ratio - 1 (with --baseline; 'off' disables).")
     max_kld: float | None = option(None, recipe="thresholds.max_kld", minimum=0,
