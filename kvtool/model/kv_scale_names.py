@@ -99,7 +99,9 @@ def match_q(name: str) -> tuple[str, str] | None:
     if not name.endswith("q_scale"):
         return None
     m = _Q_RE.match(name)
-    return (m.group("prefix"), m.group("suffix")) if m else None
+    if not m or m.group("prefix").rsplit(".", 1)[-1].endswith("_proj"):
+        return None  # `q_proj.q_scale`: vLLM looks for q_proj.attn.q_scale, no parameter, and drops it
+    return m.group("prefix"), m.group("suffix")
 
 
 def q_canonical_name(attn_prefix: str) -> str:
