@@ -71,7 +71,7 @@ _FLEX = "vllm/v1/attention/backends/flex_attention.py"
 
 BACKENDS: tuple[Fp8Backend, ...] = (
     Fp8Backend(
-        "cache-only", "FLASHINFER (SM89 / SM120 FA2 path, SM90 XQA decode), FLASH_ATTN (FA4 on SM90), ROCM_ATTN",
+        "cache-only", "FLASHINFER (SM89 / SM120 FA2 path, SM90 XQA decode), FLASH_ATTN (FA4 on SM90)",
         "GPUs whose FP8-KV path keeps the query in the model dtype and dequantizes K/V in the kernel",
         queries=False, prob_scale=None,
         citations=(Citation(_FI, "FlashInferMetadataBuilder.get_q_data_type"),
