@@ -168,3 +168,23 @@ def test_eval_reports_the_backend_and_q_scales(tiny_llama_path, tmp_path):
 
     text = render_text(tr)
     assert "attention triton emulated" in text and "q scale 1 (no q scales in the checkpoint" in text
+
+
+@pytest.mark.slow
+def test_attention_override_keeps_gemma3_sliding_windows(gemma3_path, monkeypatch):
+    # with rounding switched off, the Triton row's own attention is transformers' attention, sliding layers
+    # included: 600 tokens > Gemma-3's 512-token window, so the sliding masks really cut
+    import kvtool.eval.fp8 as fp8mod
+    from kvtool.runtime.kv_hooks import kv_hook
+    from kvtool.runtime.torch_utils import load_model, load_tokenizer
+    from kvtool.testing.text import evaluation_text
+
+    model = load_model(gemma3_path, device=torch.device(DEVICE), dtype=torch.float32)
+    assert model.config.get_text_config().sliding_window < 600
+    ids = torch.tensor([load_tokenizer(gemma3_path)(evaluation_text())["input_ids"][:600]], device=DEVICE)
+    with torch.inference_mode():
+        ref = model(input_ids=ids, use_cache=False).logits
+        monkeypatch.setattr(fp8mod, "fp8_roundtrip", lambda x, s: x)
+        with kv_hook(model, Fp8Attention(KVScales(), fb.backend("triton"))):
+            got = model(input_ids=ids, use_cache=False).logits
+    assert float((got - ref).abs().max()) < 1e-3 * float(ref.abs().max())
