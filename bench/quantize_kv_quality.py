@@ -3,6 +3,7 @@
     python bench/quantize_kv_quality.py smollm2 [--windows 8] [--observers absmax-pow2:2,attn-out,...]
     python bench/quantize_kv_quality.py gemma3 --windows 4
     python bench/quantize_kv_quality.py smollm2 --layers      # per layer / role: clipping, subnormals, cost
+    python bench/quantize_kv_quality.py smollm2 --attention --windows 4 --window 512   # FP8 attention backends
 
 Every observer is calibrated with kvtool's own `calibrate()` on the CLI's default calibration
 (first 2048 tokens of the built-in pydoc calibration text, 512-token sequences), then scored on
@@ -61,21 +62,21 @@ def load(name: str):
     return src, tok, model
 
 
-def eval_windows(tok, n: int):
-    """n windows of WINDOW tokens of the held-out text; window 0 is the quality report's text."""
+def eval_windows(tok, n: int, text: str | None = None, window: int = WINDOW):
+    """n windows of `window` tokens of the held-out text (or `text`); window 0 is the quality report's text."""
     import torch
 
     from kvtool.testing.text import evaluation_text
 
-    ids = tok(evaluation_text(), add_special_tokens=True)["input_ids"]
+    ids = tok(evaluation_text() if text is None else text, add_special_tokens=True)["input_ids"]
     bos = ids[:1] if tok.bos_token_id is not None and ids[0] == tok.bos_token_id else []
     body = ids[len(bos):]
-    step = WINDOW - len(bos)
+    step = window - len(bos)
     wins = [bos + body[k * step:(k + 1) * step] for k in range(n)]
-    return [torch.tensor([w]) for w in wins if len(w) == WINDOW]
+    return [torch.tensor([w]) for w in wins if len(w) == window]
 
 
-def calibrated(model, tok, observer: str):
+def calibrated(model, tok, observer: str, q_scales: bool = False):
     import torch
 
     from kvtool.quantize.calibrate import calibrate
@@ -85,7 +86,8 @@ def calibrated(model, tok, observer: str):
 
     batches, _ = tokenize_windows(tok, [calibration_text()], CALIB_TOKENS, CALIB_SEQ)
     return calibrate(model, batches, layers_path="model.layers", observer=observer, strategy="tensor",
-                     fmt=FORMATS["e4m3"], device=torch.device("cpu"), num_kv_heads=model.config.num_key_value_heads)
+                     fmt=FORMATS["e4m3"], device=torch.device("cpu"), num_kv_heads=model.config.num_key_value_heads,
+                     q_scales=q_scales)
 
 
 def score(model, wins, candidates: dict, log=print):
@@ -118,13 +120,13 @@ def _se(x) -> float:
     return float(x.std() / math.sqrt(x.numel())) if x.numel() > 1 else float("nan")
 
 
-def table(res: dict, n_windows: int, ref: str = "fp8 scale 1.0") -> str:
+def table(res: dict, n_windows: int, ref: str = "fp8 scale 1.0", ref_label: str = "scale 1.0") -> str:
     nll, kl, t1 = res["nll"], res["kl"], res["top1"]
     o = nll["original"][:n_windows].reshape(-1)
     r_nll, r_kl = nll[ref][:n_windows].reshape(-1), kl[ref][:n_windows].reshape(-1)
-    lines = [f"{o.numel()} held-out tokens ({n_windows} x {WINDOW}-token windows); original PPL {math.exp(o.mean()):.4f}",
+    lines = [f"{o.numel()} held-out tokens ({n_windows} x {nll['original'].shape[1] + 1}-token windows); original PPL {math.exp(o.mean()):.4f}",
              f"| {'':27s} | {'PPL':>8s} | {'vs original (paired SE)':>23s} | {'KLD (SE)':>18s} | {'top-1':>6s} "
-             f"| {'NLL vs scale 1.0 (SE)':>21s} | {'KLD vs scale 1.0 (SE)':>21s} |",
+             f"| {'NLL vs ' + ref_label + ' (SE)':>21s} | {'KLD vs ' + ref_label + ' (SE)':>21s} |",
              "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for c in kl:
         x = nll[c][:n_windows].reshape(-1)
@@ -189,6 +191,40 @@ def sweep(name: str, n_windows: int, observers: list[str], save: str | None) -> 
     for n in sorted({1, len(wins)}):
         print("\n" + table(res, n))
     print("\n" + summary(res))
+
+
+def attention(name: str, n_windows: int, window: int, save: str | None) -> None:
+    """FP8 attention as vLLM 0.33's backends compute it (kvtool.eval.fp8_backends): cache-only vs queries (and
+    Triton's probabilities) in FP8, without scales (vLLM's 1.0), with calibrated K/V scales only (q falls back to
+    1.0) and with calibrated q scales too; on held-out pydoc (the calibration text's genre) and the licences of
+    /usr/share/common-licenses (another genre)."""
+    import torch
+
+    from kvtool.eval.fp8 import Fp8Attention, KVScales
+    from kvtool.eval.fp8_backends import backend
+    from kvtool.quantize.observers import DEFAULT_OBSERVER
+    from other_texts import licenses_text
+
+    _, tok, model = load(name)
+    t0 = time.perf_counter()
+    r = calibrated(model, tok, DEFAULT_OBSERVER, q_scales=True)
+    print(f"{name}: calibrated {DEFAULT_OBSERVER} (K, V and q) in {time.perf_counter() - t0:.1f} s; q_scale "
+          f"{min(float(t.max()) for t in r.q.values()):.4g}..{max(float(t.max()) for t in r.q.values()):.4g}, "
+          f"q amax {max(float(t.max()) for t in r.q_amax.values()):.3g}", flush=True)
+    kv = KVScales.from_mapping({i: (r.k[i], r.v[i]) for i in r.k}, source="calibrated")
+    kvq = KVScales.from_mapping({i: (r.k[i], r.v[i], r.q[i]) for i in r.k}, source="calibrated")
+    cands = {"cache-only, K/V calibrated": Fp8Attention(kv, backend("cache-only"))}
+    for b in ("flash-attn", "triton"):  # q: vLLM's 1.0 without q scales, then calibrated
+        cands[f"{b}, K/V calibrated, q 1.0"] = Fp8Attention(kv, backend(b))
+        cands[f"{b}, K/V/q calibrated"] = Fp8Attention(kvq, backend(b))
+    for label, text in (("pydoc held-out (calibration genre)", None), ("licences (another genre)", licenses_text())):
+        wins = eval_windows(tok, n_windows, text, window)
+        res = score(model, wins, cands, log=lambda s: print(s, flush=True))
+        if save:
+            torch.save(res, f"{save}.{'other' if text else 'same'}")
+        print(f"\n{name}, {label}: {sum(w.numel() for w in wins)} tokens in {len(wins)} windows of {window}, CPU float32 "
+              f"emulation; calibration {CALIB_TOKENS} pydoc tokens")
+        print(table(res, len(wins), ref="cache-only, K/V calibrated", ref_label="cache-only"), flush=True)
 
 
 def layers(name: str, n_windows: int, observer: str, costs: bool = True) -> None:
@@ -271,6 +307,8 @@ def main() -> None:
     ap.add_argument("--layers", action="store_true", help="per-layer clipping / subnormal / cost table instead")
     ap.add_argument("--observer", default=None, help="--layers: the calibrated observer (default: kvtool's default)")
     ap.add_argument("--no-costs", action="store_true", help="--layers: skip the one-tensor KLD / NLL costs")
+    ap.add_argument("--attention", action="store_true", help="FP8 attention backends instead (queries, probabilities)")
+    ap.add_argument("--window", type=int, default=WINDOW, help="--attention: window length in tokens")
     a = ap.parse_args()
     import torch
 
@@ -281,6 +319,8 @@ def main() -> None:
             print(table(res, n) + "\n")
         print(summary(res))
         return None
+    if a.attention:
+        return attention(a.model, a.windows, a.window, a.save)
     if a.layers:
         from kvtool.quantize.observers import DEFAULT_OBSERVER
 

@@ -150,6 +150,13 @@ if [ "${KVTOOL_GPU_CHECK_BENCH:-1}" != "0" ]; then
       || rc=$((rc ? rc : $?))
     stamp "quantize-kv took $(( $(date +%s) - t0 )) s"
     $PY -m kvtool lint /tmp/kvtool-gpu-fp8 | tail -2 || rc=$((rc ? rc : $?))
+    # FP8 attention as vLLM's backends compute it (kvtool/eval/fp8_backends.py), with the q scales just written
+    for backend in flash-attn triton; do
+      stamp "eval --fp8-attention $backend on $DEVICE (SmolLM2 with calibrated K/V/q scales, $EVT tokens)"
+      timeout 180 $PY -m kvtool eval /tmp/kvtool-gpu-fp8 --baseline "$smol" --fp8-attention "$backend" \
+        --max-tokens "$EVT" --max-length "$LEN" --max-ppl-increase off --no-progress | grep -E "^(fp8|kld|ppl) " \
+        || rc=$((rc ? rc : 1))
+    done
   fi
 fi
 stamp "done, rc=$rc"

@@ -65,6 +65,15 @@ def render_text(r) -> console.Text:
         else:
             kv += f" emulated, {s['source']} scales for {s['layers']} layers ({s['min_scale']:.4g}..{s['max_scale']:.4g})"
     lines.append(f"device    {r.device}, {r.dtype}, KV cache {kv}")
+    fa = getattr(r, "fp8_attention", None)
+    if fa and fa["name"] != "cache-only":
+        att = f"attention {fa['name']} emulated (vLLM {fa['vllm']}): queries {fa['queries']}"
+        q = fa.get("q_scales")
+        if q:
+            att += (f", checkpoint q scales for {q['checkpoint_layers']} layers ({q['min_scale']:.4g}..{q['max_scale']:.4g})"
+                    if q["checkpoint_layers"] else f", q scale {q['fallback']:g} (no q scales in the checkpoint; vLLM 0.33 "
+                                                   "uses 1.0, not k_scale)")
+        lines.append(f"fp8       {att}; probabilities {fa['probabilities']}")
     if r.memory and r.memory.get("windows_moved"):
         lines.append(f"windows   {r.memory['windows_moved']} started up to a few tokens late so that their text "
                      "tokenizes back to their tokens")

@@ -45,13 +45,16 @@ class Candidate:
 
     kv_cache_dtype: "auto" (FP8 emulation when the checkpoint declares a KV-cache scheme or has
     scale tensors), "fp8" (always), "off" (never). kv_scales: "checkpoint" (its scale tensors; 1.0
-    for layers without one), "one" (1.0 everywhere, vLLM's default), {layer: (k, v)} or KVScales.
+    for layers without one), "one" (1.0 everywhere, vLLM's default), {layer: (k, v)} / {layer: (k, v, q)}
+    or KVScales. fp8_attention: what else the FP8 path rounds, as a vLLM backend does
+    (kvtool.eval.fp8_backends.CHOICES: "cache-only", "flash-attn", "flashinfer", "triton").
     """
 
     model: Any
     kv_cache_dtype: str = "auto"
     kv_scales: Any = "checkpoint"
     label: str | None = None
+    fp8_attention: str = "cache-only"
 
 
 @dataclass
@@ -73,6 +76,7 @@ class EvalReport:
     gates: list[GateResult] = field(default_factory=list)
     forwards_per_window: int = 1  # models run on each window in this evaluation (baseline included)
     memory: dict | None = None  # how the weights were held: {"mode": "layerwise" | "whole_model" | "device_map", ...}
+    fp8_attention: dict | None = None  # the vLLM backend emulated and its q scales (kvtool.eval.fp8.Fp8Attention)
 
     def __getattr__(self, name: str):  # r.ppl, r.kld_mean ... read through to the metrics
         metrics = self.__dict__.get("metrics") or {}
@@ -105,7 +109,7 @@ class EvalReport:
             "model": self.model, "label": self.label, "baseline": self.baseline, "windows": self.windows,
             "device": self.device, "dtype": self.dtype, "window": self.window, "stride": self.stride,
             "batch_size": self.batch_size, "text": self.text, "kv_cache_dtype": self.kv_cache_dtype,
-            "kv_scales": self.kv_scales, "seconds": round(self.seconds, 3),
+            "kv_scales": self.kv_scales, "fp8_attention": self.fp8_attention, "seconds": round(self.seconds, 3),
             "forwards_per_window": self.forwards_per_window, "memory": self.memory,
             "tokens_per_s": round(self.tokens / self.seconds, 1) if self.seconds > 0 else None,
             "gates": [g.as_dict() for g in self.gates], "passed": self.passed,
@@ -115,7 +119,8 @@ class EvalReport:
 
 def evaluate(model, baseline=None, *, texts: str | Sequence[str] | None = None, max_length: int = 1024,
              stride: int | None = None, max_tokens: int | None = None, device: str = "auto", dtype: str = "auto",
-             kv_cache_dtype: str = "auto", kv_scales: Any = "checkpoint", batch_size: int | None = None,
+             kv_cache_dtype: str = "auto", kv_scales: Any = "checkpoint", fp8_attention: str = "cache-only",
+             batch_size: int | None = None,
              device_map: str | Mapping | None = None, max_memory: Mapping | None = None,
              gates: Mapping[str, float] | None = None, tokenizer=None, text_name: str | None = None,
              progress: bool | None = None, layerwise: bool | None = None) -> EvalReport:
@@ -131,7 +136,7 @@ def evaluate(model, baseline=None, *, texts: str | Sequence[str] | None = None, 
     decoder layer at a time unless device_map is given; False loads them whole. Raises InputError /
     UsageError.
     """
-    return evaluate_many([Candidate(model, kv_cache_dtype, kv_scales)], baseline, texts=texts,
+    return evaluate_many([Candidate(model, kv_cache_dtype, kv_scales, fp8_attention=fp8_attention)], baseline, texts=texts,
                          max_length=max_length, stride=stride, max_tokens=max_tokens, device=device, dtype=dtype,
                          batch_size=batch_size, device_map=device_map, max_memory=max_memory, gates=gates,
                          tokenizer=tokenizer, text_name=text_name, progress=progress, layerwise=layerwise)[0]
@@ -157,7 +162,9 @@ def evaluate_many(candidates: Sequence[Candidate | Any], baseline=None, *, texts
     for c in cands:
         # the declaration is the validator: the same line as the command and a recipe (a mapping of scales passes)
         check_fields(EvalOptions, kv_cache_dtype=c.kv_cache_dtype,
-                     kv_scales=c.kv_scales if isinstance(c.kv_scales, str) else None)
+                     kv_scales=c.kv_scales if isinstance(c.kv_scales, str) else None,
+                     fp8_attention=c.fp8_attention)
+        check_fp8_attention(c.fp8_attention, c.kv_cache_dtype)
     from kvtool.eval.windows import check_settings  # the command's plan makes the same checks
 
     stride = check_settings(max_length=max_length, stride=stride, max_tokens=max_tokens, batch_size=batch_size,
@@ -218,7 +225,7 @@ def _evaluate(pool, cands, baseline, *, texts, max_length, stride, max_tokens, b
             stride=stride, batch_size=bs, text=text_name or ("pydoc (built-in evaluation text)" if texts is None else "text"),
             kv_cache_dtype="fp8_e4m3" if emu else str(torch_dtype).replace("torch.", ""),
             kv_scales=emu[1].describe() if emu else None, seconds=seconds, forwards_per_window=forwards,
-            memory=memory)
+            memory=memory, fp8_attention=emu[0].describe() if emu else None)
         if gates:
             r.apply_gates(gates)
         reports.append(r)
@@ -426,7 +433,7 @@ class _LayerwisePool:
         index: dict[tuple, int] = {}
 
         def path(m, emu) -> int:
-            key = (id(m), id(emu[1]) if emu else None)
+            key = (id(m), id(emu[0]) if emu else None)  # one path per FP8 emulation (its backend too)
             if key not in index:
                 index[key] = len(paths)
                 paths.append(lw.ForwardPath(m, emu[0] if emu else None))
@@ -566,9 +573,20 @@ def _sources(texts) -> list:
 # --- FP8 emulation ------------------------------------------------------------------------------
 
 
+def check_fp8_attention(name: str, kv_cache_dtype: str) -> None:
+    """--fp8-attention other than cache-only needs an FP8 cache (vLLM rounds queries only when the KV cache is
+    fp8: Attention.__init__). The name itself is a declared choice (kvtool/options/eval.py), checked there."""
+    from kvtool.eval.fp8_backends import DEFAULT
+
+    if name != DEFAULT and kv_cache_dtype == "off":
+        raise UsageError(f"{name} quantizes attention only with an FP8 KV cache; not with kv_cache_dtype off",
+                         option="fp8_attention")
+
+
 def _emulation(c: Candidate, m: _Loaded):
-    """(hook fn, KVScales) when this candidate's K/V go through FP8, else None."""
-    from kvtool.eval.fp8 import KVScales, declares_fp8_kv, read_checkpoint_scales
+    """(kvtool.eval.fp8.Fp8Attention hook, KVScales) when this candidate's K/V go through FP8, else None."""
+    from kvtool.eval.fp8 import Fp8Attention, KVScales, declares_fp8_kv, read_checkpoint_scales
+    from kvtool.eval.fp8_backends import DEFAULT, backend
 
     if c.kv_cache_dtype == "off":
         return None
@@ -578,6 +596,9 @@ def _emulation(c: Candidate, m: _Loaded):
         stored = read_checkpoint_scales(m.folder)
     wants = c.kv_cache_dtype in ("fp8", "fp8_e4m3") or given or declares_fp8_kv(m.config) or bool(stored and len(stored))
     if not wants:
+        if c.fp8_attention != DEFAULT:
+            raise UsageError(f"{c.fp8_attention} quantizes attention only with an FP8 KV cache; this checkpoint "
+                             "declares none: give kv_cache_dtype fp8", option="fp8_attention")
         return None
     if isinstance(c.kv_scales, KVScales):
         scales = c.kv_scales
@@ -587,7 +608,7 @@ def _emulation(c: Candidate, m: _Loaded):
         scales = KVScales(source="one")  # vLLM: no scale in the checkpoint -> 1.0
     else:
         scales = stored
-    return scales.hook(), scales
+    return Fp8Attention(scales, backend(c.fp8_attention)), scales
 
 
 @contextlib.contextmanager

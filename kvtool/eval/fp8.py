@@ -4,7 +4,14 @@ vLLM's cache kernels store x as fp8 = saturate(x / scale) (float32 math, round t
 finite saturation at +-448 for e4m3fn) and read it back as fp8 * scale. Here each post-RoPE key
 and value, exactly where it enters the cache (kvtool.runtime.kv_hooks), goes through the same round
 trip: x.float() / scale, clamp to +-448, cast to float8_e4m3fn, cast back, * scale, cast to the
-model dtype. Queries stay in the model dtype.
+model dtype.
+
+FP8 attention (`Fp8Attention`, the --fp8-attention backend of kvtool.eval.fp8_backends): backends
+that quantize the query get the same round trip on it (post-RoPE, before Q.K) with the layer's
+checkpoint q_scale, else 1.0 (vLLM 0.33's value without one); the Triton backend also rounds the
+softmax probabilities to e4m3 as P * 256 for the P.V product (the normaliser from unrounded P).
+The kernel's online softmax rounds P relative to the running row maximum of each tile; this
+emulation rounds it relative to the final row maximum, which is what a single tile computes.
 
 Scales: one per layer (shape [] or [1]) or one per KV head (shape [kv_heads]), read from the
 checkpoint's scale tensors in any spelling vLLM loads (kvtool.model.kv_scale_names); a layer
@@ -40,16 +47,19 @@ class KVScales:
 
     k: dict[int, torch.Tensor] = field(default_factory=dict)
     v: dict[int, torch.Tensor] = field(default_factory=dict)
+    q: dict[int, torch.Tensor] = field(default_factory=dict)  # FP8 attention's query scales ([] or [heads])
     source: str = "one"  # "checkpoint" | "one" | "given"
     _rank: dict = field(default_factory=dict, repr=False)
 
     @classmethod
     def from_mapping(cls, scales: Mapping[int, tuple], source: str = "given") -> "KVScales":
-        """{layer: (k_scale, v_scale)} with floats or tensors."""
+        """{layer: (k_scale, v_scale)} or {layer: (k_scale, v_scale, q_scale)} with floats or tensors."""
         out = cls(source=source)
-        for layer, (k, v) in scales.items():
-            out.k[int(layer)] = torch.as_tensor(k, dtype=torch.float32).reshape(-1)
-            out.v[int(layer)] = torch.as_tensor(v, dtype=torch.float32).reshape(-1)
+        for layer, vals in scales.items():
+            out.k[int(layer)] = torch.as_tensor(vals[0], dtype=torch.float32).reshape(-1)
+            out.v[int(layer)] = torch.as_tensor(vals[1], dtype=torch.float32).reshape(-1)
+            if len(vals) > 2 and vals[2] is not None:
+                out.q[int(layer)] = torch.as_tensor(vals[2], dtype=torch.float32).reshape(-1)
         return out
 
     def __len__(self) -> int:
@@ -120,28 +130,46 @@ def read_checkpoint_scales(folder: str | Path) -> KVScales:
     for h in scan.headers:
         path = root / h.file
         names = [n for n in h.tensors if kv_scale_names.is_kv_scale(n)]
-        if not names:
+        q_names = [n for n in h.tensors if kv_scale_names.match_q(n)]
+        if not names and not q_names:
             continue
         try:
             with safe_open(str(path), framework="pt") as f:
                 for name in names:
                     _store(out, name, f.get_tensor(name), str(path))
+                for name in q_names:
+                    _store_q(out, name, f.get_tensor(name), str(path))
         except (OSError, RuntimeError, ValueError, SafetensorError) as exc:
             raise InputError(f"cannot read KV scales: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}",
                              file=str(path)) from None
     return out
 
 
+def _checked_scale(tensor: torch.Tensor, file: str, name: str) -> torch.Tensor:
+    t = tensor.detach().to(torch.float32).reshape(-1)
+    if t.numel() == 0 or not torch.isfinite(t).all() or (t <= 0).any():
+        raise InputError("scale is not a positive finite number", file=file, field=name)
+    return t
+
+
+def _layer_of(prefix: str, file: str, name: str) -> int:
+    layer = layer_index(prefix)
+    if layer is None:
+        raise InputError("scale tensor name has no layer number", file=file, field=name)
+    return layer
+
+
+def _store_q(out: KVScales, name: str, tensor: torch.Tensor, file: str) -> None:
+    prefix, _spelling = kv_scale_names.match_q(name)
+    out.q[_layer_of(prefix, file, name)] = _checked_scale(tensor, file, name)
+
+
 def _store(out: KVScales, name: str, tensor: torch.Tensor, file: str) -> None:
     prefix, spelling = kv_scale_names.match(name)
     if not spelling.vllm_loads:
         return  # vLLM drops this spelling and runs the layer with 1.0 (kvtool.model.kv_scale_names)
-    layer = layer_index(prefix)
-    if layer is None:
-        raise InputError("KV scale tensor name has no layer number", file=file, field=name)
-    t = tensor.detach().to(torch.float32).reshape(-1)
-    if not torch.isfinite(t).all() or (t <= 0).any():
-        raise InputError("KV scale is not a positive finite number", file=file, field=name)
+    layer = _layer_of(prefix, file, name)
+    t = _checked_scale(tensor, file, name)
     rank = kv_scale_names.SPELLINGS.index(spelling)
     for role in ("k", "v") if spelling.role == "kv" else (spelling.role,):
         table = out.k if role == "k" else out.v
@@ -149,3 +177,81 @@ def _store(out: KVScales, name: str, tensor: torch.Tensor, file: str) -> None:
         if out._rank.get((role, layer), len(kv_scale_names.SPELLINGS)) > rank:
             table[layer] = t
             out._rank[(role, layer)] = rank
+
+
+class Fp8Attention:
+    """The hook for kvtool.runtime.kv_hooks.kv_hook: K/V round trip (`__call__`), and as the backend does,
+    the query round trip (`query`) and attention with e4m3 probabilities (`attention`); None where it does not."""
+
+    def __init__(self, scales: KVScales, backend):
+        self.scales = scales
+        self.backend = backend  # kvtool.eval.fp8_backends.Fp8Backend
+        self._kv = scales.hook()
+        self._q_cache: dict[tuple[int, torch.device, int], torch.Tensor | float] = {}
+        self.query = self._query if backend.queries else None
+        self.attention = self._attention if backend.prob_scale else None
+
+    def __call__(self, layer: int, key: torch.Tensor, value: torch.Tensor):
+        return self._kv(layer, key, value)
+
+    def q_scale(self, layer: int, query: torch.Tensor, kv_heads: int) -> torch.Tensor | float:
+        """The layer's q scale as vLLM 0.33 applies it: the checkpoint's, else 1.0. Per head ([heads]):
+        vLLM keeps the max of each KV group (compressed-tensors' attn_head loader) and quantizes each
+        group with it."""
+        from kvtool.eval.fp8_backends import Q_SCALE_FALLBACK
+
+        s = self.scales.q.get(layer)
+        if s is None:
+            return Q_SCALE_FALLBACK
+        key = (layer, query.device, kv_heads)
+        if key not in self._q_cache:
+            t = s.to(query.device, torch.float32)
+            heads = query.shape[1]
+            if t.numel() == 1:
+                t = t.reshape(())
+            elif t.numel() == heads and heads % kv_heads == 0:
+                group = heads // kv_heads
+                t = t.view(kv_heads, group).amax(1).repeat_interleave(group).reshape(1, heads, 1, 1)
+            else:
+                raise InputError(f"layer {layer} q_scale has {t.numel()} values; expected 1 or one per attention "
+                                 f"head ({heads})", field="q_scale")
+            self._q_cache[key] = t
+        return self._q_cache[key]
+
+    def _query(self, layer: int, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
+        return fp8_roundtrip(query, self.q_scale(layer, query, key.shape[1]))
+
+    def _attention(self, module, query, key, value, attention_mask, scaling=None, dropout=0.0, softcap=None,
+                   **kwargs):
+        """Attention with the probabilities of the P.V product rounded to e4m3 as P * prob_scale (the Triton
+        kernel's), the normaliser summed from unrounded P; shapes as transformers' eager attention."""
+        group = query.shape[1] // key.shape[1]
+        k = key.repeat_interleave(group, dim=1).float()
+        v = value.repeat_interleave(group, dim=1).float()
+        scaling = scaling if scaling is not None else query.shape[-1] ** -0.5
+        s = torch.matmul(query.float(), k.transpose(2, 3)) * scaling
+        if softcap:
+            s = torch.tanh(s / softcap) * softcap
+        q_len, k_len = s.shape[-2], s.shape[-1]
+        if attention_mask is None:  # sdpa's mask skips plain causal: the query rows end at the last key
+            mask = torch.ones(q_len, k_len, dtype=torch.bool, device=s.device).tril(k_len - q_len)
+            s = s.masked_fill(~mask, float("-inf"))
+        elif attention_mask.dtype == torch.bool:
+            s = s.masked_fill(~attention_mask[..., :k_len], float("-inf"))
+        else:
+            s = s + attention_mask[..., :k_len].float()
+        p = torch.exp(s - s.amax(-1, keepdim=True))
+        norm = p.sum(-1, keepdim=True)
+        inv = 1.0 / self.backend.prob_scale
+        out = torch.matmul(fp8_roundtrip(p, inv), v) / norm
+        return out.to(query.dtype).transpose(1, 2).contiguous(), None
+
+    def describe(self) -> dict:
+        from kvtool.eval.fp8_backends import Q_SCALE_FALLBACK
+
+        d = self.backend.describe()
+        if self.backend.queries:
+            vals = [float(t.max()) for t in self.scales.q.values()]
+            d["q_scales"] = {"checkpoint_layers": len(self.scales.q), "fallback": Q_SCALE_FALLBACK,
+                             "min_scale": min(vals) if vals else None, "max_scale": max(vals) if vals else None}
+        return d

@@ -58,7 +58,7 @@ def gate_limits(o: EvalOptions) -> dict[str, float]:
 
 # what a server decides itself (its engine's flags), so eval --server refuses them: option -> its default
 _LOCAL_ONLY = {"device": "auto", "dtype": "auto", "device_map": None, "max_memory": None, "batch_size": None,
-               "kv_cache_dtype": "auto", "kv_scales": "checkpoint"}
+               "kv_cache_dtype": "auto", "kv_scales": "checkpoint", "fp8_attention": "cache-only"}
 
 
 def check_served(o: EvalOptions) -> None:
@@ -93,7 +93,7 @@ def plan(model: str, o: EvalOptions, *, texts=READ, text_name: str | None = None
     (None: the built-in one). gates: limits by name (parsed here, a recipe's thresholds); None: the command's
     (gate_limits). tokens / shape: a recipe's estimate of a model its earlier steps have not written yet (the
     folders are then not opened)."""
-    from kvtool.eval.api import parse_max_memory
+    from kvtool.eval.api import check_fp8_attention, parse_max_memory
     from kvtool.eval.gate import parse_limits
 
     o.check()  # the declared choices and bounds (kvtool/options/eval.py), again after a caller's edits
@@ -104,6 +104,7 @@ def plan(model: str, o: EvalOptions, *, texts=READ, text_name: str | None = None
 
         texts, text_name = read_texts(o.text, o.dataset)
     max_memory = parse_max_memory(o.max_memory) if o.max_memory is not None else None
+    check_fp8_attention(o.fp8_attention, o.kv_cache_dtype)  # across two fields: not a declared bound
     check_settings(max_length=o.max_length, stride=o.stride, max_tokens=o.max_tokens, batch_size=o.batch_size,
                    max_memory=max_memory, device_map=o.device_map)
     if shape is None and not o.server:
@@ -135,7 +136,8 @@ def apply(p: EvalPlan, *, device: str | None = None, progress: bool | None = Non
 
     return evaluate(p.model, p.baseline, texts=p.texts, text_name=p.text_name, max_length=o.max_length,
                     stride=o.stride, max_tokens=o.max_tokens, device=device or o.device, dtype=o.dtype,
-                    kv_cache_dtype=o.kv_cache_dtype, kv_scales=o.kv_scales, batch_size=o.batch_size,
+                    kv_cache_dtype=o.kv_cache_dtype, kv_scales=o.kv_scales, fp8_attention=o.fp8_attention,
+                    batch_size=o.batch_size,
                     device_map=o.device_map, max_memory=p.max_memory, gates=p.gates, progress=progress)
 
 

@@ -86,3 +86,24 @@ def scales_for(attn_prefix: str, names: Iterable[str], *, loaded_only: bool = Fa
 def canonical_name(attn_prefix: str, role: str) -> str:
     """The name quantize-kv writes for a layer's K or V scale."""
     return f"{attn_prefix}.{CANONICAL[role]}"
+
+
+# q scales (FP8 attention, kvtool.eval.fp8_backends): maybe_remap_kv_scale_name maps `<attention>.q_scale` onto
+# `<attention>.attn.q_scale` (its default `.([qkv])_scale` pattern), which it also takes as written.
+Q_SPELLINGS = ("q_scale", "attn.q_scale")
+_Q_RE = re.compile(r"^(?P<prefix>.+?)\.(?P<suffix>attn\.q_scale|q_scale)$")
+
+
+def match_q(name: str) -> tuple[str, str] | None:
+    """(attention prefix, spelling) when `name` is a q-scale tensor, else None."""
+    if not name.endswith("q_scale"):
+        return None
+    m = _Q_RE.match(name)
+    if not m or m.group("prefix").rsplit(".", 1)[-1].endswith("_proj"):
+        return None  # `q_proj.q_scale`: vLLM looks for q_proj.attn.q_scale, no parameter, and drops it
+    return m.group("prefix"), m.group("suffix")
+
+
+def q_canonical_name(attn_prefix: str) -> str:
+    """The name quantize-kv writes for a layer's q scale (beside its k_scale / v_scale)."""
+    return f"{attn_prefix}.{Q_SPELLINGS[0]}"

@@ -13,6 +13,7 @@ FORMATS = ("text", "json")
 KV_CACHE_DTYPES = ("auto", *kv_dtypes.emulated(), "off")
 KV_SCALE_SOURCES = ("checkpoint", "one")
 GATE_FIELDS = ("max_ppl_increase", "max_kld", "min_top1")  # kvtool.eval.gate.GATES (a test checks)
+FP8_ATTENTION = ("cache-only", "flash-attn", "flashinfer", "triton")  # kvtool.eval.fp8_backends.CHOICES (a test checks)
 
 
 @operation("eval")
@@ -50,6 +51,10 @@ class EvalOptions:
                                       "not emulated (docs/kv-budget.md).")
     kv_scales: str = option("checkpoint", choices=KV_SCALE_SOURCES, recipe=False,
                             help="checkpoint | one (1.0, vLLM's default)")
+    fp8_attention: str = option("cache-only", choices=FP8_ATTENTION,
+                                help="With an FP8 KV cache, what else vLLM 0.33's backend rounds to e4m3: cache-only "
+                                     "(K/V only) | flash-attn (FA3 on Hopper: + queries) | flashinfer (+ queries) | "
+                                     "triton (+ queries and probabilities). docs/eval.md#fp8-attention")
     max_ppl_increase: str = option("2%", recipe="thresholds.max_ppl_increase", schema=PERCENT,
                                    help="Gate: PPL ratio - 1 (with --baseline; 'off' disables).")
     max_kld: float | None = option(None, recipe="thresholds.max_kld", minimum=0,

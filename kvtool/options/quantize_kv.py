@@ -29,6 +29,10 @@ class QuantizeOptions:
     observer: str = option(DEFAULT_OBSERVER, schema={"type": "string", "pattern": "^[a-z][a-z0-9_-]*(:[0-9.]+)?$"},
                            help="absmax[:H] | absmax-pow2[:H] | attn-out[:H] | percentile:P | mse (default "
                                 "absmax-pow2:2: 2x the observed max, rounded up to a power of two).")
+    q_scales: bool = option(True, negatable=True,
+                            help="Also calibrate the queries' scales and write <attention>.q_scale beside k_scale / "
+                                 "v_scale: vLLM 0.33 loads them and its FP8-query backends (FlashAttention 3 on "
+                                 "Hopper, FlashInfer, Triton) divide queries by them; without them it uses 1.0.")
     format: str = option("e4m3", choices=("e4m3",), help="FP8 format of the cache: e4m3.")
     device: str = option("auto", recipe=False, help="auto | cuda | cuda:N | cpu.")
     dtype: str = option("auto", recipe=False, help="Model dtype for calibration: auto (bf16 on CUDA, fp32 on CPU) | "

@@ -30,7 +30,7 @@ import torch
 
 from kvtool.runtime.layerwise import LayerwiseModel, find_layers, run_layer
 from kvtool.quantize.formats import Fp8Format, roundtrip
-from kvtool.quantize.observers import make_observer, parse_spec
+from kvtool.quantize.observers import DEFAULT_OBSERVER, make_observer, parse_spec
 
 STRATEGIES = ("tensor", "attn_head")
 
@@ -52,6 +52,9 @@ class CalibrationResult:
     notes: list[str] = field(default_factory=list)
     # output-aware observers: (layer, "k" | "v") -> (candidate scales [n, groups], attention output error [n])
     search: dict = field(default_factory=dict)
+    # FP8 attention's query scales (q_scales=True): layer -> [1] or [heads]; queries seen post-RoPE
+    q: dict[int, torch.Tensor] = field(default_factory=dict)
+    q_amax: dict[int, torch.Tensor] = field(default_factory=dict)
 
 
 def place_except(module: torch.nn.Module, keep: torch.nn.Module, device) -> None:
@@ -162,31 +165,33 @@ class _LoadedModel(LayerwiseModel):
 
 
 def calibrate(model, batches: list[torch.Tensor], *, layers_path: str, observer: str, strategy: str,
-              fmt: Fp8Format, device: torch.device, num_kv_heads: int) -> CalibrationResult:
+              fmt: Fp8Format, device: torch.device, num_kv_heads: int, q_scales: bool = False) -> CalibrationResult:
     """calibrate_layers on a model already loaded (on the CPU when `device` is not: its decoder
     layers visit the device one at a time, the model is on the CPU again after)."""
     lm = _LoadedModel(model, layers_path, device)
     try:
-        return calibrate_layers(lm, batches, observer=observer, strategy=strategy, fmt=fmt, num_kv_heads=num_kv_heads)
+        return calibrate_layers(lm, batches, observer=observer, strategy=strategy, fmt=fmt, num_kv_heads=num_kv_heads,
+                                q_scales=q_scales)
     finally:
         lm.close()
 
 
 def calibrate_layers(lm: LayerwiseModel, batches: list[torch.Tensor], *, observer: str, strategy: str,
-                     fmt: Fp8Format, num_kv_heads: int, bar=None) -> CalibrationResult:
+                     fmt: Fp8Format, num_kv_heads: int, bar=None, q_scales: bool = False) -> CalibrationResult:
     """Scales for every attention layer of `lm` (kvtool.runtime.layerwise, on its device) from the
     calibration batches (each [batch, seq] token ids). bar: a kvtool.progress task counting layers
-    (else one is opened for the call)."""
+    (else one is opened for the call). q_scales: also the queries' scales (FP8 attention), with the same
+    observer (an output-aware one: the default observer) over the query heads."""
     from kvtool import progress as kv_progress
 
     with (contextlib.nullcontext(bar) if bar is not None
           else kv_progress.task("calibrate", total=lm.num_layers, unit="layers")) as bar:
         return _calibrate_layers(lm, batches, observer=observer, strategy=strategy, fmt=fmt,
-                                 num_kv_heads=num_kv_heads, bar=bar)
+                                 num_kv_heads=num_kv_heads, bar=bar, q_scales=q_scales)
 
 
 def _calibrate_layers(lm: LayerwiseModel, batches: list[torch.Tensor], *, observer: str, strategy: str,
-                      fmt: Fp8Format, num_kv_heads: int, bar) -> CalibrationResult:
+                      fmt: Fp8Format, num_kv_heads: int, bar, q_scales: bool = False) -> CalibrationResult:
     from kvtool.runtime.kv_hooks import attention_modules, kv_hook
 
     if strategy not in STRATEGIES:
@@ -215,6 +220,20 @@ def _calibrate_layers(lm: LayerwiseModel, batches: list[torch.Tensor], *, observ
                         observer, num_heads=x.shape[1], per_head=per_head, fmt=fmt)
                 obs.update(x)
         return key, value
+
+    q_observer = DEFAULT_OBSERVER if searching else observer
+
+    def observe_query(layer_idx: int, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
+        if current["quant"] is None and layer_idx == current["layer"]:
+            obs = observers.get((layer_idx, "q"))
+            if obs is None:
+                obs = observers[(layer_idx, "q")] = make_observer(q_observer, num_heads=query.shape[1],
+                                                                  per_head=per_head, fmt=fmt)
+            obs.update(query)
+        return query
+
+    if q_scales:
+        observe.query = observe_query  # kv_hooks hands it the post-RoPE query
 
     result = CalibrationResult({}, {}, {}, {}, observer, strategy, fmt.name,
                                tokens=sum(b.numel() for b in batches), sequences=sum(b.shape[0] for b in batches),
@@ -257,6 +276,10 @@ def _calibrate_layers(lm: LayerwiseModel, batches: list[torch.Tensor], *, observ
                                        f"{num_kv_heads}")
                 scales[i] = obs.scale()
                 amaxes[i] = obs.amax().detach().float().cpu()
+            q_obs = observers.pop((i, "q"), None)
+            if q_obs is not None:
+                result.q[i] = q_obs.scale()
+                result.q_amax[i] = q_obs.amax().detach().float().cpu()
             if i in attn_by_layer and i not in result.k:
                 result.notes.append(f"layer {i}: attention never called during calibration")
     if on_cuda:

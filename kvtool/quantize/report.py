@@ -30,7 +30,8 @@ def render(result) -> console.Text:
         f"{c.format}, {c.device}, {c.seconds:.1f} s"
         + (f", peak device memory {c.peak_device_bytes / 2**20:.0f} MiB" if c.peak_device_bytes else ""),
         f"  scales: {len(result.scale_tensors)} tensors in model-kv-scales.safetensors; "
-        f"k_scale {_fmt_range(c.k.values())}, v_scale {_fmt_range(c.v.values())}",
+        f"k_scale {_fmt_range(c.k.values())}, v_scale {_fmt_range(c.v.values())}"
+        + (f", q_scale {_fmt_range(c.q.values())}" if getattr(c, "q", None) else ""),
         (f"  source shards: {len(result.linked)} hard-linked, {len(result.copied)} copied (unchanged)" if result.linked
          else f"  source shards: {len(result.copied)} copied (unchanged)"),
         "  config.json: quantization_config.kv_cache_scheme (compressed-tensors); serve with vLLM --kv-cache-dtype fp8",

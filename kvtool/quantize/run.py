@@ -187,7 +187,7 @@ def apply(p: QuantizePlan, *, log=None) -> QuantizeResult:
         with open_layerwise(src, device=device, dtype=dtype, attn="sdpa", layers_path=layers_path,
                             layerwise=opts.layerwise) as lm:
             result = calibrate_layers(lm, batches, observer=canonical(opts.observer), strategy=opts.strategy,
-                                      fmt=fmt, num_kv_heads=spec.num_kv_heads, bar=bar)
+                                      fmt=fmt, num_kv_heads=spec.num_kv_heads, bar=bar, q_scales=opts.q_scales)
             held = describe(lm)
             if lm.mode == "whole_model" and not opts.no_eval:
                 model = lm.model  # already whole: the quality report reuses it
@@ -227,12 +227,15 @@ def _provenance(p: QuantizePlan, result, scales: dict, text_sha256: str, calib_l
         "kvtool_version": __version__, "command": "quantize-kv", "source": str(p.src),
         "model_type": p.spec.model_type, "format": fmt.name, "vllm_kv_cache_dtype": fmt.vllm_cache_dtype,
         "strategy": p.opts.strategy, "observer": result.observer, "scale_point": "post_rope",
+        "q_scales": bool(result.q),
         "calibration": {"tokens": n, "sequences": result.sequences, "seq_len": p.opts.seq_len,
                         "text_sha256": "sha256:" + text_sha256, "files": calib_label,
                         "device": result.device, "seconds": round(result.seconds, 2), "model": held},
         "scales": {name: [round(float(x), 8) for x in t.reshape(-1)] for name, t in scales.items()},
         "amax": {"k": {str(i): [round(float(x), 6) for x in a] for i, a in result.k_amax.items()},
-                 "v": {str(i): [round(float(x), 6) for x in a] for i, a in result.v_amax.items()}},
+                 "v": {str(i): [round(float(x), 6) for x in a] for i, a in result.v_amax.items()},
+                 **({"q": {str(i): [round(float(x), 6) for x in a] for i, a in result.q_amax.items()}}
+                    if result.q_amax else {})},
     }
     if result.search:  # output-aware observers: every candidate tried and its attention-output error
         prov["search"] = {f"{i}.{role}": {"candidates": [[round(float(x), 8) for x in c] for c in cands],
@@ -250,7 +253,8 @@ def quality_report(model, tok, result, eval_texts, opts: QuantizeOptions, device
 
     if not isinstance(model, (str, Path)):
         model.to(device)
-    calibrated = KVScales.from_mapping({i: (result.k[i], result.v[i]) for i in result.k}, source="calibrated")
+    calibrated = KVScales.from_mapping({i: (result.k[i], result.v[i], result.q.get(i)) for i in result.k},
+                                       source="calibrated")
     window = min(1024, opts.eval_tokens)
     t0 = time.perf_counter()
     rows = evaluate_many(

@@ -40,8 +40,13 @@ def existing_scales(names) -> list[str]:
 
 
 def scale_tensors(result, attn_prefix, per_head: bool) -> dict[str, torch.Tensor]:
-    """name -> float32 tensor: [1] per tensor, [kv_heads, 1, 1] per head (compressed-tensors' attn_head shape)."""
+    """name -> float32 tensor: [1] per tensor, [heads, 1, 1] per head (compressed-tensors' attn_head shape; KV
+    heads for k/v, attention heads for q, which vLLM reduces to one per KV group)."""
     out: dict[str, torch.Tensor] = {}
+    for layer, s in sorted(getattr(result, "q", {}).items()):
+        t = s.detach().to(torch.float32).cpu().reshape(-1)
+        out[kv_scale_names.q_canonical_name(attn_prefix(layer))] = (t.reshape(-1, 1, 1) if per_head
+                                                                     else t.reshape(1)).contiguous()
     for role, table in (("k", result.k), ("v", result.v)):
         for layer, s in sorted(table.items()):
             t = s.detach().to(torch.float32).cpu().reshape(-1)

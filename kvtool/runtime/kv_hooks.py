@@ -4,7 +4,9 @@ transformers hands every attention implementation the key/value states after RoP
 per-head k_norm), before GQA repetition, shaped [batch, kv_heads, seq, head_dim]. kvtool registers
 a wrapping implementation `kvtool_<base>` that calls a per-layer function on them and then runs
 the base implementation (sdpa or eager) unchanged. FP8 KV emulation (eval) and scale calibration
-(quantize-kv) both use this one hook.
+(quantize-kv) both use this one hook. A function with a `query` attribute (fn.query(layer, query, key)
+-> query) also sees the query (post-RoPE, [batch, heads, seq, head_dim]); one with an `attention`
+attribute runs that instead of the base implementation (kvtool.eval.fp8.Fp8Attention).
 """
 
 from __future__ import annotations
@@ -32,9 +34,15 @@ def _base_function(module, base: str):
 def _make_impl(base: str):
     def attention(module, query, key, value, attention_mask, **kwargs):
         fn = getattr(module, "_kvtool_kv_fn", None)
+        impl = None
         if fn is not None:
             key, value = fn(module.layer_idx, key, value)
-        return _base_function(module, base)(module, query, key, value, attention_mask, **kwargs)
+            q_fn = getattr(fn, "query", None)  # FP8 attention: the query as the backend rounds it
+            if q_fn is not None:
+                query = q_fn(module.layer_idx, query, key)
+            impl = getattr(fn, "attention", None)  # FP8 attention: the backend's own arithmetic
+        impl = impl or _base_function(module, base)
+        return impl(module, query, key, value, attention_mask, **kwargs)
 
     return attention
 

@@ -64,7 +64,7 @@ def test_written_scales_names_shapes_dtype_and_metadata(run):
         names = sorted(f.keys())
         meta = f.metadata()
         tensors = {n: f.get_tensor(n) for n in names}
-    assert names == sorted(f"model.layers.{i}.self_attn.{r}_scale" for i in range(30) for r in "kv")
+    assert names == sorted(f"model.layers.{i}.self_attn.{r}_scale" for i in range(30) for r in "kvq")
     for t in tensors.values():
         assert t.dtype == torch.float32 and tuple(t.shape) == (1,) and float(t) > 0
     assert meta[kv_scale_names.SCALE_POINT_METADATA_KEY] == "post_rope"
@@ -75,6 +75,23 @@ def test_written_scales_names_shapes_dtype_and_metadata(run):
     amax = prov["amax"]["k"]["3"][0]
     s = float(tensors["model.layers.3.self_attn.k_scale"])
     assert s == 2.0 ** math.ceil(math.log2(2 * amax / 448))
+    # q scales (FP8 attention): the same observer on the post-RoPE queries, in the provenance too
+    q_amax = prov["amax"]["q"]["3"][0]
+    assert float(tensors["model.layers.3.self_attn.q_scale"]) == 2.0 ** math.ceil(math.log2(2 * q_amax / 448))
+    assert prov["q_scales"] is True
+
+
+def test_q_scales_read_back_and_lint_accepts_them(run):
+    from kvtool.cli import main
+    from kvtool.eval.fp8 import read_checkpoint_scales
+
+    scales = read_checkpoint_scales(run["dst"])
+    assert sorted(scales.q) == list(range(30)) and all(float(t) > 0 for t in scales.q.values())
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        rc = main(["lint", str(run["dst"]), "--output-format", "json"])
+    findings = [f for m in json.loads(out.getvalue())["models"] for f in m["findings"]]
+    assert rc == 0 and findings == [], out.getvalue()
 
 
 def test_original_tensors_byte_for_byte_and_index_complete(run):
@@ -153,6 +170,8 @@ def test_attn_head_writes_one_scale_per_kv_head(run, tmp_path):
     with safe_open(str(tmp_path / "head" / "model-kv-scales.safetensors"), framework="pt") as f:
         t = f.get_tensor("model.layers.0.self_attn.k_scale")
     assert tuple(t.shape) == (3, 1, 1)
+    with safe_open(str(tmp_path / "head" / "model-kv-scales.safetensors"), framework="pt") as f:
+        assert tuple(f.get_tensor("model.layers.0.self_attn.q_scale").shape) == (9, 1, 1)  # one per query head
     assert torch.equal(t.reshape(-1), torch.exp2(torch.ceil(torch.log2(res.calibration.k_amax[0] * 2 / 448))))
     cfg = json.loads((tmp_path / "head" / "config.json").read_text())
     assert cfg["quantization_config"]["kv_cache_scheme"]["strategy"] == "attn_head"
@@ -243,3 +262,18 @@ def test_default_scales_never_quantize_held_out_kv_worse_than_scale_one(run):
         model(input_ids=torch.tensor([ids]), use_cache=False)
     assert not per_layer_worse
     assert err["cal"] < err["one"]  # strictly better: SmolLM2's small V values in layer 0 are subnormal at 1.0
+
+
+def test_no_q_scales_writes_only_k_and_v(run, tmp_path):
+    from safetensors import safe_open
+
+    from kvtool.quantize.run import QuantizeOptions, quantize_kv
+
+    calib = run["dst"].parent / "text" / "calib.txt"
+    dst = tmp_path / "noq"
+    res = quantize_kv(str(run["src"]), str(dst), QuantizeOptions(src=str(run["src"]), dst=str(dst), calib_text=[str(calib)],
+                                                                 calib_tokens=64, seq_len=64, q_scales=False,
+                                                                 no_eval=True, device="cpu"))
+    assert not res.calibration.q
+    with safe_open(str(dst / "model-kv-scales.safetensors"), framework="pt") as f:
+        assert not [n for n in f.keys() if n.endswith("q_scale")] and len(list(f.keys())) == 60

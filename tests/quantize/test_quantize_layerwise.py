@@ -151,7 +151,7 @@ def test_cli_writes_the_same_checkpoint_layer_by_layer_and_records_how(tmp_path,
     assert prov["lw"]["calibration"]["model"] == {"mode": "layerwise"}
     assert prov["whole"]["calibration"]["model"] == {"mode": "whole_model",
                                                      "note": "layer-by-layer loading was turned off"}
-    assert prov["lw"]["scales"] == prov["whole"]["scales"] and len(prov["lw"]["scales"]) == 2 * LAYERS
+    assert prov["lw"]["scales"] == prov["whole"]["scales"] and len(prov["lw"]["scales"]) == 3 * LAYERS  # k, v and q
     assert prov["lw"]["amax"] == prov["whole"]["amax"]
     with CheckpointReader(tmp_path / "lw") as a, CheckpointReader(tmp_path / "whole") as b:
         assert a.names() == b.names()

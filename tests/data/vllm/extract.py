@@ -39,7 +39,22 @@ EXCERPTS: dict[str, tuple[str, ...]] = {
                                       "SlidingWindowSpec.max_admission_blocks_per_request",
                                       "ChunkedLocalAttentionSpec.max_admission_blocks_per_request"),
     "vllm/model_executor/layers/quantization/compressed_tensors/compressed_tensors.py": (
-        "CompressedTensorsKVCacheMethod.validate_kv_cache_scheme",),
+        "CompressedTensorsKVCacheMethod.validate_kv_cache_scheme", "CompressedTensorsKVCacheMethod.create_weights",
+        "CompressedTensorsKVCacheMethod.process_weights_after_loading"),
+    # FP8 attention: what each backend rounds and where q_scale comes from (kvtool/eval/fp8_backends.py,
+    # tests/eval/test_eval_fp8_backends.py)
+    "vllm/model_executor/layers/attention/attention.py": ("set_default_quant_scales", "Attention.__init__",
+                                                          "Attention.forward"),
+    "vllm/model_executor/layers/quantization/kv_cache.py": ("BaseKVCacheMethod.create_weights",
+                                                            "BaseKVCacheMethod.process_weights_after_loading"),
+    "vllm/model_executor/layers/quantization/input_quant_fp8.py": ("QuantFP8.forward_native",),
+    "vllm/v1/attention/backends/flash_attn.py": ("FlashAttentionImpl.__init__",),
+    "vllm/v1/attention/backends/fa_utils.py": ("flash_attn_supports_quant_query_input",),
+    "vllm/v1/attention/backends/flashinfer.py": ("FlashInferMetadataBuilder.get_q_data_type", "FlashInferImpl.__init__",
+                                                 "FlashInferImpl.maybe_quant_query"),
+    "vllm/v1/attention/backends/triton_attn.py": ("TritonAttentionImpl.__init__",),
+    "vllm/v1/attention/ops/triton_unified_attention.py": ("kernel_unified_attention",),
+    "vllm/v1/attention/backends/flex_attention.py": ("FlexAttentionImpl.__init__",),
     # the completions protocol `kvtool eval --server` speaks (tests/eval/test_eval_protocol.py)
     "vllm/entrypoints/openai/completion/protocol.py": (
         "CompletionRequest.model", "CompletionRequest.prompt", "CompletionRequest.max_tokens",
