@@ -50,6 +50,7 @@ class Server:
                 self.url = self.url[: -len(suffix)]
         self.model, self.timeout, self.option = model, timeout, option
         self.family: Family | None = None
+        self.names: list[str] = []  # what /v1/models lists (connect)
         if not self.url.startswith(("http://", "https://")):
             raise InputError("expected an http:// or https:// URL", file=url, option=option)
 
@@ -96,6 +97,7 @@ class Server:
             names = protocol.served_names(self.request("/v1/models"))
         except InputError as exc:
             raise self.error(exc.message) from None
+        self.names = names
         if self.model not in names:
             raise self.error(f"serves {', '.join(repr(n) for n in names) or 'no model'}, not {self.model!r} "
                              "(the model name to score)")
@@ -133,6 +135,10 @@ class Server:
                 return None
             raise
         return protocol.parse_text(answer, self.family.detokenize_path)
+
+    def score(self, sw, k: int) -> list:
+        """The positions of one kvtool.eval.served.ServedWindow."""
+        return self.positions(sw.prompt, sw.n_prompt, k)
 
     def positions(self, prompt, n_prompt: int, k: int) -> list:
         """protocol.Position per prompt token of one window (see kvtool.eval.protocol)."""
