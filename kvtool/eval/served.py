@@ -8,6 +8,11 @@ text, checked to tokenize back to the window's tokens (a window that does not, e
 UTF-8 character, starts up to MAX_SHIFT tokens later: less context, the same scored tokens). The scored tokens
 add to the sums local eval uses (kvtool.eval.sums); the KL divergence is the top-k estimator of
 kvtool.eval.topk. A baseline server must tokenize the text into the same ids, else one line refuses.
+
+A mixed run has one side served and the other a local model folder (LocalSide, torch imported only then): the
+served side tokenizes and cuts the windows, the local side runs exactly the served prompts and reports what a
+server would return for them (its top k and the target, keyed as the server keys tokens), so the estimator and
+its measured bias are those of server against server.
 """
 
 from __future__ import annotations
@@ -105,7 +110,7 @@ def evaluate_served(cand, base, text: str, *, max_length: int, stride: int, max_
     about = {"mode": "served" if local is None else "served+local", "server": served.url,
              "family": served.family.name, "top_logprobs": k, "windows": len(ws), "windows_moved": moved,
              "seconds": time.perf_counter() - t0, "kld_estimator": ESTIMATOR}
-    if isinstance(base, Server) and base is not served or (base is served and cand is not served):
+    if isinstance(base, Server):
         about["baseline_server"] = base.url
     if local is not None:
         about["local"] = {"side": "baseline" if local is base else "candidate", "model": local.model,
