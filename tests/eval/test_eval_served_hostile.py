@@ -118,3 +118,17 @@ def test_the_response_limit_follows_the_request():
     honest = len(_completion("honest", list(range(16))))
     assert honest < small // 10
     assert response_limit("/v1/models", None) == 2**20
+
+
+def test_a_local_baseline_folder_the_server_also_serves_is_ambiguous(hostile, text, smollm2_path, tmp_path,
+                                                                      monkeypatch, capsys):
+    """`--baseline honest` names both a model folder here and a model the server lists: refused, not guessed."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "honest").symlink_to(smollm2_path, target_is_directory=True)
+    rc = main(["eval", "nan", "--server", hostile, "--baseline", "honest", "--text", text, *WINDOW])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1, err
+    assert "--baseline: 'honest' is a model folder here and a model" in err[0]
+    assert main(["eval", "honest", "--server", hostile, "--baseline", "./honest", "--text", text, *WINDOW,
+                 "--dry-run"]) == 0
+    assert "against ./honest (local)" in capsys.readouterr().out

@@ -45,17 +45,19 @@ def test_server_against_server_in_a_recipe(llama_server, tmp_path, smollm2_path,
 @pytest.mark.torch
 def test_served_model_against_the_recipes_source_fails_a_tight_gate(llama_server, tmp_path, smollm2_path,
                                                                     capsys):  # noqa: F811
-    """`server` without `baseline_server`: the engine against transformers on the recipe's SRC (the same weights:
-    +3.9% PPL measured, docs/eval.md), so a 0.1% gate fails: exit 1, no DST, the failed report says how."""
+    """`server` without `baseline_server`: the engine against transformers on the recipe's SRC (the same weights,
+    llama.cpp's Q4_1 kernels against float32), so a zero-KLD gate fails: exit 1, no DST, the report says how."""
     r = _recipe(tmp_path, f"  - eval: {{server: '{llama_server}', served_model: smollm2, text: eval.txt, "
-                          f"{WINDOW}, thresholds: {{max_ppl_increase: 0.1%}}}}\n")
+                          f"{WINDOW}, thresholds: {{max_kld: 0.0}}}}\n")
     dst = tmp_path / "out"
     assert main(["apply", str(r), str(smollm2_path), str(dst)]) == 1
     assert "step 1 (eval) failed" in capsys.readouterr().err and not dst.exists()
     step = json.loads((tmp_path / "out.kvtool-failed.json").read_text())["steps"][0]
     m = step["details"]["metrics"]
     assert m["memory"]["mode"] == "served+local" and m["memory"]["local"]["side"] == "baseline"
-    assert m["baseline"] == f"{smollm2_path} (local)" and 1.001 < m["ppl_ratio"] < 1.10
+    assert m["baseline"] == f"{smollm2_path} (local)" and abs(m["ppl_ratio"] - 1) < 0.10 and m["kld_mean"] > 0
+    print(f"served vs local SRC: ratio {m['ppl_ratio']:.4f} ± {m['ppl_ratio_se']:.4f}, KLD^ {m['kld_mean']:.5f} ± "
+          f"{m['kld_se']:.5f}, top-1 {m['top1_agreement']:.3f} ± {m['top1_se']:.3f}")
 
 
 @pytest.mark.torch
