@@ -62,15 +62,17 @@ def test_served_model_against_the_recipes_source_fails_a_tight_gate(llama_server
 
 @pytest.mark.torch
 def test_the_recipes_output_against_a_served_baseline(llama_server, tmp_path, smollm2_path, capsys):  # noqa: F811
-    """After a convert step the output is local: `baseline_server` gates it against what the server serves."""
+    """After a convert step the output is local: `baseline_server` gates it against what the server serves (the
+    mean-pooled MQA copy of SmolLM2 loses most of its quality, so only a loose KLD gate passes)."""
     r = _recipe(tmp_path, "  - convert: {to: mqa}\n"
                           f"  - eval: {{baseline_server: '{llama_server}', served_baseline: smollm2, text: eval.txt, "
-                          f"{WINDOW}, thresholds: {{max_ppl_increase: 1000%}}}}\n")
+                          f"{WINDOW}, thresholds: {{max_kld: 1000}}}}\n")
     dst = tmp_path / "out"
     assert main(["apply", str(r), str(smollm2_path), str(dst)]) == 0, capsys.readouterr().err
     m = _eval_step(dst)["details"]["metrics"]
     assert m["memory"]["mode"] == "served+local" and m["memory"]["local"]["side"] == "candidate"
     assert m["baseline"] == f"smollm2 @ {llama_server}" and m["ppl_ratio"] > 1.05 and m["kld_mean"] > 0.01
+    assert (dst / "config.json").is_file() and json.loads((dst / "config.json").read_text())["num_key_value_heads"] == 1
 
 
 @pytest.mark.parametrize("steps, said", [
