@@ -99,6 +99,8 @@ def parse_positions(family: Family, response: Any, n_prompt: int, k: int) -> lis
         if not isinstance(rows, list) or not isinstance(ids, list):
             raise InputError("choices[0]: no prompt_logprobs / prompt_token_ids (the server returns no prompt "
                              "log-probabilities)")
+        if not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+            raise InputError("choices[0].prompt_token_ids: expected a list of token ids")
         if len(rows) != len(ids) or len(ids) != n_prompt:
             raise InputError(f"choices[0]: {len(rows)} prompt_logprobs for {len(ids)} prompt tokens; expected "
                              f"{n_prompt}")

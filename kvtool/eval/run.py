@@ -61,17 +61,37 @@ _LOCAL_ONLY = {"device": "auto", "dtype": "auto", "device_map": None, "max_memor
                "kv_cache_dtype": "auto", "kv_scales": "checkpoint", "fp8_attention": "cache-only"}
 
 
-def check_served(o: EvalOptions) -> None:
-    """--server's refusals: options only the local path has, the server options without --server, bounds."""
+# what the local side of a mixed run (a served side and a local folder) takes from them
+_LOCAL_SIDE = ("device", "dtype", "kv_cache_dtype", "kv_scales")
+
+
+def local_paths(model: str, o: EvalOptions) -> list[str]:
+    """The model folders this evaluation runs here: both (no server), or the local side of a mixed run
+    (kvtool.eval.served.sides): MODEL without --server, a --baseline folder with --server and no --baseline-server."""
+    from kvtool.eval.served import local_folder
+
+    if not o.server and not o.baseline_server:
+        return [p for p in (model, o.baseline) if p is not None]
     if not o.server:
-        for name in ("baseline_server",):
-            if getattr(o, name) is not None:
-                raise UsageError("goes with --server", option=name)
+        return [model]
+    return [o.baseline] if o.baseline_server is None and local_folder(o.baseline) else []
+
+
+def check_served(o: EvalOptions) -> None:
+    """The served options' refusals: options only the local path has (a mixed run's local side takes device,
+    dtype and the KV-cache emulation), a mixed run without the baseline's served name, bounds."""
+    if not o.server and not o.baseline_server:
         return
+    if not o.server and o.baseline is None:
+        raise UsageError("names the baseline served at --baseline-server (MODEL is then the local candidate "
+                         "folder); give it, or give --server for a served candidate", option="baseline")
+    mixed = bool(local_paths("", o)) or not o.server
     for name, default in _LOCAL_ONLY.items():
-        if getattr(o, name) != default:
+        if getattr(o, name) != default and not (mixed and name in _LOCAL_SIDE):
             raise UsageError("the server decides this (its own flags, e.g. vLLM's --kv-cache-dtype); it does not "
-                             "go with --server", option=name)
+                             "go with --server" + (" (a mixed run's local side takes --device, --dtype, "
+                                                    "--kv-cache-dtype and --kv-scales)" if mixed else ""),
+                             option=name)
     if not 1 <= o.top_logprobs <= 1000:
         raise UsageError(f"must be between 1 and 1000, got {o.top_logprobs}", option="top_logprobs")
     if not 1 <= o.server_timeout <= 86400:
@@ -107,10 +127,10 @@ def plan(model: str, o: EvalOptions, *, texts=READ, text_name: str | None = None
     check_fp8_attention(o.fp8_attention, o.kv_cache_dtype)  # across two fields: not a declared bound
     check_settings(max_length=o.max_length, stride=o.stride, max_tokens=o.max_tokens, batch_size=o.batch_size,
                    max_memory=max_memory, device_map=o.device_map)
-    if shape is None and not o.server:
+    if shape is None and local_paths(model, o):
         from kvtool.model.preflight import check_loadable
 
-        check_loadable(model, o.baseline)  # refuse a bad folder before torch and transformers are imported
+        check_loadable(*local_paths(model, o))  # refuse a bad folder before torch and transformers are imported
     exact = tokens is not None
     if tokens is None:
         from kvtool.datasets import evaluation_text
@@ -125,13 +145,15 @@ def plan(model: str, o: EvalOptions, *, texts=READ, text_name: str | None = None
 def apply(p: EvalPlan, *, device: str | None = None, progress: bool | None = None):
     """Evaluate a plan: the kvtool.eval.api.EvalReport (gates applied). Imports torch unless --server."""
     o = p.options
-    if o.server:
+    if o.server or o.baseline_server:
         from kvtool.eval import served
 
+        local = {"device": device or o.device, "dtype": o.dtype, "kv_cache_dtype": o.kv_cache_dtype,
+                 "kv_scales": o.kv_scales}
         return served.evaluate(p.model, server=o.server, baseline=o.baseline, baseline_server=o.baseline_server,
                                texts=p.texts, text_name=p.text_name, max_length=o.max_length, stride=o.stride,
                                max_tokens=o.max_tokens, top_logprobs=o.top_logprobs, timeout=o.server_timeout,
-                               gates=p.gates, progress=progress)
+                               gates=p.gates, progress=progress, local=local)
     from kvtool.eval.api import evaluate
 
     return evaluate(p.model, p.baseline, texts=p.texts, text_name=p.text_name, max_length=o.max_length,
@@ -145,10 +167,13 @@ def render_plan(p: EvalPlan) -> console.Text:
     """--dry-run: what will be evaluated and its estimated cost (kvtool.model.costs)."""
     about = "" if p.tokens_exact else "~"
     o = p.options
-    if o.server:
-        base = (f" against {o.baseline or p.model} at {o.baseline_server or o.server}"
+    if o.server or o.baseline_server:
+        local = local_paths(p.model, o)
+        cand = f"{p.model} (local)" if not o.server else f"{p.model} served at {o.server}"
+        base = (f" against {o.baseline} (local)" if o.server and local else
+                f" against {o.baseline or p.model} at {o.baseline_server or o.server}"
                 if o.baseline or o.baseline_server else "")
-        return console.lines([f"kvtool eval plan: {p.model} served at {o.server}{base}",
+        return console.lines([f"kvtool eval plan: {cand}{base}",
                               f"  tokens       {about}{p.tokens}, top {o.top_logprobs} log-probabilities each"])
     shape = p.model_shape()
     return console.lines([

@@ -8,6 +8,11 @@ text, checked to tokenize back to the window's tokens (a window that does not, e
 UTF-8 character, starts up to MAX_SHIFT tokens later: less context, the same scored tokens). The scored tokens
 add to the sums local eval uses (kvtool.eval.sums); the KL divergence is the top-k estimator of
 kvtool.eval.topk. A baseline server must tokenize the text into the same ids, else one line refuses.
+
+A mixed run has one side served and the other a local model folder (LocalSide, torch imported only then): the
+served side tokenizes and cuts the windows, the local side runs exactly the served prompts and reports what a
+server would return for them (its top k and the target, keyed as the server keys tokens), so the estimator and
+its measured bias are those of server against server.
 """
 
 from __future__ import annotations
@@ -33,12 +38,14 @@ class ServedWindow:
     begin: int  # the first token sent (window.begin, or up to MAX_SHIFT later)
     prompt: object  # token ids or text, as the family takes it
     n_prompt: int  # prompt tokens the server scores (a BOS it adds itself not counted)
+    ids: tuple = ()  # those tokens as ids (a local side runs them)
+    bos: int | None = None  # the token the server puts before them itself (a local side does too)
 
 
 def prepare(server: Server, ids: list[int], w: Window) -> ServedWindow:
     """What to send for window w: its token ids, or its text when that text tokenizes back to them."""
     if server.family.token_prompts:
-        return ServedWindow(w, w.begin, list(ids[w.begin:w.end]), w.length)
+        return ServedWindow(w, w.begin, list(ids[w.begin:w.end]), w.length, tuple(ids[w.begin:w.end]))
     bos = server.bos
     last = min(w.begin + MAX_SHIFT, w.first_target - 1)
     for begin in range(w.begin, last + 1):
@@ -52,7 +59,7 @@ def prepare(server: Server, ids: list[int], w: Window) -> ServedWindow:
         if bos is not None and back[:1] == [bos]:
             back = back[1:]
         if back == part:
-            return ServedWindow(w, begin, text, len(part))
+            return ServedWindow(w, begin, text, len(part), tuple(part), bos)
     raise InputError(f"the text of tokens {w.begin}..{w.end - 1} does not tokenize back to those tokens, even "
                      f"starting up to {MAX_SHIFT} tokens later; choose another --max-length or --stride",
                      file=server.url, option=server.option)
@@ -64,18 +71,24 @@ def _scored(sw: ServedWindow, positions: list) -> list:
     return positions[sw.n_prompt - n:sw.n_prompt]
 
 
-def evaluate_served(cand: Server, base: Server | None, text: str, *, max_length: int, stride: int,
-                    max_tokens: int | None, k: int, progress: bool | None = None) -> tuple[Sums, dict]:
-    """Score cand (against base) on text; the sums and what the report says about how."""
-    cand.connect()
-    if base is not None:
-        base.connect()
-        if base.family is not cand.family:
+def evaluate_served(cand, base, text: str, *, max_length: int, stride: int, max_tokens: int | None, k: int,
+                    progress: bool | None = None) -> tuple[Sums, dict]:
+    """Score cand (against base) on text; the sums and what the report says about how. Each side is a Server or,
+    in a mixed run, a LocalSide (never both local): the served side tokenizes and cuts the windows, the other
+    side must tokenize the text into the same ids."""
+    served = cand if isinstance(cand, Server) else base
+    served.connect()
+    other = base if served is cand else cand
+    if isinstance(other, Server):
+        other.connect()
+        if other.family is not served.family:
             raise UsageError(f"{base.url} is {base.family.name} and {cand.url} {cand.family.name}: their tokens "
                              "are named differently, so their alternatives cannot be compared", option="baseline_server")
-    ids = cand.tokenize(text)
-    if base is not None and base.tokenize(text) != ids:
-        raise UsageError(f"{base.model} at {base.url} and {cand.model} at {cand.url} tokenize the text "
+    elif other is not None:
+        other.connect(served)
+    ids = served.tokenize(text)
+    if other is not None and other.tokenize(text) != ids:
+        raise UsageError(f"{other.model} at {other.url} and {served.model} at {served.url} tokenize the text "
                          "differently; they cannot be compared on the same tokens", field="tokenizer")
     if max_tokens is not None:
         ids = ids[:max_tokens]
@@ -87,18 +100,113 @@ def evaluate_served(cand: Server, base: Server | None, text: str, *, max_length:
     t0 = time.perf_counter()
     with kv_progress.task("eval (served)", total=len(ids) - 1, unit="tok", enabled=progress, rate=True) as bar:
         for w in ws:
-            sw = prepare(cand, ids, w)
+            sw = prepare(served, ids, w)
             moved += sw.begin != w.begin
-            c = _scored(sw, cand.positions(sw.prompt, sw.n_prompt, k))
-            b = _scored(sw, base.positions(sw.prompt, sw.n_prompt, k)) if base is not None else None
-            _add(sums, c, b, k, cand)
+            c = _scored(sw, cand.score(sw, k))
+            b = _scored(sw, base.score(sw, k)) if base is not None else None
+            _add(sums, c, b, k, served)
             bar.update(w.n_scored)
-    about = {"mode": "served", "server": cand.url, "family": cand.family.name, "top_logprobs": k,
-             "windows": len(ws), "windows_moved": moved, "seconds": time.perf_counter() - t0,
-             "kld_estimator": "top-k plus the remaining mass (docs/eval.md), biased low"}
-    if base is not None:
+    local = other if isinstance(other, LocalSide) else None
+    about = {"mode": "served" if local is None else "served+local", "server": served.url,
+             "family": served.family.name, "top_logprobs": k, "windows": len(ws), "windows_moved": moved,
+             "seconds": time.perf_counter() - t0, "kld_estimator": ESTIMATOR}
+    if isinstance(base, Server):
         about["baseline_server"] = base.url
+    if local is not None:
+        about["local"] = {"side": "baseline" if local is base else "candidate", "model": local.model,
+                          **local.describe()}
+        about["kld_estimator"] += "; the local side truncated to its top k and the target as a server returns them"
     return sums, about
+
+
+ESTIMATOR = "top-k plus the remaining mass (docs/eval.md), biased low"
+
+
+class LocalSide:
+    """The local side of a mixed run: a model folder run by transformers on the served side's windows (the same
+    token ids, the BOS the server adds put in front as the server does), its positions keyed as the server keys
+    its tokens and truncated to the top k and the target: what the server would return for it."""
+
+    def __init__(self, folder: str, *, option: str, device: str = "auto", dtype: str = "auto",
+                 kv_cache_dtype: str = "auto", kv_scales: str = "checkpoint", progress: bool | None = None):
+        self.model = self.url = folder
+        self.option, self.device, self.dtype, self.progress = option, device, dtype, progress
+        self.kv_cache_dtype, self.kv_scales = kv_cache_dtype, kv_scales
+        self.family = None
+        self._pool = self._m = self._emu = self._names = None
+
+    def connect(self, served: Server) -> "LocalSide":
+        from kvtool.eval import api
+        from kvtool.runtime.torch_utils import pick_device, pick_dtype
+
+        if self.option == "baseline" and self.model in served.names:
+            raise UsageError(f"{self.model!r} is a model folder here and a model {served.url} serves; name the "
+                             "folder another way (./NAME) for the local one, or give --baseline-server URL for the "
+                             "served one", option="baseline")
+        self.family = served.family
+        dev = pick_device(self.device)
+        self._dtype = pick_dtype(self.dtype, dev)
+        self._pool = api._ModelPool(dev, self._dtype, None, self.progress)
+        self._m = self._pool.get(self.model, None)
+        self._emu = api._emulation(api.Candidate(self.model, self.kv_cache_dtype, self.kv_scales), self._m)
+        if self._m.tokenizer is None:
+            raise UsageError("has no tokenizer; a mixed run checks that it tokenizes the text as the server does",
+                             file=self.model, option=self.option)
+        if not self.family.token_prompts:  # the server names tokens by their text: name the local ones alike
+            self._names = _token_texts(self._m.tokenizer)
+        self._bos = served.bos
+        return self
+
+    def describe(self) -> dict:
+        emu = self._emu
+        return {"device": str(self._pool.device), "dtype": str(self._dtype).replace("torch.", ""),
+                "kv_cache_dtype": "fp8_e4m3" if emu else str(self._dtype).replace("torch.", ""),
+                "kv_scales": emu[1].describe() if emu else None}
+
+    def tokenize(self, text: str) -> list[int]:
+        """The text's ids as the local tokenizer gives them, with the server's own BOS (when it adds one) in front
+        as the server's /tokenize gives it, so that the two lists compare."""
+        ids = list(self._m.tokenizer(text, add_special_tokens=True)["input_ids"])
+        if self._bos is not None and ids[:1] != [self._bos]:
+            ids = [self._bos] + ids
+        return ids
+
+    def score(self, sw: ServedWindow, k: int) -> list:
+        import contextlib
+
+        import torch
+
+        from kvtool.eval import api
+        from kvtool.eval.protocol import Position, id_key
+
+        ids = ([sw.bos] if sw.bos is not None else []) + list(sw.ids)
+        n = sw.n_prompt - 1  # every prompt position after the first
+        with torch.inference_mode(), (api._hooked(self._m, self._emu[0]) if self._emu else contextlib.nullcontext()):
+            logits = self._m.logits(torch.tensor([ids], dtype=torch.long), n)
+        lp = torch.log_softmax(logits[0].double(), dim=-1).cpu().numpy()  # [n, V]: predicts sw.ids[1:]
+        out: list = [None]
+        for j in range(1, sw.n_prompt):
+            row, target = lp[j - 1], int(sw.ids[j])
+            if self._names is None:
+                top = topk.truncate(row, target, k)
+                out.append(Position(id_key(target), top[id_key(target)], top, k))
+                continue
+            order = np.argsort(-row, kind="stable")[:k]
+            top = {}
+            for i in order:  # llama-cpp-python's order: the lower of two tokens with one text wins
+                top[self._names[i]] = float(row[i])
+            key = self._names[target]
+            top[key] = float(row[target])
+            out.append(Position(key, float(row[target]), top, k))
+        return out
+
+
+def _token_texts(tokenizer) -> list[str]:
+    """Each id's text as llama-cpp-python prints it in top_logprobs (llama_cpp/llama.py 0.3.36,
+    Llama._create_completion: detokenize([i]).decode("utf-8", errors="ignore"), special tokens as ""): the
+    tokenizer's decoding of the one id, special tokens skipped, U+FFFD (half of a UTF-8 character) dropped."""
+    texts = tokenizer.batch_decode([[i] for i in range(len(tokenizer))], skip_special_tokens=True)
+    return [t.replace("\ufffd", "") for t in texts]
 
 
 def _text(texts) -> str:
@@ -120,7 +228,7 @@ def _add(sums: Sums, c: list, b: list | None, k: int, cand: Server) -> None:
         return
     for pc, pb in zip(c, b):
         if pc.key != pb.key:
-            raise InputError(f"the two servers name the same prompt token differently ({pb.key!r} and {pc.key!r})",
+            raise InputError(f"the two sides name the same prompt token differently ({pb.key!r} and {pc.key!r})",
                              file=cand.url, field="tokenizer")
     lb = np.array([p.logprob for p in b], dtype=np.float64)
     sums.base_nll.add(-lb)
@@ -130,31 +238,69 @@ def _add(sums: Sums, c: list, b: list | None, k: int, cand: Server) -> None:
     sums.dp.add(np.exp(lc) - np.exp(lb))
 
 
-def evaluate(model: str, *, server: str, baseline: str | None = None, baseline_server: str | None = None,
+def evaluate(model: str, *, server: str | None, baseline: str | None = None, baseline_server: str | None = None,
              texts=None, text_name: str | None = None, max_length: int = 1024, stride: int | None = None,
              max_tokens: int | None = None, top_logprobs: int = 20, timeout: float = 300.0, gates=None,
-             progress: bool | None = None):
+             progress: bool | None = None, local: dict | None = None):
     """`kvtool eval MODEL --server URL [--baseline NAME] [--baseline-server URL]` as a library: the
     kvtool.eval.api.EvalReport of the model served under the name MODEL at URL, against the baseline served under
-    NAME (default MODEL) at --baseline-server (default URL) when either is given."""
+    NAME (default MODEL) at --baseline-server (default URL) when either is given. Mixed runs (sides(): one side a
+    local model folder): `--server URL --baseline FOLDER`, or `FOLDER --baseline-server URL --baseline NAME`;
+    local: the local side's device, dtype, kv_cache_dtype and kv_scales."""
     from kvtool.eval.api import EvalReport
 
     stride = stride if stride is not None else max(1, max_length // 2)
-    cand = Server(server, model, timeout=timeout, option="server")
-    base = None
-    if baseline is not None or baseline_server is not None:
-        base = Server(baseline_server or server, baseline or model, timeout=timeout,
-                      option="baseline_server" if baseline_server else "server")
+    cand, base = sides(model, server=server, baseline=baseline, baseline_server=baseline_server, timeout=timeout,
+                       local=dict(local or {}, progress=progress))
     sums, about = evaluate_served(cand, base, _text(texts), max_length=max_length, stride=stride,
                                   max_tokens=max_tokens, k=top_logprobs, progress=progress)
     seconds, n_windows = about.pop("seconds"), about.pop("windows")
-    r = EvalReport(model=f"{model} @ {cand.url}", label=None,
-                   baseline=f"{base.model} @ {base.url}" if base is not None else None, metrics=sums.summary(),
-                   windows=n_windows,
-                   device=f"served by {cand.family.name}", dtype="as served", window=max_length, stride=stride,
+    served = cand if isinstance(cand, Server) else base
+    r = EvalReport(model=_name(cand), label=None, baseline=_name(base) if base is not None else None,
+                   metrics=sums.summary(), windows=n_windows,
+                   device=f"served by {served.family.name}", dtype="as served", window=max_length, stride=stride,
                    batch_size=1, text=text_name or ("pydoc (built-in evaluation text)" if texts is None else "text"),
                    kv_cache_dtype="as served", kv_scales=None, seconds=seconds,
                    forwards_per_window=2 if base is not None else 1, memory=about)
     if gates:
         r.apply_gates(gates)
     return r
+
+
+def _name(side) -> str:
+    return f"{side.model} @ {side.url}" if isinstance(side, Server) else f"{side.model} (local)"
+
+
+def sides(model: str, *, server: str | None, baseline: str | None, baseline_server: str | None, timeout: float,
+          local: dict | None = None) -> tuple:
+    """(candidate, baseline or None), each a Server or a LocalSide:
+    --server URL                        candidate served as MODEL
+      --baseline NAME                   baseline served as NAME on URL
+      --baseline-server URL2 [--baseline NAME]   baseline served as NAME (default MODEL) on URL2
+      --baseline FOLDER                 baseline: the local model folder (mixed); a FOLDER the server also serves
+                                        by that name is refused as ambiguous when connecting
+    FOLDER --baseline-server URL2 --baseline NAME   candidate: the local folder, baseline served (mixed)."""
+    local = local or {}
+    if server is None:
+        if baseline_server is None:
+            raise UsageError("no server: give --server or --baseline-server", option="server")
+        if baseline is None:
+            raise UsageError("names the baseline on --baseline-server; give it (the local candidate MODEL is a "
+                             "folder, not a served name)", option="baseline")
+        return (LocalSide(model, option="model", **local),
+                Server(baseline_server, baseline, timeout=timeout, option="baseline_server"))
+    cand = Server(server, model, timeout=timeout, option="server")
+    if baseline_server is not None:
+        return cand, Server(baseline_server, baseline or model, timeout=timeout, option="baseline_server")
+    if baseline is None:
+        return cand, None
+    if local_folder(baseline):
+        return cand, LocalSide(baseline, option="baseline", **local)
+    return cand, Server(server, baseline, timeout=timeout, option="server")
+
+
+def local_folder(path: str | None) -> bool:
+    """A --baseline that names a model folder here (a config.json in it) is a local baseline."""
+    from pathlib import Path
+
+    return path is not None and (Path(path) / "config.json").is_file()

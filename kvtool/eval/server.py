@@ -16,7 +16,28 @@ from kvtool.errors import InputError
 from kvtool.eval import protocol
 from kvtool.eval.protocol import FAMILIES, Family
 
-MAX_RESPONSE = 512 * 2**20  # a window's log-probabilities with k alternatives: far below this
+# An answer is untrusted input: kvtool reads at most what the request can honestly produce, derived from the request
+# (response_limit), and refuses more unread. ENTRY_BYTES bounds one token's entry on the average: its id, its text
+# JSON-escaped (a 100-byte token of \\uXXXX escapes is 600 bytes) and its numbers (logprob, rank, offset).
+OVERHEAD = 64 * 2**10  # the envelope: ids, names, usage, the generated token
+ENTRY_BYTES = 2048
+MODELS_LIMIT = 2**20  # GET /v1/models: a list of names
+
+
+def response_limit(path: str, body: dict | None) -> int:
+    """The most bytes an honest answer to this request can take: /v1/completions n prompt tokens x (k
+    alternatives + the token itself + the generated one) entries; /tokenize 16 bytes per byte of text (an id and
+    its separator per byte at most); /detokenize an entry per id; anything else (/v1/models) MODELS_LIMIT."""
+    if body is None:
+        return MODELS_LIMIT
+    prompt = body.get("prompt", body.get("input", body.get("tokens")))
+    if path.endswith("completions"):
+        k = int(body.get("prompt_logprobs") or body.get("logprobs") or 0)
+        n = len(prompt) if isinstance(prompt, list) else len(str(prompt).encode("utf-8"))  # text: <= 1 token a byte
+        return OVERHEAD + n * (k + 3) * ENTRY_BYTES
+    if isinstance(prompt, list):  # detokenize
+        return OVERHEAD + len(prompt) * ENTRY_BYTES
+    return OVERHEAD + 16 * (len(str(prompt).encode("utf-8")) + 8)
 
 
 class Server:
@@ -29,6 +50,7 @@ class Server:
                 self.url = self.url[: -len(suffix)]
         self.model, self.timeout, self.option = model, timeout, option
         self.family: Family | None = None
+        self.names: list[str] = []  # what /v1/models lists (connect)
         if not self.url.startswith(("http://", "https://")):
             raise InputError("expected an http:// or https:// URL", file=url, option=option)
 
@@ -38,11 +60,12 @@ class Server:
     def request(self, path: str, body: dict | None = None, *, missing_ok: bool = False) -> Any:
         """GET (body None) or POST JSON; the decoded JSON answer. missing_ok: a 404 / 405 returns None."""
         data = None if body is None else json.dumps(body).encode()
+        limit = response_limit(path, body)
         req = urllib.request.Request(self.url + path, data=data, method="GET" if body is None else "POST",
                                      headers={"Content-Type": "application/json", "Accept": "application/json"})
         try:
             with urllib.request.urlopen(req, timeout=self.timeout) as resp:
-                raw = resp.read(MAX_RESPONSE + 1)
+                raw = resp.read(limit + 1)
         except urllib.error.HTTPError as exc:
             if missing_ok and exc.code in (404, 405):
                 return None
@@ -58,10 +81,13 @@ class Server:
             raise self.error(f"{path}: no answer within {self.timeout:g} s (--server-timeout)") from None
         except (ConnectionError, OSError, http.client.HTTPException) as exc:  # reset, closed mid-answer, garbage
             raise self.error(f"{path}: {type(exc).__name__}: {exc}") from None
-        if len(raw) > MAX_RESPONSE:
-            raise self.error(f"{path}: the answer is larger than {MAX_RESPONSE >> 20} MiB")
+        if len(raw) > limit:
+            raise self.error(f"{path}: the answer is larger than the {limit} bytes this request can produce "
+                             "(refused unread)")
         try:
             return json.loads(raw)
+        except RecursionError:
+            raise self.error(f"{path}: the answer is JSON nested too deep") from None
         except (ValueError, UnicodeDecodeError):
             raise self.error(f"{path}: the answer is not JSON ({raw[:60]!r})") from None
 
@@ -71,6 +97,7 @@ class Server:
             names = protocol.served_names(self.request("/v1/models"))
         except InputError as exc:
             raise self.error(exc.message) from None
+        self.names = names
         if self.model not in names:
             raise self.error(f"serves {', '.join(repr(n) for n in names) or 'no model'}, not {self.model!r} "
                              "(the model name to score)")
@@ -108,6 +135,10 @@ class Server:
                 return None
             raise
         return protocol.parse_text(answer, self.family.detokenize_path)
+
+    def score(self, sw, k: int) -> list:
+        """The positions of one kvtool.eval.served.ServedWindow."""
+        return self.positions(sw.prompt, sw.n_prompt, k)
 
     def positions(self, prompt, n_prompt: int, k: int) -> list:
         """protocol.Position per prompt token of one window (see kvtool.eval.protocol)."""

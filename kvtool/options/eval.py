@@ -19,18 +19,22 @@ FP8_ATTENTION = ("cache-only", "flash-attn", "flashinfer", "triton")  # kvtool.e
 @operation("eval")
 class EvalOptions:
     model: str = argument(help="Model folder or hub id (the candidate).")
-    baseline: str | None = option(None, recipe=False, help="Reference model (same tokenizer); with --server, its "
-                                                           "name on --baseline-server (default: MODEL).")
-    server: str | None = option(None, recipe=False,
-                                help="Score what an OpenAI-compatible server (vLLM, llama-cpp-python) at this URL "
-                                     "serves under the name MODEL, from its prompt log-probabilities.")
-    baseline_server: str | None = option(None, recipe=False,
-                                         help="With --server: the server of the baseline (default: --server).")
-    top_logprobs: int = option(20, minimum=1, maximum=1000, recipe=False,
-                               help="With --server: alternatives per token for the KL estimate (vLLM caps it at "
+    baseline: str | None = option(None, recipe=False, help="Reference model (same tokenizer); with a server, its "
+                                                           "served name (default: MODEL), or a model folder here "
+                                                           "(a mixed run).")
+    server: str | None = option(None, help="Score what an OpenAI-compatible server (vLLM, llama-cpp-python) at this "
+                                           "URL serves under the name MODEL, from its prompt log-probabilities.")
+    baseline_server: str | None = option(None, help="The server of the baseline (default: --server); without "
+                                                    "--server, MODEL is a local folder scored against it.")
+    served_model: str | None = option(None, cli=False, help="Recipe: the candidate's name on `server` (the "
+                                                            "command's MODEL).")
+    served_baseline: str | None = option(None, cli=False, help="Recipe: the baseline's name on `baseline_server` "
+                                                               "(the command's --baseline).")
+    top_logprobs: int = option(20, minimum=1, maximum=1000,
+                               help="With a server: alternatives per token for the KL estimate (vLLM caps it at "
                                     "--max-logprobs, 20 by default).")
-    server_timeout: float = option(300.0, minimum=1, maximum=86400, recipe=False,
-                                   help="With --server: seconds one request may take (no retries).")
+    server_timeout: float = option(300.0, minimum=1, maximum=86400,
+                                   help="With a server: seconds one request may take (no retries).")
     text: list[str] = option(default_factory=list, repeatable=True, schema=TEXT_FILES,
                              help="UTF-8 text file(s), joined into one stream.")
     dataset: str | None = option(None, schema={"type": "string", "minLength": 1},

@@ -139,13 +139,13 @@ def run_quantize_kv_step(ctx: RunContext, step: Step) -> StepResult:
 def run_eval_step(ctx: RunContext, step: Step) -> StepResult:
     from kvtool.datasets import read_texts
     from kvtool.eval.run import apply
-    from kvtool.recipes.plan import eval_plan
+    from kvtool.recipes.plan import eval_plan, eval_roles
 
     files = [str(path) for _, path in ctx.recipe.text_files(step.options)] or None
     texts, text_name = read_texts(files, step.options.get("dataset"))
-    # `kvtool eval`'s plan and apply: the refusals plan_eval made, now on the written model
-    p = eval_plan(ctx.recipe, step.options, model=str(ctx.current), baseline=str(ctx.src), texts=texts,
-                  text_name=text_name)
+    # `kvtool eval`'s plan and apply: the refusals plan_eval made, now on the written model (or the served one)
+    model, baseline = eval_roles(ctx.recipe, step, current=str(ctx.current), src=str(ctx.src))
+    p = eval_plan(ctx.recipe, step.options, model=model, baseline=baseline, texts=texts, text_name=text_name)
     report = apply(p, device=_device(ctx), progress=ctx.progress)
     d = report.as_dict()
     return StepResult(step.index, step.kind, dict(step.options), None, passed=report.passed,

@@ -190,19 +190,63 @@ def eval_plan(recipe: Recipe, options: dict, *, model: str, baseline: str, **kw)
     return plan(model, o, gates=options.get("thresholds") or {}, **kw)  # the schema admits the gates' names only
 
 
+WRITES_MODEL = ("convert", "rope", "quantize-kv")
+
+
+def eval_roles(recipe: Recipe, step: Step, *, current: str, src: str) -> tuple[str, str | None]:
+    """(candidate, baseline) of an eval step, as `kvtool eval` takes MODEL and --baseline:
+    no server keys     the model as the earlier steps leave it (local) against SRC (local);
+    baseline_server    that model (local) against `served_baseline` on the server (mixed): the output gated
+                       against what is served today;
+    server             `served_model` on the server against `served_baseline` on `baseline_server`, else against
+                       SRC (local, mixed: the engine checked against transformers on the recipe's input). The
+                       server does not serve the recipe's output, so `server` after a step that writes a model
+                       would gate something else than that output under the step's name: refused."""
+    o = step.options
+    for name, url in (("served_model", "server"), ("served_baseline", "baseline_server")):
+        if o.get(name) is not None and o.get(url) is None:
+            raise _fail(recipe, step, f"{name} names the model on `{url}`; it goes with {url}")
+    if o.get("server") is not None:
+        if o.get("served_model") is None:
+            raise _fail(recipe, step, "server: name the served candidate with served_model (its name on the server)")
+        writer = next((s for s in reversed(recipe.steps[:step.index - 1]) if s.kind in WRITES_MODEL), None)
+        if writer is not None:
+            raise _fail(recipe, step, f"server scores the model the server serves, not the one step {writer.index} "
+                                      f"({writer.kind}) writes (nothing serves the recipe's output yet); put this "
+                                      f"step before step {writer.index}, or gate the output against the server "
+                                      "with baseline_server")
+        if o.get("baseline_server") is not None:
+            return o["served_model"], o.get("served_baseline") or o["served_model"]
+        return o["served_model"], src
+    if o.get("baseline_server") is not None:
+        if o.get("served_baseline") is None:
+            raise _fail(recipe, step, "baseline_server: name the served baseline with served_baseline (its name on "
+                                      "the server)")
+        return current, o["served_baseline"]
+    return current, src
+
+
 def plan_eval(recipe: Recipe, step: Step, state: PlanState) -> str:
     o = step.options
     if not o.get("text") and not o.get("dataset"):
         raise _fail(recipe, step, "needs `text` (file(s) relative to the recipe) or `dataset`")
     _text_paths(recipe, step, o, required=False)
+    src = str(state.ckpt.config_path.parent)
+    model, baseline = eval_roles(recipe, step, current="", src=src)
     try:  # the model is the one the earlier steps plan: its shape, not a folder; the text is read when run
-        p = eval_plan(recipe, o, model="", baseline=str(state.ckpt.config_path.parent), texts=None,
+        p = eval_plan(recipe, o, model=model, baseline=baseline, texts=None,
                       tokens=_eval_tokens(recipe, o), shape=_shape(state))
     except KvtoolError as exc:
         raise _refused(recipe, step, exc) from None
     thresholds = o.get("thresholds") or {}
-    return ("eval against the source" + (f" (gates: {', '.join(f'{k}={v}' for k, v in thresholds.items())})" if thresholds else "")
-            + _estimate_note(p.estimate()))
+    gates = f" (gates: {', '.join(f'{k}={v}' for k, v in thresholds.items())})" if thresholds else ""
+    if o.get("server") is not None:
+        against = (f"{baseline} at {o['baseline_server']}" if o.get("baseline_server") is not None
+                   else "the source (local)")
+        return f"eval {model} served at {o['server']} against {against}" + gates
+    if o.get("baseline_server") is not None:
+        return f"eval against {baseline} served at {o['baseline_server']}" + gates + _estimate_note(p.estimate())
+    return "eval against the source" + gates + _estimate_note(p.estimate())
 
 
 def _eval_tokens(recipe: Recipe, options: dict) -> int:

@@ -194,7 +194,9 @@ def test_local_only_options_are_refused_with_server(capsys):
     line = _error_line(capsys, "m", "--server", "http://127.0.0.1:9", "--kv-cache-dtype", "fp8")
     assert "--kv-cache-dtype" in line and "server decides" in line
     line = _error_line(capsys, "m", "--baseline-server", "http://127.0.0.1:9")
-    assert "--baseline-server: goes with --server" in line
+    assert "--baseline: names the baseline served at --baseline-server" in line
+    line = _error_line(capsys, "m", "--server", "http://127.0.0.1:9", "--dtype", "bf16")
+    assert "--dtype" in line and "server decides" in line  # no local side: nothing takes it
 
 
 class _TextServer:
@@ -226,3 +228,48 @@ def test_a_text_window_that_cannot_be_sent_as_text_starts_later_with_the_same_ta
     assert sw.begin == 5 and sw.n_prompt == 5 and sw.prompt == "cdefg"
     with pytest.raises(InputError, match="does not tokenize back"):
         prepare(_TextServer(), [1, 9, 9, 9, 9, 9, 9, 2, 3], Window(1, 9, 1))
+
+
+# --- mixed runs: one side served, the other a local folder ------------------------------------------------------
+LOCAL = ["--device", "cpu", "--dtype", "fp32", "--kv-cache-dtype", "off"]
+
+
+@pytest.mark.torch
+def test_served_candidate_against_a_local_baseline(llama_server, text_file, smollm2_path, capsys):
+    """The served model against the local transformers path on the same weights, in one run: each side's PPL is
+    the same in both directions, the KLD is the top-k estimator with the local side truncated as a server
+    would return it, and the opposite direction gives the inverse ratio and the same top-1 agreement."""
+    rc1, out1, err1 = _run(capsys, "smollm2", "--server", llama_server, "--baseline", str(smollm2_path),
+                           "--text", text_file, *WINDOW, *LOCAL, "--format", "json")
+    assert rc1 == 0, err1
+    d = json.loads(out1)
+    assert d["tokens"] == 222
+    assert d["memory"]["mode"] == "served+local" and d["memory"]["local"]["side"] == "baseline"
+    assert d["memory"]["local"]["kv_cache_dtype"] == "float32"
+    assert "local side truncated to its top k" in d["memory"]["kld_estimator"]
+    assert abs(d["ppl_ratio"] - 1) < SERVED_VS_LOCAL and 0 < d["kld_mean"] < 0.5 and d["kld_se"] > 0
+    assert 0.5 < d["top1_agreement"] <= 1
+    rc2, out2, err2 = _run(capsys, str(smollm2_path), "--baseline-server", llama_server, "--baseline", "smollm2",
+                           "--text", text_file, *WINDOW, *LOCAL, "--format", "json")
+    assert rc2 == 0, err2
+    r = json.loads(out2)
+    assert r["memory"]["local"]["side"] == "candidate" and r["tokens"] == 222
+    assert r["baseline_ppl"] == pytest.approx(d["ppl"], rel=1e-9) and r["ppl"] == pytest.approx(d["baseline_ppl"])
+    assert r["ppl_ratio"] == pytest.approx(1 / d["ppl_ratio"], rel=1e-9)
+    assert r["top1_agreement"] == d["top1_agreement"] and r["kld_mean"] > 0
+    print(f"served vs local: ratio {d['ppl_ratio']:.4f} ± {d['ppl_ratio_se']:.4f}, KLD^ {d['kld_mean']:.4f} ± "
+          f"{d['kld_se']:.4f}, top-1 {d['top1_agreement']:.3f} ± {d['top1_se']:.3f}; local vs served: KLD^ "
+          f"{r['kld_mean']:.4f} ± {r['kld_se']:.4f}")
+
+
+@pytest.mark.torch
+def test_a_mixed_run_with_another_tokenizer_is_refused(llama_server, text_file, smollm2_path, capsys):
+    line = _error_line(capsys, "gemma3", "--server", llama_server, "--baseline", str(smollm2_path), "--text",
+                       text_file, *WINDOW, *LOCAL)
+    assert "tokenizer: " in line and "tokenize the text differently" in line and str(smollm2_path) in line
+
+
+def test_mixed_runs_refuse_what_their_local_side_cannot_take(smollm2_path, capsys):
+    line = _error_line(capsys, "smollm2", "--server", "http://127.0.0.1:9", "--baseline", str(smollm2_path),
+                       "--batch-size", "2")
+    assert "--batch-size" in line and "server decides" in line and "local side takes --device" in line
