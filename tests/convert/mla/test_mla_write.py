@@ -1,0 +1,101 @@
+"""`kvtool convert --to mla` end to end on a tiny random llama, with the stand-in solve of mla_helpers (the real
+kvtool.convert.mla.solve is tested on its own): what is written loads in transformers with no remote code and
+computes the MLA attention of the solved tensors; lint, kv-budget and quantize-kv read it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from kvtool.cli import main
+from mla_helpers import install_fake_solve, reference_attention, solve_layer, tiny_llama
+
+R, ROPE = 24, 8  # 4 heads of 16, 2 KV heads: the source caches 2 x 2 x 16 = 64 dims per layer, MLA 32
+
+
+@pytest.fixture
+def converted(smollm2_path, tmp_path, monkeypatch):
+    calls = install_fake_solve(monkeypatch)
+    src = tiny_llama(tmp_path / "src", smollm2_path)
+    dst = tmp_path / "mla"
+    rc = main(["convert", str(src), str(dst), "--to", "mla", "--kv-rank", str(R), "--rope-dim", str(ROPE),
+               "--calib-tokens", "64", "--seq-len", "32", "--calib-dataset", "pydoc", "--no-eval", "--no-progress"])
+    assert rc == 0
+    return src, dst, calls
+
+
+def test_calibration_replay_reaches_every_layer(converted):
+    _, dst, calls = converted
+    assert [c[0] for c in calls] == [(2, 32, 64)] * 2  # 64 tokens in 2 sequences of 32, hidden 64, both layers
+    assert calls[0][1] == ["k_proj.weight", "o_proj.weight", "q_proj.weight", "v_proj.weight"]
+    prov = json.loads((dst / "kvtool.json").read_text())
+    assert prov["mla"]["kv_lora_rank"] == R and prov["mla"]["rope_source_pairs"] == [0, 2, 4, 6]
+    assert prov["solve"] == {"solve": "tests/convert/mla/mla_helpers.py"}
+
+
+def test_transformers_loads_it_without_remote_code_and_computes_mla(converted):
+    from transformers import AutoModelForCausalLM
+
+    from kvtool.convert.mla.layout import MlaRope
+    from kvtool.convert.mla.shape import MlaShape
+    from kvtool.model.rope.freqs import base_inv_freq
+
+    src, dst, _ = converted
+    cfg = json.loads((dst / "config.json").read_text())
+    assert cfg["model_type"] == "deepseek_v3" and cfg["q_lora_rank"] is None and cfg["first_k_dense_replace"] == 2
+    model, info = AutoModelForCausalLM.from_pretrained(dst, output_loading_info=True)
+    assert type(model).__name__ == "DeepseekV3ForCausalLM"
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
+    ids = torch.arange(5, 45).unsqueeze(0)
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits
+    assert logits.shape == (1, 40, 49152) and torch.isfinite(logits).all()
+    # the lm_head of a tied source is its embeddings, written out
+    assert torch.equal(model.lm_head.weight, model.model.embed_tokens.weight)
+    assert not model.config.tie_word_embeddings
+
+    # layer 0's attention as written (rope rows interleaved, rope_interleave) = the MLA maths on the solve's
+    # own tensors (rotate_half order) with the RoPE frequencies the plan promised the solve
+    source, _ = AutoModelForCausalLM.from_pretrained(src, output_loading_info=True)
+    sa = source.model.layers[0].self_attn
+    weights = {f"{n}_proj.weight": getattr(sa, f"{n}_proj").weight.detach() for n in "qkvo"}
+    shape = MlaShape(hidden_size=64, num_heads=4, kv_lora_rank=R, qk_rope_head_dim=ROPE, qk_nope_head_dim=16,
+                     v_head_dim=16)
+    rope = MlaRope(tuple(base_inv_freq(10000.0, 16)), tuple(base_inv_freq(10000.0, ROPE)), 1.0, 1024)
+    tensors = solve_layer(weights, None, shape, rope)
+    torch.manual_seed(1)
+    x = torch.randn(1, 12, 64)
+    pos = torch.arange(12).unsqueeze(0)
+    attn = model.model.layers[0].self_attn
+    with torch.no_grad():
+        got = attn(x, position_embeddings=model.model.rotary_emb(x, pos), attention_mask=None)[0][0]
+        want = reference_attention(tensors, shape, rope, x[0], cfg["rms_norm_eps"])
+    # transformers' default mask is causal when attention_mask is None with sdpa / eager's is_causal
+    assert torch.allclose(got, want, atol=1e-4, rtol=1e-4), (got - want).abs().max()
+
+
+def test_lint_and_kv_budget_read_the_output(converted, capsys):
+    _, dst, _ = converted
+    capsys.readouterr()
+    assert main(["lint", str(dst), "--output-format", "json"]) in (0, 1)
+    report = json.loads(capsys.readouterr().out)
+    findings = report if isinstance(report, list) else report.get("findings", report.get("results", []))
+    errors = [f for f in findings if f.get("severity") == "error"]
+    assert not errors, errors
+    assert main(["kv-budget", str(dst), "--output-format", "json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    text = json.dumps(out)
+    # 2 layers x (24 + 8) latent dims x 2 bytes (float32 served in 16 bits)
+    assert "128" in text, text
+
+
+@pytest.mark.torch
+def test_quantize_kv_refuses_mla_with_what_vllm_does(converted, capsys):
+    _, dst, _ = converted
+    capsys.readouterr()
+    rc = main(["quantize-kv", str(dst), str(dst.parent / "q"), "--no-progress"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "MLA" in err and "--kv-cache-dtype fp8" in err
+    assert not (dst.parent / "q").exists()
