@@ -84,11 +84,11 @@ def test_lint_and_kv_budget_read_the_output(converted, capsys):
     findings = report if isinstance(report, list) else report.get("findings", report.get("results", []))
     errors = [f for f in findings if f.get("severity") == "error"]
     assert not errors, errors
-    assert main(["kv-budget", str(dst), "--output-format", "json"]) == 0
+    assert main(["kv-budget", str(dst), "--format", "json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    text = json.dumps(out)
-    # 2 layers x (24 + 8) latent dims x 2 bytes (float32 served in 16 bits)
-    assert "128" in text, text
+    # 2 layers x (24 + 8) latent dims x 2 bytes (the float32 source's config says bfloat16)
+    assert out["kv_bytes_per_token"] == 2 * (R + ROPE) * 2
+    assert [layer["kind"] for layer in out["layers"]] == ["MLA", "MLA"]
 
 
 @pytest.mark.torch
