@@ -99,3 +99,19 @@ def test_quantize_kv_refuses_mla_with_what_vllm_does(converted, capsys):
     err = capsys.readouterr().err
     assert rc == 2 and "MLA" in err and "--kv-cache-dtype fp8" in err
     assert not (dst.parent / "q").exists()
+
+
+def test_eval_scores_it_against_the_source(converted, capsys):
+    """kvtool eval loads the DeepSeek-layout folder (layer by layer, transformers) beside the llama source."""
+    src, dst, _ = converted
+    capsys.readouterr()
+    rc = main(["eval", str(dst), "--baseline", str(src), "--max-tokens", "96", "--max-length", "48", "--format",
+               "json", "--no-progress", "--device", "cpu"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0, out
+    r = out[0] if isinstance(out, list) else out
+    import math
+
+    assert r["model"] == str(dst) and r["baseline"] == str(src)
+    # a random source and a stand-in solve: the figures only have to be real numbers, and the models differ
+    assert math.isfinite(r["ppl_ratio"]) and math.isfinite(r["kld_mean"]) and r["kld_mean"] > 0
