@@ -10,7 +10,8 @@ Read by transformers' `DeepseekV3Config` (no remote code) and vLLM 0.33.0's `Dee
   `DeepseekV2Model.load_weights` adds it to n_shared_experts for its expert mapping (None raises).
 - tie_word_embeddings false and lm_head.weight written: `DeepseekV2ForCausalLM.__init__` builds its own
   ParallelLMHead and never ties it to the embeddings.
-- rope: only the default type converts (vLLM's `DeepseekV2MLAAttention.__init__` turns any other rope_type into
+- rope: rope_theta is the source's raised to qk_rope_head_dim / head_dim, so that the rope part turns as the
+  source's fastest pairs did (`rope_theta`); only the default type converts (vLLM's `DeepseekV2MLAAttention.__init__` turns any other rope_type into
   deepseek_yarn / deepseek_llama_scaling); rope_interleave true, as vLLM always rotates GPT-J pairs
   (kvtool/convert/mla/layout.py).
 - attention_bias false: vLLM's MLA projections have no bias.
@@ -25,9 +26,17 @@ CARRIED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers"
            "eos_token_id", "pad_token_id", "attention_dropout", "dtype", "torch_dtype")
 
 
+def rope_theta(source_theta: float, rope_dim: int, rotary_dim: int) -> float:
+    """The converted config's rope_theta: DeepSeek's rotary embedding turns pair t of the rope part by
+    theta'^(-2t / rope_dim), which is the source's pair t (theta^(-2t / rotary_dim)) for theta' =
+    theta^(rope_dim / rotary_dim). The solve gives the rope part the source's first rope_dim / 2 pairs (its highest
+    frequencies): kvtool.convert.mla.rope.rope_pairs / mla_rope_parameters, whose default-RoPE case this is."""
+    return float(source_theta) ** (rope_dim / rotary_dim)
+
+
 def mla_config(source: dict, spec, shape, *, rope_theta: float, dtype_name: str | None = None) -> dict:
     """The DeepSeek-V3 config.json of the converted model. source: the source config; spec: its ModelSpec;
-    shape: the kvtool.convert.mla.shape.MlaShape; rope_theta: the source's (default RoPE only)."""
+    shape: the kvtool.convert.mla.shape.MlaShape; rope_theta: the rope part's (`rope_theta` above)."""
     L = int(spec.num_layers)
     out: dict = {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3"}
     for key in CARRIED:

@@ -2,10 +2,10 @@
 backends that serve it; config and headers only) and the streaming write. kvtool/convert/run.py's
 `plan(options)` / `apply(plan, dst)` call `plan_mla` / `write_mla`.
 
-The maths is kvtool.convert.mla.solve (imported when a layer is converted, never here): per attention layer
-`collect_stats(inputs, weights, shape, rope)` on the calibration replay (kvtool.convert.aware.calibration,
-the original model's stream), then `solve_layer(weights, stats, shape, rope)` -> the MLA tensors by
-MlaShape.weight_shapes() name, rope rows in rotate_half order (kvtool/convert/mla/layout.py interleaves them).
+The maths is imported when a conversion runs, never here: kvtool.convert.mla.stats.collect_stats(model, ids) (one
+forward of the source model over the calibration ids: layer -> statistics), then per attention layer
+kvtool.convert.mla.solve.solve_layer(weights, stats, shape, rope) -> the MLA tensors by MlaShape.weight_shapes()
+name, rope rows in DeepSeek's interleaved order (rope: kvtool.convert.mla.rope.SourceRope of the source config).
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ DENSE_NAMES = re.compile(r"model\.embed_tokens\.weight|model\.norm\.weight|lm_he
                          r"|model\.layers\.\d+\.mlp\.(gate_proj|up_proj|down_proj)\.weight")
 EMBED, LM_HEAD = "model.embed_tokens.weight", "lm_head.weight"
 SOURCE_ATTENTION = ("q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight")  # solve_layer's `weights`
+SOURCE_BIASES = ("q_proj.bias", "k_proj.bias", "v_proj.bias")  # folded by the solve (none in DeepSeek's layout)
 
 
 @dataclass
@@ -43,7 +44,7 @@ class MlaPlan:
     arch: object  # the source's architecture table
     out_arch: object  # deepseek_v3's
     shape: MlaShape
-    rope: object  # kvtool.convert.mla.layout.MlaRope
+    rope_theta: float  # the written config's (kvtool.convert.mla.config.rope_theta)
     out_dtype: str | None
     max_shard_size: int
     settings: dict  # calibration: calib_text, calib_dataset, calib_tokens, seq_len, refine_steps, distill_steps
@@ -74,6 +75,12 @@ class MlaPlan:
     @property
     def target_kv_heads(self) -> int:
         return 1  # vLLM's ModelConfig.get_num_kv_heads: 1 with MLA (one latent row per token)
+
+    @property
+    def rope_pairs(self) -> tuple[int, ...]:
+        """The source RoPE pairs the shared rope key keeps turning: the fastest qk_rope_head_dim / 2
+        (kvtool.convert.mla.rope.rope_pairs)."""
+        return tuple(range(self.shape.qk_rope_head_dim // 2))
 
     @property
     def output_bytes(self) -> int:
@@ -136,9 +143,9 @@ def resolve_shape(o, spec, source_bytes: float, elem: float, attn_layers: int) -
         rank, rope = defaults.MLA_PRESETS[o.preset]
     else:
         rope = rope if rope is not None else hd // 2
-    if rope % 2 or rope > hd or hd % rope:
-        raise UsageError(f"{rope} must be even and divide head_dim {hd} (the rope part turns with source pairs "
-                         f"0, k, 2k, ... for k = head_dim / rope dims)", option="preset" if o.preset else "rope_dim")
+    if rope % 2 or rope > hd:
+        raise UsageError(f"{rope} must be even and at most head_dim {hd} (the rope part keeps the source's "
+                         f"{hd // 2} pairs' fastest rope / 2)", option="preset" if o.preset else "rope_dim")
     if o.kv_budget is not None:
         dims = int(_budget_bytes(o.kv_budget, source_bytes) // (elem * attn_layers))
         rank = dims - rope
@@ -193,11 +200,11 @@ def _refuse_source(o, arch, spec, config: dict, tensors: dict, layers: dict, whe
     if act != "silu":
         raise UsageError(f"hidden_act {act!r}: vLLM's DeepseekV2MLP takes silu only", file=where, field="hidden_act")
     for i, names in layers.items():
-        extra = sorted(set(names) - set(SOURCE_ATTENTION))
+        extra = sorted(set(names) - set(SOURCE_ATTENTION) - set(SOURCE_BIASES))
         if extra:
-            raise InputError("attention bias or norm: vLLM 0.33's DeepseekV2MLAAttention projections have no bias "
-                             "and no q/k norm", file=getattr(tensors[names[extra[0]]], "file", weights_file),
-                             field=names[extra[0]])
+            raise InputError("o_proj bias or q/k norm: vLLM 0.33's DeepseekV2MLAAttention has neither (its o_proj "
+                             "has no bias; q/k biases are folded into the weights)",
+                             file=getattr(tensors[names[extra[0]]], "file", weights_file), field=names[extra[0]])
         for n in names.values():
             if tensors[n].dtype not in ("F16", "BF16", "F32", "F64"):
                 raise InputError(f"tensor {n!r} is {tensors[n].dtype}: quantized weights cannot be converted",
@@ -238,11 +245,10 @@ def plan_mla(o, ckpt, *, max_shard_size: int, config: dict | None = None, tensor
     from kvtool.convert.driver import (CONFIG_DTYPE_NAMES, FLOAT_DTYPES, OUT_DTYPES, _refuse_unsupported,
                                        _weights_file, source_fingerprint)
     from kvtool.convert.mla import backends
-    from kvtool.convert.mla.config import mla_config
-    from kvtool.convert.mla.layout import MlaRope, output_names
+    from kvtool.convert.mla.config import mla_config, rope_theta
+    from kvtool.convert.mla.layout import output_names
     from kvtool.model import kvcache
     from kvtool.model.architectures import lookup
-    from kvtool.model.rope.freqs import base_inv_freq
     from kvtool.model.spec import build_spec
 
     out_dtype = OUT_DTYPES[o.dtype]
@@ -265,13 +271,10 @@ def plan_mla(o, ckpt, *, max_shard_size: int, config: dict | None = None, tensor
     s["refine_steps"], s["distill_steps"] = s["refine_steps"] or 0, s["distill_steps"] or 0
     s["calib_tokens"] = s["calib_tokens"] or defaults.calib_tokens(s["refine_steps"], s["distill_steps"])
     s["seq_len"] = s["seq_len"] or defaults.seq_len(s["refine_steps"], s["distill_steps"])
-    hd, r = int(spec.head_dim), shape.qk_rope_head_dim
-    rope = MlaRope(source_inv_freq=tuple(float(x) for x in base_inv_freq(theta, hd)),
-                   rope_inv_freq=tuple(float(x) for x in base_inv_freq(theta, r)), attention_scaling=1.0,
-                   context=int(s["serve_context"] or spec.max_position or 0))
+    theta_out = rope_theta(theta, shape.qk_rope_head_dim, int(spec.rotary_dim))
     out_arch = lookup("deepseek_v3")
     p = MlaPlan(src=ckpt.root or ckpt.config_path.parent, ckpt=ckpt, spec=spec, arch=arch, out_arch=out_arch,
-                shape=shape, rope=rope, out_dtype=out_dtype, max_shard_size=max_shard_size, settings=s,
+                shape=shape, rope_theta=theta_out, out_dtype=out_dtype, max_shard_size=max_shard_size, settings=s,
                 layers=layers, out_layers={i: output_names(out_arch, i) for i in layers}, kv_dtype=kv_dtype)
     # the write plan, source order: each layer's MLA block where its q_proj was, lm_head after the rest when tied
     wanted = shape.weight_shapes()
@@ -299,7 +302,7 @@ def plan_mla(o, ckpt, *, max_shard_size: int, config: dict | None = None, tensor
         p.copies[LM_HEAD] = EMBED
         p.warnings.append("tied embeddings: lm_head.weight is written as a copy of the embeddings (vLLM's "
                           f"DeepseekV2ForCausalLM never ties them), {info.nbytes / 2**20:.1f} MiB more")
-    p.new_config = mla_config(config, spec, shape, rope_theta=theta,
+    p.new_config = mla_config(config, spec, shape, rope_theta=theta_out,
                               dtype_name=CONFIG_DTYPE_NAMES.get(out_dtype) if out_dtype else None)
     out_spec = build_spec(p.new_config)
     p.kv_bytes_before, p.kv_bytes_after = before, kvcache.bytes_per_token(out_spec, elem)
@@ -325,7 +328,7 @@ def provenance(p: MlaPlan, solve_info: dict) -> dict:
             "num_heads": p.num_heads,
             "mla": {"kv_lora_rank": s.kv_lora_rank, "qk_rope_head_dim": s.qk_rope_head_dim,
                     "qk_nope_head_dim": s.qk_nope_head_dim, "v_head_dim": s.v_head_dim,
-                    "rope_source_pairs": list(p.rope.source_pairs)},
+                    "rope_source_pairs": list(p.rope_pairs), "rope_theta": p.rope_theta},
             "calibration": {k: v for k, v in p.settings.items() if v is not None and _jsonable(v)},
             "dtype": p.new_config.get("dtype", p.new_config.get("torch_dtype", "keep")), "exact": False}
     if solve_info:
@@ -363,7 +366,7 @@ def write_mla(p: MlaPlan, dst: str | Path, *, force: bool = False, progress: boo
     from kvtool import __version__
     from kvtool import progress as kv_progress
     from kvtool.convert.config_edit import dump_config
-    from kvtool.convert.mla.layout import check_solved, to_engine_order
+    from kvtool.convert.mla.layout import check_solved
     from kvtool.io.outputfile import identities, write_new
     from kvtool.io.reader import CheckpointReader, st_to_torch_dtype
     from kvtool.io.staging import check_destination, copy_side_files, staged_output
@@ -373,7 +376,10 @@ def write_mla(p: MlaPlan, dst: str | Path, *, force: bool = False, progress: boo
     check_destination(dst, force=force, protect=[p.src])
     with CheckpointReader(p.src, expect=identities(p.ckpt.headers)) as reader:
         stats = calibrate(p, reader, device)
-        from kvtool.convert.mla import solve  # the maths (h32math), imported once a conversion runs
+        from kvtool.convert.mla import solve  # the maths, imported once a conversion runs
+        from kvtool.convert.mla.rope import SourceRope
+
+        rope = SourceRope.from_config(p.spec.config)
 
         out_dtypes = {t.name: t.dtype for t in p.outputs}
         layer_of = {names["q_proj.weight"]: i for i, names in p.layers.items()}
@@ -397,9 +403,8 @@ def write_mla(p: MlaPlan, dst: str | Path, *, force: bool = False, progress: boo
                         if name in layer_of:
                             i = layer_of[name]
                             weights = {k: reader.get(n).float() for k, n in p.layers[i].items()}
-                            new = solve.solve_layer(weights, stats.pop(i, None), p.shape, p.rope)
+                            new = solve.solve_layer(weights, stats.pop(i), p.shape, rope)
                             check_solved(new, p.shape, i)
-                            new = to_engine_order(new, p.shape)
                             for key, out_name in p.out_layers[i].items():
                                 writer.add(out_name, new[key].detach().to("cpu").contiguous().to(
                                     st_to_torch_dtype(out_dtypes[out_name])))
@@ -420,16 +425,13 @@ def write_mla(p: MlaPlan, dst: str | Path, *, force: bool = False, progress: boo
 
 
 def calibrate(p: MlaPlan, reader, device: str = "cpu") -> dict:
-    """Per attention layer, `solve.collect_stats(inputs, weights, shape, rope)` on the calibration replay: the
-    original model layer by layer (kvtool.runtime.layerwise: one decoder layer's weights in memory), each layer's
-    attention input and RoPE (kvtool.convert.aware.attention.LayerInputs) with its source projections
-    (`weights`, the solve's names). Layer -> what collect_stats returned."""
+    """The calibration ids (kvtool.convert.aware.calibration_data: --calib-text / --calib-dataset, the aware
+    merge's default mix), then kvtool.convert.mla.stats.collect_stats over the source model: layer -> statistics."""
     import torch
 
     from kvtool import progress as kv_progress
-    from kvtool.convert.aware.calibration import run_layerwise
     from kvtool.convert.aware.calibration_data import CalibrationData
-    from kvtool.convert.mla import solve
+    from kvtool.convert.mla.stats import collect_stats
     from kvtool.datasets import MERGE_CALIBRATION, check_calibration_source
     from kvtool.io.staging import sigterm_as_interrupt
     from kvtool.runtime.layerwise import open_layerwise
@@ -437,22 +439,18 @@ def calibrate(p: MlaPlan, reader, device: str = "cpu") -> dict:
     s = p.settings
     check_calibration_source(s["calib_text"], s["calib_dataset"])
     dataset = s["calib_dataset"] or (None if s["calib_text"] else MERGE_CALIBRATION)
-    stats: dict = {}
-    bar = kv_progress.task("calibrate", total=int(p.spec.num_layers), unit="layers")
+    bar = kv_progress.task("calibrate", total=None, unit="steps")
     try:
         data = CalibrationData.build(p.src, s["calib_text"], dataset, s["calib_tokens"], s["seq_len"],
                                      device=torch.device(device), note=bar.set_note)
-
-        def layer_fn(layer, inp, src):
-            weights = {"q_proj.weight": src.q, "k_proj.weight": src.k, "v_proj.weight": src.v,
-                       "o_proj.weight": src.o}
-            stats[layer] = solve.collect_stats(inp, weights, p.shape, p.rope)
-            bar.update(1, note=f"layer {layer}")
-            return src  # the original stream: each layer's statistics on the source model's own inputs
-
-        with sigterm_as_interrupt(), open_layerwise(p.src, device=device, dtype=torch.float32,
-                                                     reader=reader) as lm:
-            run_layerwise(lm, data.ids, layer_fn, int(p.spec.num_heads))
+        bar.set_note(f"the source model over {data.ids.numel()} calibration tokens")
+        with sigterm_as_interrupt(), open_layerwise(p.src, device=device, dtype=torch.float32, reader=reader,
+                                                     layerwise=False) as lm:
+            stats = collect_stats(lm.model, data.ids)
     finally:
         bar.close()
+    missing = sorted(set(p.layers) - set(stats))
+    if missing:
+        raise InputError(f"layer {missing[0]}: no calibration statistics (its attention module was not reached)",
+                         field="architectures")
     return stats

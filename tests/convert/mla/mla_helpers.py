@@ -1,9 +1,11 @@
-"""A stand-in for kvtool.convert.mla.solve in the plumbing tests (tests only: the real solve is its own module).
+"""Stand-ins for the maths modules in the plumbing tests (tests only): kvtool.convert.mla.solve, .stats and .rope
+are the solve's own, with their interfaces (solve_layer(weights, stats, shape, rope) with rope rows in DeepSeek's
+interleaved order; collect_stats(model, ids) -> layer -> stats; SourceRope.from_config(config)).
 
 `solve_layer` builds a deterministic MLA block from the source projections: the latent is the first kv_lora_rank
-rows of the stacked K and V projections, the rope key is KV head 0's rows of the pairs the rope part turns with
-(MlaRope.source_pairs), each query head keeps its own rows; no calibration maths. `collect_stats` records what
-the calibration replay gave it, so a test can see it ran on every layer."""
+rows of the stacked K and V projections, the rope key is KV head 0's rows of the source's fastest
+qk_rope_head_dim / 2 pairs, each query head keeps its own rows; no calibration maths. `collect_stats` records
+what the calibration gave it, so a test can see it ran."""
 
 from __future__ import annotations
 
@@ -16,16 +18,16 @@ import torch
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
 
-def rope_rows(pairs, head_dim: int) -> list[int]:
-    """The source rows (rotate_half order) of `pairs`, in the rope part's rotate_half order."""
-    return list(pairs) + [j + head_dim // 2 for j in pairs]
+def rope_rows(rope_dim: int, head_dim: int) -> list[int]:
+    """The source rows (rotate_half order) of its first rope_dim / 2 pairs, in DeepSeek's interleaved order."""
+    return [row for j in range(rope_dim // 2) for row in (j, j + head_dim // 2)]
 
 
 def solve_layer(weights, stats, shape, rope):
     q, k, v, o = (weights[f"{n}_proj.weight"] for n in "qkvo")
     H, hd, r, R = shape.num_heads, shape.qk_nope_head_dim, shape.qk_rope_head_dim, shape.kv_lora_rank
     KV = k.shape[0] // hd
-    rows = rope_rows(rope.source_pairs, hd)
+    rows = rope_rows(r, hd)
     qh = q.reshape(H, hd, -1)
     q_new = torch.cat([qh, qh[:, rows]], dim=1).reshape(H * (hd + r), -1)
     latent = torch.cat([k, v])[:R]
@@ -42,27 +44,41 @@ def solve_layer(weights, stats, shape, rope):
             "o_proj.weight": o}
 
 
-def fake_solve_module(calls: list) -> types.ModuleType:
-    mod = types.ModuleType("kvtool.convert.mla.solve")
+class SourceRope:
+    def __init__(self, theta: float, head_dim: int):
+        self.theta, self.head_dim = theta, head_dim
 
-    def collect_stats(inputs, weights, shape, rope):
-        calls.append((tuple(inputs.x.shape), sorted(weights), shape))
-        return {"tokens": inputs.x.shape[0] * inputs.x.shape[1]}
+    @classmethod
+    def from_config(cls, config: dict) -> "SourceRope":
+        return cls(float(config.get("rope_theta", 10000.0)),
+                   int(config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]))
 
-    mod.collect_stats = collect_stats
-    mod.solve_layer = solve_layer
-    mod.provenance = lambda: {"solve": "tests/convert/mla/mla_helpers.py"}
-    return mod
+
+def fake_modules(calls: list) -> dict[str, types.ModuleType]:
+    solve = types.ModuleType("kvtool.convert.mla.solve")
+    solve.solve_layer = lambda weights, stats, shape, rope: (calls.append(("solve", sorted(weights), stats))
+                                                             or solve_layer(weights, stats, shape, rope))
+    solve.provenance = lambda: {"solve": "tests/convert/mla/mla_helpers.py"}
+    stats = types.ModuleType("kvtool.convert.mla.stats")
+
+    def collect_stats(model, ids):
+        calls.append(("stats", type(model).__name__, tuple(ids.shape)))
+        return {i: {"layer": i} for i in range(model.config.num_hidden_layers)}
+
+    stats.collect_stats = collect_stats
+    rope = types.ModuleType("kvtool.convert.mla.rope")
+    rope.SourceRope = SourceRope
+    return {"solve": solve, "stats": stats, "rope": rope}
 
 
 def install_fake_solve(monkeypatch) -> list:
-    """kvtool.convert.mla.solve replaced by the stand-in; returns the list collect_stats appends to."""
+    """kvtool.convert.mla.solve / stats / rope replaced by the stand-ins; returns the list of their calls."""
     import kvtool.convert.mla as pkg
 
     calls: list = []
-    mod = fake_solve_module(calls)
-    monkeypatch.setitem(sys.modules, "kvtool.convert.mla.solve", mod)
-    monkeypatch.setattr(pkg, "solve", mod, raising=False)
+    for name, mod in fake_modules(calls).items():
+        monkeypatch.setitem(sys.modules, f"kvtool.convert.mla.{name}", mod)
+        monkeypatch.setattr(pkg, name, mod, raising=False)
     return calls
 
 
@@ -83,14 +99,10 @@ def tiny_llama(folder, tokenizer_dir, *, kv_heads=2, heads=4, head_dim=16, layer
     return folder
 
 
-def rotate_half(x):
-    a, b = x.chunk(2, dim=-1)
-    return torch.cat([-b, a], dim=-1)
-
-
-def reference_attention(t: dict, shape, rope, x: torch.Tensor, eps: float) -> torch.Tensor:
-    """MLA attention of one layer computed here from the solve's tensors (rotate_half rope order, the RoPE
-    frequencies MlaRope gives), causal, x [T, hidden] -> [T, hidden]: what the written checkpoint must compute."""
+def reference_attention(t: dict, shape, source_theta: float, head_dim: int, x: torch.Tensor, eps: float) -> torch.Tensor:
+    """MLA attention of one layer computed here from the solve's tensors (rope rows in interleaved pairs (2i, 2i+1)
+    turning as the source's pair i, theta^(-2i / head_dim)), causal, x [T, hidden] -> [T, hidden]: what the
+    written checkpoint must compute."""
     H, nope, r, R, dv = (shape.num_heads, shape.qk_nope_head_dim, shape.qk_rope_head_dim, shape.kv_lora_rank,
                          shape.v_head_dim)
     T = x.shape[0]
@@ -100,11 +112,16 @@ def reference_attention(t: dict, shape, rope, x: torch.Tensor, eps: float) -> to
     c = c * torch.rsqrt(c.pow(2).mean(-1, keepdim=True) + eps) * t["kv_a_layernorm.weight"]
     kv = (c @ t["kv_b_proj.weight"].T).reshape(T, H, nope + dv)
     k_nope, v = kv[..., :nope], kv[..., nope:]
-    inv = torch.tensor(rope.rope_inv_freq, dtype=torch.float64)
+    inv = source_theta ** (-torch.arange(r // 2, dtype=torch.float64) * 2 / head_dim)
     ang = torch.arange(T, dtype=torch.float64)[:, None] * inv[None]
-    cos, sin = torch.cat([ang.cos()] * 2, -1).float(), torch.cat([ang.sin()] * 2, -1).float()
-    q_rot = q[..., nope:] * cos[:, None] + rotate_half(q[..., nope:]) * sin[:, None]
-    k_rot = k_rot * cos + rotate_half(k_rot) * sin
+    cos, sin = ang.cos().float(), ang.sin().float()
+
+    def turn(z):  # pairs (2i, 2i + 1)
+        a, b = z[..., 0::2], z[..., 1::2]
+        c, s = (cos[:, None], sin[:, None]) if z.dim() == 3 else (cos, sin)
+        return torch.stack([a * c - b * s, b * c + a * s], -1).flatten(-2)
+
+    q_rot, k_rot = turn(q[..., nope:]), turn(k_rot)
     scores = (torch.einsum("thd,shd->hts", q[..., :nope], k_nope)
               + torch.einsum("thd,sd->hts", q_rot, k_rot)) * (nope + r) ** -0.5
     scores = scores.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))

@@ -38,7 +38,9 @@ def test_kv_budget_fraction_bytes_and_rank_agree(tmp_path):
         assert (s.kv_lora_rank, s.qk_rope_head_dim, s.qk_nope_head_dim, s.v_head_dim) == (96, 32, 64, 64)
         assert p.kv_bytes_before == layers * source_dims * elem
         assert p.kv_bytes_after == layers * (96 + 32) * elem
-    assert by_rank.rope.source_pairs == tuple(range(0, 32, 2))  # theta^(-2i/32) = source pair 2i of 32
+    # the rope part keeps the source's 16 fastest pairs: theta'^(-2i/32) = theta^(-2i/64) for theta' = theta^(32/64)
+    assert by_rank.rope_pairs == tuple(range(16))
+    assert by_rank.new_config["rope_theta"] == pytest.approx(100000.0 ** 0.5)
 
 
 def test_write_plan_replaces_attention_and_unties_lm_head(tmp_path):
@@ -54,7 +56,18 @@ def test_write_plan_replaces_attention_and_unties_lm_head(tmp_path):
     assert names[-1] == "lm_head.weight" and p.copies == {"lm_head.weight": "model.embed_tokens.weight"}
     cfg = p.new_config
     assert (cfg["model_type"], cfg["kv_lora_rank"], cfg["qk_rope_head_dim"], cfg["first_k_dense_replace"],
-            cfg["tie_word_embeddings"], cfg["rope_theta"]) == ("deepseek_v3", 96, 32, 2, False, 100000.0)
+            cfg["tie_word_embeddings"], cfg["rope_parameters"]["rope_type"]) == ("deepseek_v3", 96, 32, 2, False,
+                                                                                  "default")
+
+
+def test_qkv_biases_go_to_the_solve(tmp_path):
+    qwen2 = {**SMOL, "model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"]}
+    biases = {f"model.layers.{i}.self_attn.{m}.bias": np.zeros((n,), "float16")
+              for i in range(2) for m, n in (("q_proj", 576), ("k_proj", 192), ("v_proj", 192))}
+    p = plan_of(folder(tmp_path, qwen2, biases), kv_rank=96)
+    assert sorted(p.layers[0]) == ["k_proj.bias", "k_proj.weight", "o_proj.weight", "q_proj.bias", "q_proj.weight",
+                                   "v_proj.bias", "v_proj.weight"]
+    assert not any(t.name.endswith(".bias") for t in p.outputs)  # DeepSeek's layout has none
 
 
 def test_dry_run_shows_kv_bytes_backends_and_estimate(tmp_path, capsys):
@@ -90,8 +103,8 @@ def refused(capsys, argv) -> str:
     (["--to", "mla"], "--kv-rank: --to mla needs the latent size"),
     (["--to", "gqa", "--groups", "1", "--kv-rank", "8"], "--kv-rank: only --to mla takes it"),
     (["--to", "mla", "--kv-rank", "8", "--kv-budget", "50%"], "give one of --kv-rank, --kv-budget, --preset"),
-    (["--to", "mla", "--kv-rank", "8", "--rope-dim", "6"], "--rope-dim: 6 must be even and divide head_dim 64"),
-    (["--to", "mla", "--kv-rank", "8", "--rope-dim", "128"], "--rope-dim: 128 must be even and divide head_dim 64"),
+    (["--to", "mla", "--kv-rank", "8", "--rope-dim", "7"], "--rope-dim: 7 must be even and at most head_dim 64"),
+    (["--to", "mla", "--kv-rank", "8", "--rope-dim", "128"], "--rope-dim: 128 must be even and at most head_dim 64"),
     (["--to", "mla", "--kv-rank", "400"], "cache no less than the source's 384"),
     (["--to", "mla", "--preset", "flashmla"], "--preset: flashmla: 512 latent + 64 rope"),
     (["--to", "mla", "--preset", "flashmla", "--rope-dim", "32"], "--rope-dim: --preset flashmla fixes"),
@@ -116,8 +129,8 @@ def test_option_refusals(tmp_path, capsys, args, words):
                                 "original_max_position_embeddings": 8192}}, None, "RoPE type 'llama3'"),
     ({**SMOL, "hidden_act": "gelu"}, None, "hidden_act: hidden_act 'gelu': vLLM's DeepseekV2MLP takes silu only"),
     ({**SMOL, "model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"]},
-     {"model.layers.0.self_attn.q_proj.bias": np.zeros((576,), "float16")},
-     "model.layers.0.self_attn.q_proj.bias: attention bias or norm"),
+     {"model.layers.0.self_attn.o_proj.bias": np.zeros((576,), "float16")},
+     "model.layers.0.self_attn.o_proj.bias: o_proj bias or q/k norm"),
     (SMOL, {"model.layers.0.pre_feedforward_layernorm.weight": np.zeros((576,), "float16")},
      "model.layers.0.pre_feedforward_layernorm.weight: not a tensor of DeepSeek-V3's dense layer"),
 ])

@@ -26,25 +26,26 @@ def converted(smollm2_path, tmp_path, monkeypatch):
     return src, dst, calls
 
 
-def test_calibration_replay_reaches_every_layer(converted):
+def test_calibration_then_one_solve_per_layer(converted):
     _, dst, calls = converted
-    assert [c[0] for c in calls] == [(2, 32, 64)] * 2  # 64 tokens in 2 sequences of 32, hidden 64, both layers
-    assert calls[0][1] == ["k_proj.weight", "o_proj.weight", "q_proj.weight", "v_proj.weight"]
+    # the source model once over 64 tokens in 2 sequences of 32, then each layer solved with its statistics
+    assert calls[0] == ("stats", "LlamaForCausalLM", (2, 32))
+    weights = ["k_proj.weight", "o_proj.weight", "q_proj.weight", "v_proj.weight"]
+    assert calls[1:] == [("solve", weights, {"layer": 0}), ("solve", weights, {"layer": 1})]
     prov = json.loads((dst / "kvtool.json").read_text())
-    assert prov["mla"]["kv_lora_rank"] == R and prov["mla"]["rope_source_pairs"] == [0, 2, 4, 6]
+    assert prov["mla"]["kv_lora_rank"] == R and prov["mla"]["rope_source_pairs"] == [0, 1, 2, 3]
     assert prov["solve"] == {"solve": "tests/convert/mla/mla_helpers.py"}
 
 
 def test_transformers_loads_it_without_remote_code_and_computes_mla(converted):
     from transformers import AutoModelForCausalLM
 
-    from kvtool.convert.mla.layout import MlaRope
     from kvtool.convert.mla.shape import MlaShape
-    from kvtool.model.rope.freqs import base_inv_freq
 
     src, dst, _ = converted
     cfg = json.loads((dst / "config.json").read_text())
     assert cfg["model_type"] == "deepseek_v3" and cfg["q_lora_rank"] is None and cfg["first_k_dense_replace"] == 2
+    assert cfg["rope_theta"] == pytest.approx(10000.0 ** (ROPE / 16)) and cfg["rope_interleave"] is True
     model, info = AutoModelForCausalLM.from_pretrained(dst, output_loading_info=True)
     assert type(model).__name__ == "DeepseekV3ForCausalLM"
     assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
@@ -56,22 +57,21 @@ def test_transformers_loads_it_without_remote_code_and_computes_mla(converted):
     assert torch.equal(model.lm_head.weight, model.model.embed_tokens.weight)
     assert not model.config.tie_word_embeddings
 
-    # layer 0's attention as written (rope rows interleaved, rope_interleave) = the MLA maths on the solve's
-    # own tensors (rotate_half order) with the RoPE frequencies the plan promised the solve
+    # layer 0's attention as written = the MLA maths on the solve's own tensors, its rope pairs turning as the
+    # source's fastest pairs (the config's rope_theta, rope_interleave)
     source, _ = AutoModelForCausalLM.from_pretrained(src, output_loading_info=True)
     sa = source.model.layers[0].self_attn
     weights = {f"{n}_proj.weight": getattr(sa, f"{n}_proj").weight.detach() for n in "qkvo"}
     shape = MlaShape(hidden_size=64, num_heads=4, kv_lora_rank=R, qk_rope_head_dim=ROPE, qk_nope_head_dim=16,
                      v_head_dim=16)
-    rope = MlaRope(tuple(base_inv_freq(10000.0, 16)), tuple(base_inv_freq(10000.0, ROPE)), 1.0, 1024)
-    tensors = solve_layer(weights, None, shape, rope)
+    tensors = solve_layer(weights, None, shape, None)
     torch.manual_seed(1)
     x = torch.randn(1, 12, 64)
     pos = torch.arange(12).unsqueeze(0)
     attn = model.model.layers[0].self_attn
     with torch.no_grad():
         got = attn(x, position_embeddings=model.model.rotary_emb(x, pos), attention_mask=None)[0][0]
-        want = reference_attention(tensors, shape, rope, x[0], cfg["rms_norm_eps"])
+        want = reference_attention(tensors, shape, 10000.0, 16, x[0], cfg["rms_norm_eps"])
     # transformers' default mask is causal when attention_mask is None with sdpa / eager's is_causal
     assert torch.allclose(got, want, atol=1e-4, rtol=1e-4), (got - want).abs().max()
 
