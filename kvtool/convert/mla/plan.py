@@ -320,7 +320,7 @@ def plan_mla(o, ckpt, *, max_shard_size: int, config: dict | None = None, tensor
 # --- writing -----------------------------------------------------------------------------------
 def provenance(p: MlaPlan, solve_info: dict) -> dict:
     from kvtool import __version__
-    from kvtool.io.jsonfile import load_json_object
+    from kvtool.convert.driver import _jsonable, source_provenance
 
     s = p.shape
     prov = {"kvtool_version": __version__, "command": "convert", "source": str(p.src), "source_hash": p.source_hash,
@@ -333,21 +333,10 @@ def provenance(p: MlaPlan, solve_info: dict) -> dict:
             "dtype": p.new_config.get("dtype", p.new_config.get("torch_dtype", "keep")), "exact": False}
     if solve_info:
         prov["solve"] = solve_info
-    previous = p.src / "kvtool.json"
-    if previous.is_file():
-        try:
-            prov["source_provenance"] = load_json_object(previous, what="kvtool.json").data
-        except InputError:
-            pass
+    previous = source_provenance(p.src)
+    if previous is not None:
+        prov["source_provenance"] = previous
     return prov
-
-
-def _jsonable(v) -> bool:
-    try:
-        json.dumps(v)
-        return True
-    except (TypeError, ValueError):
-        return False
 
 
 @dataclass
