@@ -2,10 +2,13 @@
 backends that serve it; config and headers only) and the streaming write. kvtool/convert/run.py's
 `plan(options)` / `apply(plan, dst)` call `plan_mla` / `write_mla`.
 
-The maths is imported when a conversion runs, never here: kvtool.convert.mla.stats.collect_stats(model, ids) (one
-forward of the source model over the calibration ids: layer -> statistics), then per attention layer
-kvtool.convert.mla.solve.solve_layer(weights, stats, shape, rope) -> the MLA tensors by MlaShape.weight_shapes()
-name, rope rows in DeepSeek's interleaved order (rope: kvtool.convert.mla.rope.SourceRope of the source config).
+The maths is imported when a conversion runs, never here: kvtool.convert.mla.stats.collect_stats(model, ids,
+convert=...) runs the source model once over the calibration ids and, as the forward reaches each attention layer,
+hands its statistics to `convert`, which solves it (kvtool.convert.mla.solve.solve_layer(weights, stats, shape,
+rope) -> the MLA tensors by MlaShape.weight_shapes() name, rope rows in DeepSeek's interleaved order; rope:
+kvtool.convert.mla.rope.SourceRope of the source config) and returns the converted attention
+(solve.mla_output), so later layers calibrate on the converted stream. The solved layers wait on disk
+(kvtool.convert.aware.spill) until the streaming write reaches them.
 """
 
 from __future__ import annotations
@@ -143,9 +146,6 @@ def resolve_shape(o, spec, source_bytes: float, elem: float, attn_layers: int) -
         rank, rope = defaults.MLA_PRESETS[o.preset]
     else:
         rope = rope if rope is not None else hd // 2
-    if rope % 2 or rope > hd:
-        raise UsageError(f"{rope} must be even and at most head_dim {hd} (the rope part keeps the source's "
-                         f"{hd // 2} pairs' fastest rope / 2)", option="preset" if o.preset else "rope_dim")
     if o.kv_budget is not None:
         dims = int(_budget_bytes(o.kv_budget, source_bytes) // (elem * attn_layers))
         rank = dims - rope
@@ -161,8 +161,13 @@ def resolve_shape(o, spec, source_bytes: float, elem: float, attn_layers: int) -
         raise UsageError(f"{what}{rank} latent + {rope} rope dimensions per layer cache no less than the source's "
                          f"{source_dims} (2 x {KV} KV heads x head_dim {hd}); MLA would save nothing",
                          option="preset" if o.preset else ("kv_budget" if o.kv_budget else "kv_rank"))
-    return MlaShape(hidden_size=hidden, num_heads=H, kv_lora_rank=rank, qk_rope_head_dim=rope, qk_nope_head_dim=hd,
-                    v_head_dim=hd)
+    if rope % 2 or rope >= hd:
+        raise UsageError(f"{rope} must be even and below head_dim {hd} (the rope part keeps the fastest rope / 2 of "
+                         f"the source's {hd // 2} pairs; the rest of each key head comes from the latent)",
+                         option="preset" if o.preset else "rope_dim")
+    # q/k heads keep the source's width (nope + rope = head_dim: the softmax scale is unchanged), v heads theirs
+    return MlaShape(hidden_size=hidden, num_heads=H, kv_lora_rank=rank, qk_rope_head_dim=rope,
+                    qk_nope_head_dim=hd - rope, v_head_dim=hd)
 
 
 def _refuse_source(o, arch, spec, config: dict, tensors: dict, layers: dict, where: str, weights_file: str) -> float:
@@ -355,7 +360,6 @@ def write_mla(p: MlaPlan, dst: str | Path, *, force: bool = False, progress: boo
     from kvtool import __version__
     from kvtool import progress as kv_progress
     from kvtool.convert.config_edit import dump_config
-    from kvtool.convert.mla.layout import check_solved
     from kvtool.io.outputfile import identities, write_new
     from kvtool.io.reader import CheckpointReader, st_to_torch_dtype
     from kvtool.io.staging import check_destination, copy_side_files, staged_output
@@ -364,11 +368,7 @@ def write_mla(p: MlaPlan, dst: str | Path, *, force: bool = False, progress: boo
     dst = Path(dst)
     check_destination(dst, force=force, protect=[p.src])
     with CheckpointReader(p.src, expect=identities(p.ckpt.headers)) as reader:
-        stats = calibrate(p, reader, device)
-        from kvtool.convert.mla import solve  # the maths, imported once a conversion runs
-        from kvtool.convert.mla.rope import SourceRope
-
-        rope = SourceRope.from_config(p.spec.config)
+        solved = calibrate(p, reader, device)
 
         out_dtypes = {t.name: t.dtype for t in p.outputs}
         layer_of = {names["q_proj.weight"]: i for i, names in p.layers.items()}
@@ -391,9 +391,7 @@ def write_mla(p: MlaPlan, dst: str | Path, *, force: bool = False, progress: boo
                     for name in reader.names():
                         if name in layer_of:
                             i = layer_of[name]
-                            weights = {k: reader.get(n).float() for k, n in p.layers[i].items()}
-                            new = solve.solve_layer(weights, stats.pop(i), p.shape, rope)
-                            check_solved(new, p.shape, i)
+                            new = solved.take(i)
                             for key, out_name in p.out_layers[i].items():
                                 writer.add(out_name, new[key].detach().to("cpu").contiguous().to(
                                     st_to_torch_dtype(out_dtypes[out_name])))
@@ -405,21 +403,51 @@ def write_mla(p: MlaPlan, dst: str | Path, *, force: bool = False, progress: boo
                     result = writer.finalize()
             finally:
                 bar.close()
+                solved.close()
             write_new(tmp / "config.json", dump_config(p.new_config))
             side = copy_side_files(p.src, tmp)
-            prov = provenance(p, getattr(solve, "provenance", lambda: {})())
+            prov = provenance(p, solved.info)
             prov["files"] = result.files
             write_new(tmp / "kvtool.json", json.dumps(prov, indent=2) + "\n")
     return MlaResult(plan=p, dst=dst, files=result.files, side_files=side, provenance=prov)
 
 
-def calibrate(p: MlaPlan, reader, device: str = "cpu") -> dict:
+class SolvedLayers:
+    """The solved MLA blocks waiting on disk for the writer (kvtool.convert.aware.spill: all layers' attention in
+    float32 can exceed a decoder layer many times over); each is read back once. info: kvtool.json's record."""
+
+    def __init__(self) -> None:
+        from kvtool.convert.aware.spill import LayerFiles
+
+        self._files = LayerFiles("kvtool-mla-", "the solved layer {layer}")
+        self.layers: set[int] = set()
+        self.info: dict = {}
+
+    def put(self, layer: int, tensors: dict) -> None:
+        self._files.save(layer, tensors)
+        self.layers.add(layer)
+
+    def take(self, layer: int) -> dict:
+        out = self._files.load(layer)
+        self._files.path(layer).unlink()
+        self.layers.discard(layer)
+        return out
+
+    def close(self) -> None:
+        self._files.close()
+
+
+def calibrate(p: MlaPlan, reader, device: str = "cpu") -> SolvedLayers:
     """The calibration ids (kvtool.convert.aware.calibration_data: --calib-text / --calib-dataset, the aware
-    merge's default mix), then kvtool.convert.mla.stats.collect_stats over the source model: layer -> statistics."""
+    merge's default mix), then one forward of the source model (kvtool.convert.mla.stats.collect_stats) that
+    solves each attention layer as it reaches it and goes on with the converted layer's output."""
     import torch
 
     from kvtool import progress as kv_progress
     from kvtool.convert.aware.calibration_data import CalibrationData
+    from kvtool.convert.mla import solve
+    from kvtool.convert.mla.layout import check_solved
+    from kvtool.convert.mla.rope import SourceRope
     from kvtool.convert.mla.stats import collect_stats
     from kvtool.datasets import MERGE_CALIBRATION, check_calibration_source
     from kvtool.io.staging import sigterm_as_interrupt
@@ -428,18 +456,34 @@ def calibrate(p: MlaPlan, reader, device: str = "cpu") -> dict:
     s = p.settings
     check_calibration_source(s["calib_text"], s["calib_dataset"])
     dataset = s["calib_dataset"] or (None if s["calib_text"] else MERGE_CALIBRATION)
-    bar = kv_progress.task("calibrate", total=None, unit="steps")
+    rope = SourceRope.from_config(p.spec.config)
+    solved = SolvedLayers()
+    bar = kv_progress.task("calibrate", total=len(p.layers), unit="layers")
     try:
         data = CalibrationData.build(p.src, s["calib_text"], dataset, s["calib_tokens"], s["seq_len"],
                                      device=torch.device(device), note=bar.set_note)
+
+        def convert(layer: int, stats):
+            weights = {k: reader.get(n).float() for k, n in p.layers[layer].items()}
+            tensors = solve.solve_layer(weights, stats, p.shape, rope)
+            check_solved(tensors, p.shape, layer)
+            solved.put(layer, tensors)
+            bar.update(1, note=f"layer {layer} solved")
+            return lambda x: solve.mla_output(x, tensors, p.shape, rope)
+
         bar.set_note(f"the source model over {data.ids.numel()} calibration tokens")
         with sigterm_as_interrupt(), open_layerwise(p.src, device=device, dtype=torch.float32, reader=reader,
                                                      layerwise=False) as lm:
-            stats = collect_stats(lm.model, data.ids)
+            collect_stats(lm.model, data.ids, convert=convert)
+    except BaseException:
+        solved.close()
+        raise
     finally:
         bar.close()
-    missing = sorted(set(p.layers) - set(stats))
+    missing = sorted(set(p.layers) - solved.layers)
     if missing:
-        raise InputError(f"layer {missing[0]}: no calibration statistics (its attention module was not reached)",
-                         field="architectures")
-    return stats
+        solved.close()
+        raise InputError(f"layer {missing[0]}: not solved (the calibration forward did not reach its attention "
+                         "module)", field="architectures")
+    solved.info = {**data.provenance(), **getattr(solve, "provenance", lambda: {})()}
+    return solved

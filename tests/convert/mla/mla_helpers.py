@@ -1,6 +1,7 @@
 """Stand-ins for the maths modules in the plumbing tests (tests only): kvtool.convert.mla.solve, .stats and .rope
 are the solve's own, with their interfaces (solve_layer(weights, stats, shape, rope) with rope rows in DeepSeek's
-interleaved order; collect_stats(model, ids) -> layer -> stats; SourceRope.from_config(config)).
+interleaved order, mla_output(x, tensors, shape, rope); collect_stats(model, ids, convert=None) -> layer -> stats,
+calling convert(layer, stats) as the forward reaches each layer; SourceRope.from_config(config)).
 
 `solve_layer` builds a deterministic MLA block from the source projections: the latent is the first kv_lora_rank
 rows of the stacked K and V projections, the rope key is KV head 0's rows of the source's fastest
@@ -25,18 +26,19 @@ def rope_rows(rope_dim: int, head_dim: int) -> list[int]:
 
 def solve_layer(weights, stats, shape, rope):
     q, k, v, o = (weights[f"{n}_proj.weight"] for n in "qkvo")
-    H, hd, r, R = shape.num_heads, shape.qk_nope_head_dim, shape.qk_rope_head_dim, shape.kv_lora_rank
+    H, nope, r, R, hd = (shape.num_heads, shape.qk_nope_head_dim, shape.qk_rope_head_dim, shape.kv_lora_rank,
+                         shape.v_head_dim)
     KV = k.shape[0] // hd
     rows = rope_rows(r, hd)
     qh = q.reshape(H, hd, -1)
-    q_new = torch.cat([qh, qh[:, rows]], dim=1).reshape(H * (hd + r), -1)
+    q_new = torch.cat([qh[:, :nope], qh[:, rows]], dim=1).reshape(H * (nope + r), -1)
     latent = torch.cat([k, v])[:R]
     kv_a = torch.cat([latent, k[:hd][rows]])
-    kv_b = torch.zeros(H, hd + shape.v_head_dim, R)
+    kv_b = torch.zeros(H, nope + hd, R)
     for h in range(H):  # query head h reads KV head h // (H / KV), where the latent holds its rows
         g = h // (H // KV)
-        for j in range(hd):
-            for part, base in ((0, g * hd), (hd, KV * hd + g * hd)):
+        for part, base, n in ((0, g * hd, nope), (nope, KV * hd + g * hd, hd)):
+            for j in range(n):
                 if base + j < R:
                     kv_b[h, part + j, base + j] = 1.0
     return {"q_proj.weight": q_new, "kv_a_proj_with_mqa.weight": kv_a,
@@ -58,12 +60,17 @@ def fake_modules(calls: list) -> dict[str, types.ModuleType]:
     solve = types.ModuleType("kvtool.convert.mla.solve")
     solve.solve_layer = lambda weights, stats, shape, rope: (calls.append(("solve", sorted(weights), stats))
                                                              or solve_layer(weights, stats, shape, rope))
+    solve.mla_output = lambda x, tensors, shape, rope: calls.append(("output", tuple(x.shape))) or x
     solve.provenance = lambda: {"solve": "tests/convert/mla/mla_helpers.py"}
     stats = types.ModuleType("kvtool.convert.mla.stats")
 
-    def collect_stats(model, ids):
+    def collect_stats(model, ids, convert=None):
         calls.append(("stats", type(model).__name__, tuple(ids.shape)))
-        return {i: {"layer": i} for i in range(model.config.num_hidden_layers)}
+        out = {i: {"layer": i} for i in range(model.config.num_hidden_layers)}
+        for i, st in out.items():
+            if convert is not None:
+                convert(i, st)(torch.zeros(*ids.shape, model.config.hidden_size))
+        return out
 
     stats.collect_stats = collect_stats
     rope = types.ModuleType("kvtool.convert.mla.rope")
@@ -102,7 +109,7 @@ def tiny_llama(folder, tokenizer_dir, *, kv_heads=2, heads=4, head_dim=16, layer
 def reference_attention(t: dict, shape, source_theta: float, head_dim: int, x: torch.Tensor, eps: float) -> torch.Tensor:
     """MLA attention of one layer computed here from the solve's tensors (rope rows in interleaved pairs (2i, 2i+1)
     turning as the source's pair i, theta^(-2i / head_dim)), causal, x [T, hidden] -> [T, hidden]: what the
-    written checkpoint must compute."""
+    written checkpoint must compute (softmax scale (nope + rope)^-0.5)."""
     H, nope, r, R, dv = (shape.num_heads, shape.qk_nope_head_dim, shape.qk_rope_head_dim, shape.kv_lora_rank,
                          shape.v_head_dim)
     T = x.shape[0]

@@ -35,7 +35,7 @@ def test_kv_budget_fraction_bytes_and_rank_agree(tmp_path):
     by_rank = plan_of(src, kv_rank=96, rope_dim=32)
     for p in (by_fraction, by_bytes, by_rank):
         s = p.shape
-        assert (s.kv_lora_rank, s.qk_rope_head_dim, s.qk_nope_head_dim, s.v_head_dim) == (96, 32, 64, 64)
+        assert (s.kv_lora_rank, s.qk_rope_head_dim, s.qk_nope_head_dim, s.v_head_dim) == (96, 32, 32, 64)
         assert p.kv_bytes_before == layers * source_dims * elem
         assert p.kv_bytes_after == layers * (96 + 32) * elem
     # the rope part keeps the source's 16 fastest pairs: theta'^(-2i/32) = theta^(-2i/64) for theta' = theta^(32/64)
@@ -51,8 +51,8 @@ def test_write_plan_replaces_attention_and_unties_lm_head(tmp_path):
         for m in ("q_proj", "kv_a_proj_with_mqa", "kv_a_layernorm", "kv_b_proj", "o_proj"):
             assert f"model.layers.{i}.self_attn.{m}.weight" in names
     shapes = {t.name: t.shape for t in p.outputs}
-    assert shapes["model.layers.0.self_attn.kv_b_proj.weight"] == (9 * (64 + 64), 96)
-    assert shapes["model.layers.0.self_attn.q_proj.weight"] == (9 * (64 + 32), 576)
+    assert shapes["model.layers.0.self_attn.kv_b_proj.weight"] == (9 * (32 + 64), 96)
+    assert shapes["model.layers.0.self_attn.q_proj.weight"] == (9 * (32 + 32), 576)
     assert names[-1] == "lm_head.weight" and p.copies == {"lm_head.weight": "model.embed_tokens.weight"}
     cfg = p.new_config
     assert (cfg["model_type"], cfg["kv_lora_rank"], cfg["qk_rope_head_dim"], cfg["first_k_dense_replace"],
@@ -83,7 +83,7 @@ def test_preset_on_a_model_where_576_dims_save(tmp_path, capsys):
     big = {**SMOL, "hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 8}  # Llama-3-8B's heads
     src = folder(tmp_path, big, shaped=False, extra={"model.embed_tokens.weight": np.zeros((128, 4096), "float16")})
     p = plan_of(src, preset="flashmla")
-    assert (p.shape.kv_lora_rank, p.shape.qk_rope_head_dim, p.shape.qk_nope_head_dim) == (512, 64, 128)
+    assert (p.shape.kv_lora_rank, p.shape.qk_rope_head_dim, p.shape.qk_nope_head_dim) == (512, 64, 64)
     assert p.kv_bytes_after / p.kv_bytes_before == 576 / 2048
     from kvtool.convert.mla.backends import serving
 
@@ -103,8 +103,8 @@ def refused(capsys, argv) -> str:
     (["--to", "mla"], "--kv-rank: --to mla needs the latent size"),
     (["--to", "gqa", "--groups", "1", "--kv-rank", "8"], "--kv-rank: only --to mla takes it"),
     (["--to", "mla", "--kv-rank", "8", "--kv-budget", "50%"], "give one of --kv-rank, --kv-budget, --preset"),
-    (["--to", "mla", "--kv-rank", "8", "--rope-dim", "7"], "--rope-dim: 7 must be even and at most head_dim 64"),
-    (["--to", "mla", "--kv-rank", "8", "--rope-dim", "128"], "--rope-dim: 128 must be even and at most head_dim 64"),
+    (["--to", "mla", "--kv-rank", "8", "--rope-dim", "7"], "--rope-dim: 7 must be even and below head_dim 64"),
+    (["--to", "mla", "--kv-rank", "8", "--rope-dim", "64"], "--rope-dim: 64 must be even and below head_dim 64"),
     (["--to", "mla", "--kv-rank", "400"], "cache no less than the source's 384"),
     (["--to", "mla", "--preset", "flashmla"], "--preset: flashmla: 512 latent + 64 rope"),
     (["--to", "mla", "--preset", "flashmla", "--rope-dim", "32"], "--rope-dim: --preset flashmla fixes"),

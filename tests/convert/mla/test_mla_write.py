@@ -28,13 +28,16 @@ def converted(smollm2_path, tmp_path, monkeypatch):
 
 def test_calibration_then_one_solve_per_layer(converted):
     _, dst, calls = converted
-    # the source model once over 64 tokens in 2 sequences of 32, then each layer solved with its statistics
+    # the source model once over 64 tokens in 2 sequences of 32; each layer solved with its statistics as the
+    # forward reaches it, and the converted layer's output goes on
     assert calls[0] == ("stats", "LlamaForCausalLM", (2, 32))
     weights = ["k_proj.weight", "o_proj.weight", "q_proj.weight", "v_proj.weight"]
-    assert calls[1:] == [("solve", weights, {"layer": 0}), ("solve", weights, {"layer": 1})]
+    assert calls[1:] == [("solve", weights, {"layer": 0}), ("output", (2, 32, 64)),
+                         ("solve", weights, {"layer": 1}), ("output", (2, 32, 64))]
     prov = json.loads((dst / "kvtool.json").read_text())
     assert prov["mla"]["kv_lora_rank"] == R and prov["mla"]["rope_source_pairs"] == [0, 1, 2, 3]
-    assert prov["solve"] == {"solve": "tests/convert/mla/mla_helpers.py"}
+    assert prov["solve"]["solve"] == "tests/convert/mla/mla_helpers.py"  # the solve's own record
+    assert (prov["solve"]["calib_tokens"], prov["solve"]["seq_len"]) == (64, 32)
 
 
 def test_transformers_loads_it_without_remote_code_and_computes_mla(converted):
@@ -62,7 +65,7 @@ def test_transformers_loads_it_without_remote_code_and_computes_mla(converted):
     source, _ = AutoModelForCausalLM.from_pretrained(src, output_loading_info=True)
     sa = source.model.layers[0].self_attn
     weights = {f"{n}_proj.weight": getattr(sa, f"{n}_proj").weight.detach() for n in "qkvo"}
-    shape = MlaShape(hidden_size=64, num_heads=4, kv_lora_rank=R, qk_rope_head_dim=ROPE, qk_nope_head_dim=16,
+    shape = MlaShape(hidden_size=64, num_heads=4, kv_lora_rank=R, qk_rope_head_dim=ROPE, qk_nope_head_dim=16 - ROPE,
                      v_head_dim=16)
     tensors = solve_layer(weights, None, shape, None)
     torch.manual_seed(1)
