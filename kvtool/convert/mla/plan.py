@@ -161,8 +161,8 @@ def resolve_shape(o, spec, source_bytes: float, elem: float, attn_layers: int) -
         raise UsageError(f"{what}{rank} latent + {rope} rope dimensions per layer cache no less than the source's "
                          f"{source_dims} (2 x {KV} KV heads x head_dim {hd}); MLA would save nothing",
                          option="preset" if o.preset else ("kv_budget" if o.kv_budget else "kv_rank"))
-    if rope % 2 or rope >= hd:
-        raise UsageError(f"{rope} must be even and below head_dim {hd} (the rope part keeps the fastest rope / 2 of "
+    if rope % 2 or rope > hd:
+        raise UsageError(f"{rope} must be even and at most head_dim {hd} (the rope part keeps the fastest rope / 2 of "
                          f"the source's {hd // 2} pairs; the rest of each key head comes from the latent)",
                          option="preset" if o.preset else "rope_dim")
     # q/k heads keep the source's width (nope + rope = head_dim: the softmax scale is unchanged), v heads theirs

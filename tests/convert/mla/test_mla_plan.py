@@ -43,6 +43,12 @@ def test_kv_budget_fraction_bytes_and_rank_agree(tmp_path):
     assert by_rank.new_config["rope_theta"] == pytest.approx(100000.0 ** 0.5)
 
 
+def test_rope_over_the_whole_head_leaves_the_latent_the_values(tmp_path):
+    p = plan_of(folder(tmp_path), kv_rank=64, rope_dim=64)
+    assert (p.shape.qk_nope_head_dim, p.shape.qk_rope_head_dim, p.shape.v_head_dim) == (0, 64, 64)
+    assert p.new_config["rope_theta"] == pytest.approx(100000.0)  # all 32 pairs: the source's theta
+
+
 def test_write_plan_replaces_attention_and_unties_lm_head(tmp_path):
     p = plan_of(folder(tmp_path), kv_rank=96)
     names = [t.name for t in p.outputs]
@@ -103,8 +109,8 @@ def refused(capsys, argv) -> str:
     (["--to", "mla"], "--kv-rank: --to mla needs the latent size"),
     (["--to", "gqa", "--groups", "1", "--kv-rank", "8"], "--kv-rank: only --to mla takes it"),
     (["--to", "mla", "--kv-rank", "8", "--kv-budget", "50%"], "give one of --kv-rank, --kv-budget, --preset"),
-    (["--to", "mla", "--kv-rank", "8", "--rope-dim", "7"], "--rope-dim: 7 must be even and below head_dim 64"),
-    (["--to", "mla", "--kv-rank", "8", "--rope-dim", "64"], "--rope-dim: 64 must be even and below head_dim 64"),
+    (["--to", "mla", "--kv-rank", "8", "--rope-dim", "7"], "--rope-dim: 7 must be even and at most head_dim 64"),
+    (["--to", "mla", "--kv-rank", "8", "--rope-dim", "66"], "--rope-dim: 66 must be even and at most head_dim 64"),
     (["--to", "mla", "--kv-rank", "400"], "cache no less than the source's 384"),
     (["--to", "mla", "--preset", "flashmla"], "--preset: flashmla: 512 latent + 64 rope"),
     (["--to", "mla", "--preset", "flashmla", "--rope-dim", "32"], "--rope-dim: --preset flashmla fixes"),

@@ -60,13 +60,21 @@ def test_transformers_loads_it_without_remote_code_and_computes_mla(converted):
     assert torch.equal(model.lm_head.weight, model.model.embed_tokens.weight)
     assert not model.config.tie_word_embeddings
 
-    # layer 0's attention as written = the MLA maths on the solve's own tensors, its rope pairs turning as the
-    # source's fastest pairs (the config's rope_theta, rope_interleave)
-    source, _ = AutoModelForCausalLM.from_pretrained(src, output_loading_info=True)
+    assert_layer_computes_mla(src, model, R, ROPE, cfg["rms_norm_eps"])
+
+
+def assert_layer_computes_mla(src, model, rank, rope, eps):
+    """Layer 0's attention as written = the MLA maths on the solve's own tensors, its rope pairs turning as the
+    source's fastest pairs (the config's rope_theta, rope_interleave)."""
+    from transformers import AutoModelForCausalLM
+
+    from kvtool.convert.mla.shape import MlaShape
+
+    source = AutoModelForCausalLM.from_pretrained(src)
     sa = source.model.layers[0].self_attn
     weights = {f"{n}_proj.weight": getattr(sa, f"{n}_proj").weight.detach() for n in "qkvo"}
-    shape = MlaShape(hidden_size=64, num_heads=4, kv_lora_rank=R, qk_rope_head_dim=ROPE, qk_nope_head_dim=16 - ROPE,
-                     v_head_dim=16)
+    shape = MlaShape(hidden_size=64, num_heads=4, kv_lora_rank=rank, qk_rope_head_dim=rope,
+                     qk_nope_head_dim=16 - rope, v_head_dim=16)
     tensors = solve_layer(weights, None, shape, None)
     torch.manual_seed(1)
     x = torch.randn(1, 12, 64)
@@ -74,9 +82,25 @@ def test_transformers_loads_it_without_remote_code_and_computes_mla(converted):
     attn = model.model.layers[0].self_attn
     with torch.no_grad():
         got = attn(x, position_embeddings=model.model.rotary_emb(x, pos), attention_mask=None)[0][0]
-        want = reference_attention(tensors, shape, 10000.0, 16, x[0], cfg["rms_norm_eps"])
-    # transformers' default mask is causal when attention_mask is None with sdpa / eager's is_causal
+        want = reference_attention(tensors, shape, 10000.0, 16, x[0], eps)
+    # transformers' attention is causal when attention_mask is None (sdpa's is_causal)
     assert torch.allclose(got, want, atol=1e-4, rtol=1e-4), (got - want).abs().max()
+
+
+def test_rope_over_the_whole_head(smollm2_path, tmp_path, monkeypatch):
+    """--rope-dim head_dim: qk_nope_head_dim 0, every key the shared rope key, the latent the values alone."""
+    from transformers import AutoModelForCausalLM
+
+    install_fake_solve(monkeypatch)
+    src = tiny_llama(tmp_path / "src", smollm2_path)
+    dst = tmp_path / "mla"
+    assert main(["convert", str(src), str(dst), "--to", "mla", "--kv-rank", "16", "--rope-dim", "16",
+                 "--calib-tokens", "64", "--seq-len", "32", "--calib-dataset", "pydoc", "--no-eval",
+                 "--no-progress"]) == 0
+    model, info = AutoModelForCausalLM.from_pretrained(dst, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
+    assert model.config.qk_nope_head_dim == 0
+    assert_layer_computes_mla(src, model, 16, 16, model.config.rms_norm_eps)
 
 
 def test_lint_and_kv_budget_read_the_output(converted, capsys):
