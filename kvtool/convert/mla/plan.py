@@ -184,6 +184,10 @@ def _refuse_source(o, arch, spec, config: dict, tensors: dict, layers: dict, whe
         which = "groups" if o.groups is not None else "grouping" if o.grouping is not None else "method"
         raise UsageError("--to mla solves each layer from calibration (kvtool.convert.mla.solve); it takes no merge "
                          "method, grouping or KV-head count", option=which)
+    for name in ("refine_steps", "distill_steps"):
+        if getattr(o, name):
+            raise UsageError("--to mla is training-free: its solve has no refinement or distillation yet",
+                             option=name)
     if spec.number("num_experts"):
         raise UsageError("mixture-of-experts MLP: --to mla copies dense MLPs only", file=where,
                          field=spec.key("num_experts") or "num_experts")
@@ -463,9 +467,12 @@ def calibrate(p: MlaPlan, reader, device: str = "cpu") -> SolvedLayers:
         data = CalibrationData.build(p.src, s["calib_text"], dataset, s["calib_tokens"], s["seq_len"],
                                      device=torch.device(device), note=bar.set_note)
 
+        # the served context decides which slow pairs count as static (--serve-context, as the aware merge)
+        options = solve.SolveOptions(horizon=int(s["serve_context"] or p.spec.max_position or 8192))
+
         def convert(layer: int, stats):
             weights = {k: reader.get(n).float() for k, n in p.layers[layer].items()}
-            tensors = solve.solve_layer(weights, stats, p.shape, rope)
+            tensors = solve.solve_layer(weights, stats, p.shape, rope, options)
             check_solved(tensors, p.shape, layer)
             solved.put(layer, tensors)
             bar.update(1, note=f"layer {layer} solved")
@@ -485,5 +492,5 @@ def calibrate(p: MlaPlan, reader, device: str = "cpu") -> SolvedLayers:
         solved.close()
         raise InputError(f"layer {missing[0]}: not solved (the calibration forward did not reach its attention "
                          "module)", field="architectures")
-    solved.info = {**data.provenance(), **getattr(solve, "provenance", lambda: {})()}
+    solved.info = {**data.provenance(), "horizon": options.horizon, **getattr(solve, "provenance", lambda: {})()}
     return solved

@@ -58,8 +58,9 @@ class SourceRope:
 
 def fake_modules(calls: list) -> dict[str, types.ModuleType]:
     solve = types.ModuleType("kvtool.convert.mla.solve")
-    solve.solve_layer = lambda weights, stats, shape, rope: (calls.append(("solve", sorted(weights), stats))
-                                                             or solve_layer(weights, stats, shape, rope))
+    solve.SolveOptions = lambda horizon: types.SimpleNamespace(horizon=horizon)
+    solve.solve_layer = lambda weights, stats, shape, rope, options: (
+        calls.append(("solve", sorted(weights), stats, options.horizon)) or solve_layer(weights, stats, shape, rope))
     solve.mla_output = lambda x, tensors, shape, rope: calls.append(("output", tuple(x.shape))) or x
     solve.provenance = lambda: {"solve": "tests/convert/mla/mla_helpers.py"}
     stats = types.ModuleType("kvtool.convert.mla.stats")

@@ -120,6 +120,8 @@ def refused(capsys, argv) -> str:
     (["--to", "mla", "--kv-budget", "lots"], "--kv-budget: must be one of"),
     (["--to", "mla", "--kv-rank", "8", "--grouping", "contiguous"], "--grouping: --to mla solves each layer"),
     (["--to", "mla", "--kv-rank", "8", "--method", "first-k"], "--method"),
+    (["--to", "mla", "--kv-rank", "8", "--refine-steps", "4"], "--refine-steps: --to mla is training-free"),
+    (["--to", "mla", "--kv-rank", "8", "--distill-steps", "4"], "--distill-steps: --to mla is training-free"),
 ])
 def test_option_refusals(tmp_path, capsys, args, words):
     line = refused(capsys, [str(folder(tmp_path)), *args])

@@ -32,8 +32,9 @@ def test_calibration_then_one_solve_per_layer(converted):
     # forward reaches it, and the converted layer's output goes on
     assert calls[0] == ("stats", "LlamaForCausalLM", (2, 32))
     weights = ["k_proj.weight", "o_proj.weight", "q_proj.weight", "v_proj.weight"]
-    assert calls[1:] == [("solve", weights, {"layer": 0}), ("output", (2, 32, 64)),
-                         ("solve", weights, {"layer": 1}), ("output", (2, 32, 64))]
+    # the horizon of the static pairs: the config's max_position_embeddings (no --serve-context)
+    assert calls[1:] == [("solve", weights, {"layer": 0}, 1024), ("output", (2, 32, 64)),
+                         ("solve", weights, {"layer": 1}, 1024), ("output", (2, 32, 64))]
     prov = json.loads((dst / "kvtool.json").read_text())
     assert prov["mla"]["kv_lora_rank"] == R and prov["mla"]["rope_source_pairs"] == [0, 1, 2, 3]
     assert prov["solve"]["solve"] == "tests/convert/mla/mla_helpers.py"  # the solve's own record
