@@ -1,8 +1,8 @@
 """The kv-budget figures: KV bytes per layer / token / sequence, weights, the KV pool and what fits.
 
 Sizes follow vLLM's paged allocator: every layer reserves whole blocks; a sliding-window layer
-reserves window-1 tokens plus one scheduler step plus one block; a chunked-local layer the chunk plus
-one step; MLA one latent per token replicated on every tensor-parallel GPU; models that mix kinds
+reserves window-1 tokens plus the tokens in flight plus one block; a chunked-local layer the chunk plus
+the tokens in flight (per release: kvtool/budget/paging.py); MLA one latent per token replicated on every tensor-parallel GPU; models that mix kinds
 get the padding slots of vLLM's equal-size layer groups. The KV pool is
 GPU memory x utilization - weights per GPU - --reserve (vLLM also subtracts the activation peak
 and CUDA-graph memory it profiles at start-up; kvtool cannot know those, --reserve stands in).
@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from kvtool.model import kvcache
 from kvtool.budget.estimate import estimate
 from kvtool.budget.gpus import Gpu
+from kvtool.budget.paging import Paging, mixed_kinds
 from kvtool.budget.variants import Variant
 from kvtool.errors import UsageError
 from kvtool.units import fmt_bytes
@@ -83,6 +84,7 @@ class Figures:
     max_concurrent_sequences: int | None = None
     kv_pool_tokens: int | None = None  # tokens the pool holds when every KV layer keeps every token
     padding: list[Padding] = field(default_factory=list)
+    cache: kvcache.CacheFormat | None = None  # how vLLM stores the KV-cache dtype (scales, packing)
 
 
 @dataclass
@@ -142,24 +144,34 @@ def served_weight_bytes(ckpt) -> int:
     return total
 
 
-def kv_elem(spec, kv_cache_dtype: str) -> tuple[str, float, str | None]:
-    """(dtype name, bytes per element, note) for --kv-cache-dtype; auto follows vLLM (kvcache.serving_kv_dtype)."""
-    return kvcache.serving_kv_dtype(spec, kv_cache_dtype)
+def kv_elem(spec, kv_cache_dtype: str) -> tuple[str, kvcache.CacheFormat, str | None]:
+    """(dtype name, vLLM's layout for it, note) for --kv-cache-dtype; auto follows vLLM; a dtype vLLM would
+    refuse for this model is one UsageError line (kvcache.cache_format)."""
+    fmt, note = kvcache.cache_format(spec, kv_cache_dtype)
+    return fmt.name, fmt, note
 
 
-def figures(spec, name: str, kv_heads: int | None, kv_dtype: str, eb: float, opts: BudgetOptions,
-             seq_len: int, step: int) -> Figures:
+def figures(spec, name: str, kv_heads: int | None, kv_dtype: str, eb: "float | kvcache.CacheFormat",
+            opts: BudgetOptions, seq_len: int, step: int) -> Figures:
     tp = opts.tensor_parallel_size
     refusal = kvcache.tp_refusal(spec.num_heads, kv_heads if kv_heads is not None else spec.num_kv_heads, tp,
                                  mla=spec.is_mla)
     rows: list[LayerRow] = []
-    for layer in kvcache.layers(spec, kv_heads=kv_heads):
+    paging = Paging(opts.vllm_switches, opts.hybrid_kv_cache)
+    kv_layers = kvcache.layers(spec, kv_heads=kv_heads)
+    mixed = mixed_kinds(kv_layers)
+    for layer in kv_layers:
         per_gpu = layer.on_gpu(tp)
-        tokens = layer.paged_tokens(seq_len, opts.block_size, step, hybrid=opts.hybrid_kv_cache)
+        tokens = paging.tokens(layer, seq_len, opts.block_size, step, mixed=mixed)
         rows.append(LayerRow(layer, per_gpu, layer.bytes_per_token(eb), per_gpu.bytes_per_token(eb), tokens,
                              tokens * layer.bytes_per_token(eb), tokens * per_gpu.bytes_per_token(eb)))
-    f = Figures(name, kv_heads, kv_dtype, eb, rows, refusal, padding=group_padding(rows, opts.hybrid_kv_cache))
-    f.kv_bytes_per_token = sum(r.bytes_per_token for r in rows)
+    elements = sum(r.layer.elements_per_token for r in rows)
+    per_token = sum(r.bytes_per_token for r in rows)
+    fmt = eb if isinstance(eb, kvcache.CacheFormat) else None
+    elem = eb if fmt is None else per_token / elements if elements else 0  # per cached element, scales included
+    f = Figures(name, kv_heads, kv_dtype, elem, rows, refusal,
+                padding=group_padding(rows, paging.keeps_windows(mixed), paging), cache=fmt)
+    f.kv_bytes_per_token = per_token
     f.kv_bytes_per_token_per_gpu = sum(r.bytes_per_token_per_gpu for r in rows)
     f.kv_bytes_per_sequence = sum(r.bytes_per_sequence for r in rows) + sum(p.bytes_per_sequence for p in f.padding)
     f.kv_bytes_per_sequence_per_gpu = (sum(r.bytes_per_sequence_per_gpu for r in rows)
@@ -169,11 +181,12 @@ def figures(spec, name: str, kv_heads: int | None, kv_dtype: str, eb: float, opt
     return f
 
 
-def group_padding(rows: list[LayerRow], hybrid: bool) -> list[Padding]:
+def group_padding(rows: list[LayerRow], hybrid: bool, paging: Paging = Paging()) -> list[Padding]:
     """Padding layers of vLLM's hybrid KV-cache groups (kv_cache_utils._get_kv_cache_groups_uniform_page_size).
 
-    With more than one kind of KV layer, vLLM splits each kind into groups of equal size: the smallest
-    kind's layer count, or the largest's when it is under 1.5x the smallest. A kind whose count is not a
+    With more than one kind of KV layer, vLLM splits each kind into groups of equal size (Paging.group_size:
+    the smallest kind's layer count, or, from 0.18, the largest's when it is under 1.5x the smallest). A kind
+    whose count is not a
     multiple is padded, and a padding slot reserves memory like a real layer of that kind (Gemma-3-1B:
     4 global layers, so the 22 sliding layers fill 6 groups of 4 and 2 slots are padding).
     """
@@ -187,8 +200,7 @@ def group_padding(rows: list[LayerRow], hybrid: bool) -> list[Padding]:
         kinds.setdefault(key, []).append(r)
     if len(kinds) <= 1:
         return []
-    counts = [len(v) for v in kinds.values()]
-    group = max(counts) if max(counts) < 1.5 * min(counts) else min(counts)
+    group = paging.group_size([len(v) for v in kinds.values()])
     out = []
     for members in kinds.values():
         extra = kvcache.cdiv(len(members), group) * group - len(members)
@@ -227,6 +239,15 @@ def _served(spec, switches: frozenset) -> int | None:
                           yarn_from_original="yarn_from_original" in switches)
 
 
+def _paging_notes(opts: BudgetOptions, switches: frozenset[str]) -> list[str]:
+    """The --engine release's paging rules that differ from the newest's and change this model's figures
+    (facts.json `arithmetic` rows, with their citations)."""
+    from kvtool.engines.facts import facts
+
+    return [f"vLLM {opts.vllm_release}: {f.says} ({f.citation})" for f in facts()
+            if f.engine == "vllm" and f.arithmetic in switches and f.applies_to(opts.vllm_release)]
+
+
 def compute(ckpt, spec, opts: BudgetOptions) -> Budget:
     notes: list[str] = []
     where = str(ckpt.config_path)  # the file the missing value should be in
@@ -251,6 +272,17 @@ def compute(ckpt, spec, opts: BudgetOptions) -> Budget:
     kv_dtype, eb, dnote = kv_elem(spec, opts.kv_cache_dtype)
     if dnote:
         notes.append(dnote)
+    if eb.skip:
+        notes.append(f"{kv_dtype}: vLLM keeps the first and last {eb.dtype.boundary_layers} attention layers in "
+                     f"the model dtype (TurboQuantConfig.get_boundary_skip_layers: layers "
+                     f"{', '.join(map(str, sorted(eb.skip)))}); the block-size alignment it then applies "
+                     "(Platform._align_heterogeneous_kv_block_size) is not modelled")
+    if eb.dtype.platform:
+        notes.append(f"{kv_dtype}: {eb.dtype.platform}")
+    table_release = kvcache.kv_dtypes.release()
+    if opts.vllm_release is not None and opts.vllm_release != table_release and opts.kv_cache_dtype != "auto":
+        notes.append(f"--kv-cache-dtype {opts.kv_cache_dtype} is sized as vLLM {table_release} stores it "
+                     f"(kvtool/model/kv_dtypes.json); vLLM {opts.vllm_release} was not read for it")
 
     weight_bytes = weight_params = None
     weight_source = None
@@ -281,9 +313,8 @@ def compute(ckpt, spec, opts: BudgetOptions) -> Budget:
     _fill_pool(current, pool, opts.block_size)
     variants: list[Figures] = []
     for v in opts.what_if:
-        v_dtype = v.kv_dtype or kv_dtype
-        f = figures(spec, v.name, v.kv_heads, v_dtype, kvcache.dtype_bytes(v_dtype) if v.kv_dtype else eb,
-                     opts, seq_len, step)
+        v_dtype, v_fmt = (kv_elem(spec, v.kv_dtype)[:2] if v.kv_dtype else (kv_dtype, eb))
+        f = figures(spec, v.name, v.kv_heads, v_dtype, v_fmt, opts, seq_len, step)
         _fill_pool(f, pool, opts.block_size)
         variants.append(f)
 
@@ -291,7 +322,10 @@ def compute(ckpt, spec, opts: BudgetOptions) -> Budget:
         notes.append(f"kvtool has no architecture table for model_type {spec.model_type!r}: read with generic "
                      "field names, so per-layer differences the config encodes its own way are not seen")
     windowed = {r.layer.layer_type for r in current.layers if r.layer.window is not None}
-    if windowed and not opts.hybrid_kv_cache:
+    mixed = mixed_kinds([r.layer for r in current.layers])
+    if windowed and opts.vllm_release is not None:
+        notes.extend(_paging_notes(opts, Paging(opts.vllm_switches, opts.hybrid_kv_cache).shaping(mixed)))
+    if windowed and mixed and not opts.hybrid_kv_cache:
         notes.append("--disable-hybrid-kv-cache-manager: sliding-window / chunked layers are sized like full ones")
     elif "chunked_attention" in windowed:
         notes.append("some vLLM versions turn the hybrid KV-cache manager off for chunked local attention unless "

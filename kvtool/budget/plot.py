@@ -36,7 +36,7 @@ def write_plot(spec, b: Budget, path: str) -> None:
     for f in [b.current, *b.variants]:
         ys = []
         for n in lengths:
-            g = figures(spec, f.name, f.kv_heads, f.kv_dtype, f.elem_bytes, o, n, b.batched_tokens)
+            g = figures(spec, f.name, f.kv_heads, f.kv_dtype, f.cache or f.elem_bytes, o, n, b.batched_tokens)
             ys.append(g.kv_bytes_total_per_gpu / GIB)
         ax.plot(lengths, ys, label=f"{f.name} ({f.kv_dtype})", linewidth=2 if f is b.current else 1.4)
     if b.kv_pool_per_gpu is not None:

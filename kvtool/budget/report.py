@@ -160,12 +160,20 @@ def _pct(x: float | None) -> str:
     return f"{-x * 100:+.1f}%"
 
 
+def _scaled(f: Figures) -> str:
+    """What the bytes per element hold beyond the values: the format's scales or packing, or unquantized layers."""
+    fmt = f.cache
+    if fmt is None or (fmt.dtype.layout == "dense" and not fmt.skip):
+        return ""
+    return ", scales included" if not fmt.skip else ", scales and unquantized boundary layers included"
+
+
 def render_text(b: Budget) -> console.Text:
     o, cur = b.options, b.current
     tp = o.tensor_parallel_size
     per = f" per GPU (TP {tp})" if tp > 1 else ""
     lines = [f"{b.model}  ({b.model_type or 'unknown model_type'}, positions: {POSITION_NAMES.get(b.position, b.position)})"]
-    lines.append(f"  KV cache dtype   {cur.kv_dtype} ({cur.elem_bytes:g} B/element), block size {o.block_size}, "
+    lines.append(f"  KV cache dtype   {cur.kv_dtype} ({cur.elem_bytes:.4g} B/element{_scaled(cur)}), block size {o.block_size}, "
                  f"max_model_len {b.max_model_len:,} ({b.max_model_len_source})")
     lines.append("")
     lines.extend("  " + s for s in _table(

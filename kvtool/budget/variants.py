@@ -2,7 +2,7 @@
 
 Grammar: comma-separated variants; each is one or more `+`-joined changes:
   mha | mqa | gqa:N      KV heads = query heads | 1 | N (what `kvtool convert` produces)
-  fp16 | bf16 | fp32 | fp8 | fp8_e4m3 | fp8_e5m2 | int8   the KV-cache dtype (what `kvtool quantize-kv` targets)
+  fp8 | nvfp4 | int8_per_token_head | ...   a KV-cache dtype vLLM accepts (kvtool/model/kv_dtypes.json)
 e.g. `gqa:8,mqa,fp8,gqa:4+fp8`.
 """
 

@@ -210,3 +210,17 @@ def yarn_context(spec, args) -> list[Hit]:
         if old is not None and new is not None and old != new:
             return [Hit(rp.path, {"served": old, "max_position_embeddings": mpe})]
     return []
+
+
+@DETECTORS.register("kv_scales_declared")
+def kv_scales_declared(spec, args) -> list[Hit]:
+    """The checkpoint declares static KV-cache scales (quantization_config.kv_cache_scheme, not dynamic: llm-compressor
+    / quantize-kv write k_scale / v_scale tensors beside it) and is one of `args["model_types"]`."""
+    outer = spec.full_config.get("model_type") if isinstance(spec.full_config, dict) else None
+    if not ({outer, spec.model_type} & set(args["model_types"])):
+        return []
+    qc = spec.full_config.get("quantization_config") if isinstance(spec.full_config, dict) else None
+    scheme = qc.get("kv_cache_scheme") if isinstance(qc, dict) else None
+    if not isinstance(scheme, dict) or scheme.get("dynamic") not in (False, None):
+        return []
+    return [Hit("quantization_config.kv_cache_scheme", {"model_type": spec.model_type or outer})]

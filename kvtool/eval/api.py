@@ -35,8 +35,8 @@ from kvtool.errors import InputError, UsageError
 from kvtool.eval.gate import GateResult, check
 from kvtool.eval.windows import batches, windows
 
-KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "off")
-KV_SCALE_SOURCES = ("checkpoint", "one")
+from kvtool.options.eval import EvalOptions
+from kvtool.options.fields import check_fields
 
 
 @dataclass
@@ -155,11 +155,9 @@ def evaluate_many(candidates: Sequence[Candidate | Any], baseline=None, *, texts
     if not cands:
         raise UsageError("no model to evaluate")
     for c in cands:
-        if c.kv_cache_dtype not in KV_CACHE_DTYPES:
-            raise UsageError(f"unknown value {c.kv_cache_dtype!r}; use {', '.join(KV_CACHE_DTYPES)}",
-                             option="kv_cache_dtype")
-        if isinstance(c.kv_scales, str) and c.kv_scales not in KV_SCALE_SOURCES:
-            raise UsageError(f"unknown value {c.kv_scales!r}; use {' or '.join(KV_SCALE_SOURCES)}", option="kv_scales")
+        # the declaration is the validator: the same line as the command and a recipe (a mapping of scales passes)
+        check_fields(EvalOptions, kv_cache_dtype=c.kv_cache_dtype,
+                     kv_scales=c.kv_scales if isinstance(c.kv_scales, str) else None)
     from kvtool.eval.windows import check_settings  # the command's plan makes the same checks
 
     stride = check_settings(max_length=max_length, stride=stride, max_tokens=max_tokens, batch_size=batch_size,

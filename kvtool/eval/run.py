@@ -93,7 +93,7 @@ def plan(model: str, o: EvalOptions, *, texts=READ, text_name: str | None = None
     (None: the built-in one). gates: limits by name (parsed here, a recipe's thresholds); None: the command's
     (gate_limits). tokens / shape: a recipe's estimate of a model its earlier steps have not written yet (the
     folders are then not opened)."""
-    from kvtool.eval.api import KV_CACHE_DTYPES, KV_SCALE_SOURCES, parse_max_memory
+    from kvtool.eval.api import parse_max_memory
     from kvtool.eval.gate import parse_limits
 
     o.check()  # the declared choices and bounds (kvtool/options/eval.py), again after a caller's edits
@@ -104,11 +104,6 @@ def plan(model: str, o: EvalOptions, *, texts=READ, text_name: str | None = None
 
         texts, text_name = read_texts(o.text, o.dataset)
     max_memory = parse_max_memory(o.max_memory) if o.max_memory is not None else None
-    if o.kv_cache_dtype not in KV_CACHE_DTYPES:
-        raise UsageError(f"unknown value {o.kv_cache_dtype!r}; use {', '.join(KV_CACHE_DTYPES)}",
-                         option="kv_cache_dtype")
-    if o.kv_scales not in KV_SCALE_SOURCES:
-        raise UsageError(f"unknown value {o.kv_scales!r}; use {' or '.join(KV_SCALE_SOURCES)}", option="kv_scales")
     check_settings(max_length=o.max_length, stride=o.stride, max_tokens=o.max_tokens, batch_size=o.batch_size,
                    max_memory=max_memory, device_map=o.device_map)
     if shape is None and not o.server:

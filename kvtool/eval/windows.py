@@ -32,8 +32,7 @@ class Window:
 
 
 def check_window(max_length: int, stride: int) -> None:
-    if max_length < 2:
-        raise UsageError(f"must be at least 2 tokens, got {max_length}", option="max_length")
+    """The one bound no declaration holds: a window's step is shorter than the window."""
     if stride < 1 or stride >= max_length:
         raise UsageError(f"must be between 1 and max-length - 1 = {max_length - 1} (each window's first "
                          f"target needs one token of context), got {stride}", option="stride")
@@ -70,14 +69,15 @@ def batches(ws: list[Window], batch_size: int) -> Iterator[list[Window]]:
 
 def check_settings(*, max_length: int, stride: int | None, max_tokens: int | None, batch_size: int | None,
                    max_memory, device_map) -> int:
-    """The window / batch / memory options `kvtool eval`'s plan and kvtool.eval.api.evaluate_many both check;
-    returns the stride."""
+    """The window / batch / memory options `kvtool eval`'s plan and kvtool.eval.api.evaluate_many both check:
+    each against its declaration (kvtool/options/eval.py: the line the CLI and a recipe print), then what
+    spans two fields. Returns the stride."""
+    from kvtool.options.eval import EvalOptions
+    from kvtool.options.fields import check_fields
+
+    check_fields(EvalOptions, max_length=max_length, stride=stride, max_tokens=max_tokens, batch_size=batch_size)
     stride = stride if stride is not None else max(1, max_length // 2)
     check_window(max_length, stride)
-    if max_tokens is not None and max_tokens < 2:
-        raise UsageError(f"must be at least 2, got {max_tokens}", option="max_tokens")
-    if batch_size is not None and batch_size < 1:
-        raise UsageError(f"must be at least 1, got {batch_size}", option="batch_size")
     if max_memory and not device_map:
         raise UsageError("goes with --device-map (it bounds what accelerate places on each device)",
                          option="max_memory")

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from kvtool.model import kv_dtypes
 from kvtool.model.layer_types import KV_CACHE_TYPES
 
-# Bytes per element for KV-cache dtype names (vLLM's --kv-cache-dtype values and torch names).
+# Bytes per element of model dtype names (config torch_dtype / dtype, torch spellings) and the dense KV dtypes.
 KV_DTYPE_BYTES: dict[str, float] = {
     "fp32": 4, "float32": 4, "float": 4,
     "fp16": 2, "float16": 2, "half": 2,
@@ -23,8 +24,8 @@ KV_DTYPE_BYTES: dict[str, float] = {
     "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "float8_e4m3fn": 1, "float8_e5m2": 1, "fp8_inc": 1,
     "int8": 1,
 }
-# The values `--kv-cache-dtype` accepts ("auto" = the model's dtype, as in vLLM).
-KV_CACHE_DTYPES = ("auto", "fp16", "bf16", "fp32", "fp8", "fp8_e4m3", "fp8_e5m2", "int8")
+# The values `--kv-cache-dtype` accepts: vLLM's own (kvtool/model/kv_dtypes.json; "auto" = the model's dtype).
+KV_CACHE_DTYPES = kv_dtypes.names()
 
 
 def dtype_bytes(name: str | None, default: float = 2) -> float:
@@ -55,8 +56,11 @@ class LayerKV:
             return None
         return self.num_heads // self.kv_heads if self.num_heads % self.kv_heads == 0 else None
 
-    def bytes_per_token(self, elem_bytes: float) -> float:
-        return self.elements_per_token * elem_bytes
+    def bytes_per_token(self, elem: "float | CacheFormat") -> float:
+        """elem: bytes per element of a plain cache, or the CacheFormat of a --kv-cache-dtype (scales included)."""
+        if isinstance(elem, CacheFormat):
+            return elem.bytes_per_token(self)
+        return self.elements_per_token * elem
 
     def tokens_cached(self, seq_len: int) -> int:
         return seq_len if self.window is None else min(seq_len, self.window)
@@ -64,9 +68,9 @@ class LayerKV:
     def paged_tokens(self, seq_len: int, block_size: int, batched_tokens: int, *, hybrid: bool = True) -> int:
         """Token slots vLLM reserves for this layer for one sequence of seq_len tokens.
 
-        Full layers: whole blocks for every token. Sliding layers: the last window-1 tokens plus one
-        scheduler step (batched_tokens, chunked prefill), plus one block because the window need not
-        start on a block boundary. Chunked-local layers: the chunk plus one scheduler step.
+        Full layers: whole blocks for every token. Sliding layers: the last window-1 tokens plus
+        batched_tokens (the tokens in flight, chunked prefill: kvtool.budget.paging), plus one block because
+        the window need not start on a block boundary. Chunked-local layers: the chunk plus batched_tokens.
         hybrid=False is vLLM with its hybrid KV-cache manager disabled: every layer is sized as full.
         """
         if self.kind == "none" or seq_len <= 0:
@@ -187,22 +191,142 @@ def model_dtype_bytes(spec) -> float:
     return dtype_bytes(spec.dtype, default=2)
 
 
-def serving_kv_dtype(spec, kv_cache_dtype: str = "auto") -> tuple[str, float, str | None]:
-    """(dtype name, bytes per element, why) of the KV cache vLLM allocates: the one figure lint and
-    kv-budget both print.
+@dataclass(frozen=True)
+class CacheFormat:
+    """How vLLM stores each layer's KV cache for one --kv-cache-dtype (a kv_dtypes row, never auto)."""
 
-    auto follows vLLM 0.33: a declared kv_cache_scheme (llm-compressor / quantize-kv) stores fp8;
-    otherwise the cache takes the model's compute dtype, and vllm/config/model.py,
-    _resolve_auto_dtype downcasts a float32 checkpoint to 16 bits ("Downcast for float32 models").
-    """
-    if kv_cache_dtype != "auto":
-        return kv_cache_dtype, dtype_bytes(kv_cache_dtype), None
-    qc = spec.full_config.get("quantization_config")
-    if isinstance(qc, dict) and qc.get("kv_cache_scheme"):
-        return "fp8", 1, "auto: the checkpoint declares a kv_cache_scheme (llm-compressor), so vLLM stores the KV cache in fp8"
+    dtype: kv_dtypes.KvDtype
+    native_bytes: float = 2  # the model dtype's bytes per element: the layers vLLM leaves unquantized
+    skip: frozenset = frozenset()  # indices of those layers (TurboQuant / UltraQuant boundary layers)
+    rope_dim: int | None = None  # Octave packs rotary dims wider
+
+    @property
+    def name(self) -> str:
+        return self.dtype.name
+
+    def bytes_per_token(self, layer: LayerKV) -> float:
+        if layer.kind == "none" or not layer.elements_per_token:
+            return 0
+        if layer.index in self.skip:
+            return layer.elements_per_token * self.native_bytes
+        if layer.kind == "MLA":
+            return self.dtype.mla_bytes(layer.head_dim)
+        return layer.kv_heads * self.dtype.slot_bytes(layer.head_dim, self.rope_dim)
+
+
+_MODEL_DTYPES = {"float16": "float16", "fp16": "float16", "half": "float16", "bfloat16": "bfloat16", "bf16": "bfloat16"}
+# vllm/utils/torch_utils.py MODELOPT_TO_VLLM_KV_CACHE_DTYPE_MAP (get_kv_cache_quant_algo_string)
+MODELOPT_KV_ALGOS = {"fp8": "fp8_e4m3", "nvfp4": "nvfp4"}
+
+
+def native_kv_dtype(spec) -> tuple[str, str | None]:
+    """The 16-bit dtype vLLM serves the model in (--dtype auto), which `--kv-cache-dtype auto` caches in.
+
+    vllm/config/model.py, _resolve_auto_dtype downcasts a float32 checkpoint to 16 bits ("Downcast for
+    float32 models")."""
     model = spec.dtype
     if not model:
-        return "bfloat16", 2, "config names no dtype: auto assumed a 16-bit model"
+        return "bfloat16", "config names no dtype: auto assumed a 16-bit model"
     if dtype_bytes(model) >= 4:
-        return "bfloat16", 2, f"auto: vLLM serves a {model} checkpoint in 16 bits by default, so its KV cache is 16-bit"
-    return model, dtype_bytes(model), None
+        return "bfloat16", f"auto: vLLM serves a {model} checkpoint in 16 bits by default, so its KV cache is 16-bit"
+    return _MODEL_DTYPES.get(str(model).lower(), str(model)), None
+
+
+def modelopt_kv_dtype(spec) -> tuple[str, str] | None:
+    """What `--kv-cache-dtype auto` becomes for a ModelOpt checkpoint, and why (None: not one that says).
+
+    vllm/utils/torch_utils.py, get_kv_cache_quant_algo_string (0.33.0): quant_method modelopt*, its
+    kv_cache_scheme or kv_cache_quant_algo ("FP8" -> fp8_e4m3, "NVFP4" -> nvfp4, a dict of num_bits /
+    type); anything else falls back to auto with a warning."""
+    qc = spec.full_config.get("quantization_config")
+    if not isinstance(qc, dict) or not str(qc.get("quant_method", "")).startswith("modelopt"):
+        return None
+    inner = qc.get("quantization", qc) if isinstance(qc.get("quantization", qc), dict) else qc
+    algo = (inner.get("kv_cache_scheme") or qc.get("kv_cache_scheme") or inner.get("kv_cache_quant_algo")
+            or qc.get("kv_cache_quant_algo"))
+    if not algo:
+        return None
+    if isinstance(algo, dict):
+        if algo.get("dynamic") is False and algo.get("num_bits") == 8 and algo.get("type") == "float":
+            algo = "fp8"
+        elif algo.get("num_bits") == 4 and algo.get("type") == "float":
+            algo = "nvfp4"
+    name = MODELOPT_KV_ALGOS.get(algo.lower()) if isinstance(algo, str) else None
+    if name is None:
+        return "auto", (f"auto: vLLM does not know ModelOpt's KV-cache algorithm {algo!r} (it knows "
+                        f"{', '.join(MODELOPT_KV_ALGOS)}) and falls back to the model dtype")
+    return name, f"auto: the checkpoint's ModelOpt kv_cache_quant_algo {algo!r} makes vLLM store {name}"
+
+
+def serving_kv_dtype(spec, kv_cache_dtype: str = "auto") -> tuple[str, "float | CacheFormat", str | None]:
+    """(dtype name, bytes per element or its CacheFormat, why) of the KV cache vLLM allocates: the one figure
+    lint and kv-budget both print. A plain cache gives a float; a layout with scales, packing or unquantized
+    boundary layers its CacheFormat (LayerKV.bytes_per_token takes either).
+
+    auto follows vLLM 0.33: a ModelOpt checkpoint's KV-cache algorithm (modelopt_kv_dtype); a declared
+    kv_cache_scheme (llm-compressor / quantize-kv) stores fp8; otherwise the model's 16-bit dtype.
+    """
+    fmt, why = cache_format(spec, kv_cache_dtype, refuse=False)
+    plain = fmt.dtype.layout == "dense" and not fmt.skip
+    return fmt.name, (fmt.dtype.element_bits / 8 if plain else fmt), why
+
+
+def dtype_refusal(spec, row: kv_dtypes.KvDtype, native: str | None = None) -> str | None:
+    """Why vLLM would refuse this KV-cache dtype for this model, or None: no in-tree attention backend for its
+    attention kind, a float16 / bfloat16 cache that is not the model's dtype, a head size its packing cannot take."""
+    native = native or native_kv_dtype(spec)[0]
+    kind = kv_dtypes.attention_kind(spec)
+    if kind not in row.attention:
+        serves = " or ".join(kv_dtypes.KIND_WORDS[k] for k in row.attention) or "no attention kind"
+        return (f"vLLM {kv_dtypes.release()} has no attention backend that stores {row.name} for "
+                f"{kv_dtypes.KIND_WORDS[kind]}; {row.name} serves {serves}")
+    if row.must_match_model and row.name != native:
+        return (f"vLLM refuses kv_cache_dtype {row.name} for a model served in {native} "
+                f"(VllmConfig._reject_mismatched_float_kv_cache); use auto or {native}")
+    if kind == "standard" and spec.head_dim:
+        return row.slot_problem(spec.head_dim, spec.rotary_dim)
+    return None
+
+
+def cache_format(spec, kv_cache_dtype: str = "auto", *, refuse: bool = True) -> tuple[CacheFormat, str | None]:
+    """vLLM's KV-cache layout for `--kv-cache-dtype` on this model, and a note on how auto resolved.
+
+    refuse: a UsageError (field kv_cache_dtype) for a dtype vLLM would refuse on this model: no in-tree
+    attention backend for its attention kind, a float16 / bfloat16 cache that is not the model's dtype, a
+    head size the packing cannot take. refuse=False (lint's summary) sizes it anyway."""
+    from kvtool.errors import UsageError
+
+    native, why = native_kv_dtype(spec)
+    name = kv_cache_dtype
+    if name == "auto":
+        modelopt = modelopt_kv_dtype(spec)
+        qc = spec.full_config.get("quantization_config")
+        if modelopt is not None:
+            name, why = modelopt
+        elif isinstance(qc, dict) and qc.get("kv_cache_scheme"):
+            name, why = "fp8", ("auto: the checkpoint declares a kv_cache_scheme (llm-compressor), so vLLM stores "
+                                "the KV cache in fp8")
+        if name == "auto":
+            name = native
+    else:
+        why = None
+    row = kv_dtypes.get(name)
+    if row is None:  # a model dtype outside vLLM's KV names (float8 weights...): a plain cache of its size
+        row = replace(kv_dtypes.get("bfloat16"), name=name, storage=name, must_match_model=False,
+                      element_bits=int(dtype_bytes(name) * 8))
+    kind = kv_dtypes.attention_kind(spec)
+    problem = dtype_refusal(spec, row, native)
+    if problem and refuse:
+        raise UsageError(problem, option="kv_cache_dtype")
+    if problem:  # lint's summary: vLLM would not start (KV805 says why); size the model dtype's cache instead
+        row, why = kv_dtypes.get(native) or row, f"{name} is not served here ({problem}): sized as {native}"
+    if kind == "mla_sparse" and name in ("auto", "fp8", "fp8_e4m3") and row.name != "fp8_ds_mla":
+        # mla_attention.py _canonicalize_sparse_mla_kv_cache_dtype: the backend, not the flag, decides
+        why = ((why + "; ") if why else "") + (
+            "FLASHMLA_SPARSE stores any quantized cache, and FLASHINFER_MLA_SPARSE_SM120 auto / fp8 too, as "
+            f"fp8_ds_mla ({kv_dtypes.get('fp8_ds_mla').token_bytes} B per token per layer)")
+    skip: frozenset = frozenset()
+    if row.boundary_layers and not any(t in ("mamba", "linear_attention") for t in spec.layer_types):
+        n = min(row.boundary_layers, len(spec.layer_types) // 2)  # TurboQuantConfig.get_boundary_skip_layers
+        skip = frozenset(range(n)) | frozenset(range(len(spec.layer_types) - n, len(spec.layer_types)))
+    return CacheFormat(row, dtype_bytes(native), skip, spec.rotary_dim), why

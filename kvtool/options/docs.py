@@ -81,6 +81,18 @@ def obsolete(docs: Path = DOCS) -> list[Path]:
     return [page] if page.exists() and page not in expected(docs) else []
 
 
+def _fill_kv_dtypes(docs: Path, out: dict[Path, str]) -> None:
+    """docs/kv-budget.md's table of vLLM's KV-cache dtypes, generated from kvtool/model/kv_dtypes.json."""
+    from kvtool.model import kv_dtypes
+
+    page = docs / "kv-budget.md"
+    text = out.get(page) or (page.read_text(encoding="utf-8") if page.exists() else "")
+    start, end = "<!-- kv-dtypes -->", "<!-- /kv-dtypes -->"
+    if start in text and end in text:
+        pattern = re.compile(re.escape(start) + r".*?" + re.escape(end), re.S)
+        out[page] = pattern.sub(lambda _m: f"{start}\n{kv_dtypes.markdown()}{end}", text, count=1)
+
+
 def expected(docs: Path = DOCS) -> dict[Path, str]:
     """Every docs file holding option tables, as the declarations say it should read."""
     from kvtool.options import load_all
@@ -94,6 +106,7 @@ def expected(docs: Path = DOCS) -> dict[Path, str]:
             out[page] = fill(text, cmd, cls)
         else:
             fallback.append((cmd, cls))
+    _fill_kv_dtypes(docs, out)
     if fallback:
         parts = ["# Options of every command\n",
                  "Generated from the declarations in kvtool/options/ (`python -m kvtool.options --write`); "

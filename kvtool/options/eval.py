@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from kvtool.model import kv_dtypes
 from kvtool.options.convert import TEXT_FILES
 from kvtool.options.fields import argument, operation, option
 from kvtool.progress import FLAG_HELP
 
 PERCENT = {"$ref": "#/$defs/percent"}  # 0.02 or "2%"
 FORMATS = ("text", "json")
+# auto, the vLLM KV-cache dtypes eval emulates (kvtool/model/kv_dtypes.json rows with an `eval` dtype), off
+KV_CACHE_DTYPES = ("auto", *kv_dtypes.emulated(), "off")
+KV_SCALE_SOURCES = ("checkpoint", "one")
 GATE_FIELDS = ("max_ppl_increase", "max_kld", "min_top1")  # kvtool.eval.gate.GATES (a test checks)
 
 
@@ -38,10 +42,14 @@ class EvalOptions:
     device_map: str | None = option(None, recipe=False, help="auto: shard over all GPUs (+CPU) with accelerate.")
     max_memory: str | None = option(None, recipe=False, help="With --device-map: per-device limits, e.g. "
                                                              "0=70GiB,cpu=100GiB (the rest is offloaded to disk).")
-    batch_size: int | None = option(None, recipe=False, help="Windows per forward (default 1 on CPU, 8192/L on CUDA).")
-    kv_cache_dtype: str = option("auto", schema={"enum": ["auto", "fp8"]},
-                                 help="auto (fp8 when the checkpoint has KV scales) | fp8 | off")
-    kv_scales: str = option("checkpoint", recipe=False, help="checkpoint | one (1.0, vLLM's default)")
+    batch_size: int | None = option(None, minimum=1, recipe=False,
+                                    help="Windows per forward (default 1 on CPU, 8192/L on CUDA).")
+    kv_cache_dtype: str = option("auto", choices=KV_CACHE_DTYPES,
+                                 help="auto (fp8 when the checkpoint has KV scales) | fp8 | fp8_e4m3 | off; vLLM's "
+                                      "other KV-cache dtypes (fp8_e5m2, nvfp4, per-token-head, TurboQuant, ...) are "
+                                      "not emulated (docs/kv-budget.md).")
+    kv_scales: str = option("checkpoint", choices=KV_SCALE_SOURCES, recipe=False,
+                            help="checkpoint | one (1.0, vLLM's default)")
     max_ppl_increase: str = option("2%", recipe="thresholds.max_ppl_increase", schema=PERCENT,
                                    help="Gate: PPL ratio - 1 (with --baseline; 'off' disables).")
     max_kld: float | None = option(None, recipe="thresholds.max_kld", minimum=0,

@@ -150,6 +150,13 @@ def check_value(f: Field, value: Any) -> None:
             raise UsageError(f"must be {words} {_number(bound)}, got {_number(value)}", option=f.name)
 
 
+def check_fields(cls, **values: Any) -> None:
+    """Values a library call takes as keywords (kvtool.eval.evaluate's max_length...) against the fields of the same
+    name in `cls`'s declaration: the line the options object, the CLI and a recipe print."""
+    for name, value in values.items():
+        check_value(field_named(cls, name), value)
+
+
 def _number(v: float) -> str:
     """1,024 / 0.5 / 1e+300; a huge integer by its size, not its 4,000 digits."""
     if isinstance(v, float):

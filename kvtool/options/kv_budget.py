@@ -18,7 +18,8 @@ class KvBudgetOptions:
     batch: int | None = option(None, flags=("--batch", "--concurrency"), minimum=1, maximum=1 << 30,
                                help="Concurrent sequences (default 1; when given with a GPU, exit 1 if they do not fit).")
     kv_cache_dtype: str = option("auto", choices=KV_CACHE_DTYPES,
-                                 help="auto | fp16 | bf16 | fp32 | fp8 | fp8_e4m3 | fp8_e5m2 | int8 (auto = the model dtype).")
+                                 help="A KV-cache dtype vLLM 0.33 accepts, sized with its scales and packing (auto = "
+                                      "the model dtype; the table: docs/kv-budget.md).")
     block_size: int = option(16, minimum=1, maximum=1 << 20,
                              help="Paged-attention block size in tokens (vLLM's default 16).")
     tensor_parallel_size: int = option(1, short="-tp", minimum=1, maximum=QUANTITY_BOUNDS["num_heads"].high,
@@ -34,8 +35,10 @@ class KvBudgetOptions:
                                                 help="Scheduler step for sliding-window sizing (default: vLLM's, 8192 "
                                                      "on >=70 GiB non-A100 GPUs, else 2048).")
     disable_hybrid_kv_cache_manager: bool = option(False, help="Size sliding-window and chunked layers like full "
-                                                               "ones, as vLLM does with this flag (or with KV "
-                                                               "connectors that lack hybrid support).")
+                                                               "ones beside full-attention layers, as vLLM does with "
+                                                               "this flag (or with KV connectors that lack hybrid "
+                                                               "support); a model whose layers all slide keeps its "
+                                                               "window.")
     engine: str | None = option(None, metavar="REQ",
                                 help="Size the default sequence as this vLLM release derives max_model_len from the "
                                      "config, e.g. vllm==0.28.0 (yarn: original x factor before 0.30).")

@@ -166,3 +166,42 @@ def check_scale_point(ctx) -> None:
         ctx.report("KV803", f"{len(pre)} K scale(s) are projection-output scales taken before RoPE (e.g. {pre[0]}) "
                             "and no post-RoPE k_scale is stored", path=pre[0],
                    file=ctx.file_of(ckpt.tensors[pre[0]].file))
+
+
+define("KV805", "kv-cache-dtype-unserved", "error",
+       "The checkpoint's ModelOpt KV-cache algorithm is one vLLM 0.33 ignores or cannot serve for this model",
+       """
+       What it does: when lint checks vLLM 0.33.0 (the release kvtool/model/kv_dtypes.json was read from), reads
+       a ModelOpt quantization_config's kv_cache_quant_algo (or kv_cache_scheme) the way vLLM's
+       get_kv_cache_quant_algo_string does ("FP8" -> fp8_e4m3, "NVFP4" -> nvfp4) and checks the
+       KV-cache dtype it becomes against kvtool/model/kv_dtypes.json: an attention backend for the model's
+       attention kind (nvfp4 has none for MLA), and a head size the packing takes.
+       Why it matters: an algorithm vLLM does not know is a warning in its log and a 16-bit cache (twice or four
+       times the memory planned for); a dtype with no backend for the attention stops vLLM at start-up.
+       Example: {"quantization_config": {"quant_method": "modelopt", "kv_cache_quant_algo": "INT8"}}
+       Fix: re-export with kv_cache_quant_algo FP8 or NVFP4 (NVFP4 only for MHA / GQA / MQA models), or drop it
+       and pass --kv-cache-dtype to vLLM.
+       """, hint="use kv_cache_quant_algo FP8 (or NVFP4 on a non-MLA model)", topic="quantization")
+
+
+@checker("quantization")
+def check_kv_cache_dtype_served(ctx) -> None:
+    from kvtool.engines.releases import checked_default
+    from kvtool.model import kv_dtypes, kvcache
+
+    vllm = [c for c in ctx.options.engines or checked_default() if c.engine == "vllm"]
+    if not any(kv_dtypes.release() in c.versions for c in vllm):
+        return  # the table holds what vLLM 0.33.0 does; other releases were not read
+    resolved = kvcache.modelopt_kv_dtype(ctx.spec)
+    if resolved is None:
+        return
+    name, why = resolved
+    q = ctx.spec.full_config.get("quantization_config", {})
+    key = next((f"quantization_config.{k}" for k in ("kv_cache_quant_algo", "kv_cache_scheme") if q.get(k)),
+               "quantization_config.quantization.kv_cache_quant_algo")
+    if name == "auto":
+        ctx.report("KV805", why.removeprefix("auto: "), path=key)
+        return
+    problem = kvcache.dtype_refusal(ctx.spec, kv_dtypes.get(name))
+    if problem:
+        ctx.report("KV805", f"{key} makes vLLM store {name}, and {problem}", path=key)

@@ -49,3 +49,32 @@ def test_batches_group_equal_shapes():
     for g in groups:
         assert len(g) <= 3 and len({(w.length, w.n_scored) for w in g}) == 1
     assert len(groups[0]) == 1  # the first window scores more targets: alone
+
+
+@pytest.mark.parametrize(("name", "value"), [("max_length", 4), ("max_tokens", 1), ("stride", 0), ("batch_size", 0)])
+def test_the_library_checks_refuse_with_the_declarations_line(name, value):
+    """kvtool.eval.evaluate's keywords go through the same declaration as the command and a recipe (issue 30)."""
+    from kvtool.eval.windows import check_settings
+    from kvtool.options.eval import EvalOptions
+
+    with pytest.raises(UsageError) as declared:
+        EvalOptions(model="m", **{name: value})
+    kw = dict(max_length=64, stride=None, max_tokens=None, batch_size=None, max_memory=None, device_map=None)
+    with pytest.raises(UsageError) as library:
+        check_settings(**{**kw, name: value})
+    assert (library.value.option, library.value.message) == (name, declared.value.message)
+    assert declared.value.message.startswith("must be at least ")
+
+
+def test_eval_emulates_the_table_rows_with_an_eval_dtype_and_refuses_the_rest():
+    from kvtool.model import kv_dtypes
+    from kvtool.options.eval import EvalOptions
+
+    assert kv_dtypes.emulated() == ("fp8", "fp8_e4m3")
+    for name in kv_dtypes.names():
+        if name in ("auto", "fp8", "fp8_e4m3"):
+            assert EvalOptions(model="m", kv_cache_dtype=name).kv_cache_dtype == name
+            continue
+        with pytest.raises(UsageError) as exc:
+            EvalOptions(model="m", kv_cache_dtype=name)
+        assert exc.value.message == f"must be one of auto, fp8, fp8_e4m3, off, got {name!r}"

@@ -144,7 +144,9 @@ def test_served_context_is_vllms(params, mpe, served):
 def test_float32_checkpoints_are_served_in_16_bits():
     code = _segments(MODEL)["_resolve_auto_dtype"]
     assert "if config_dtype == torch.float32:\n        config_dtype = preferred_dtype" in code
-    spec = types.SimpleNamespace(full_config={}, dtype="float32")
+    from kvtool.model.spec import build_spec
+
+    spec = build_spec({"model_type": "llama", "torch_dtype": "float32", "num_hidden_layers": 2})
     assert kvcache.serving_kv_dtype(spec)[:2] == ("bfloat16", 2)
 
 

@@ -80,6 +80,79 @@ RELEASE_EXCERPTS: dict[str, tuple[str, ...]] = {
 }
 
 
+# The paging rules kv-budget restates per release (schemas/engines/facts.json `kv_*` arithmetic rows,
+# tests/oracle/test_vllm_paging.py) and the Qwen3.5 KV-scale loading: copied where the release has them (V0 and V1
+# releases hold different ones), first candidate file found wins.
+OPTIONAL_RELEASE_EXCERPTS: dict[str, tuple[str, ...]] = {
+    "EngineArgs.use_v2_block_manager": ("vllm/engine/arg_utils.py",),
+    "BlockSpaceManagerV1.__init__": ("vllm/core/block_manager_v1.py",),
+    "BlockSpaceManagerV2.__init__": ("vllm/core/block_manager_v2.py",),
+    "SelfAttnBlockSpaceManager.__init__": ("vllm/core/block_manager.py",),
+    "GPUModelRunner.get_kv_cache_spec": ("vllm/v1/worker/gpu_model_runner.py",),
+    "SlidingWindowSpec.max_memory_usage_bytes": ("vllm/v1/kv_cache_interface.py",),
+    "SlidingWindowSpec.max_admission_blocks_per_request": ("vllm/v1/kv_cache_interface.py",),
+    "VllmConfig.max_concurrent_batches": ("vllm/config/vllm.py",),
+    "VllmConfig.max_in_flight_tokens": ("vllm/config/vllm.py",),
+    "get_kv_cache_config": ("vllm/v1/core/kv_cache_utils.py",),
+    "unify_hybrid_kv_cache_specs": ("vllm/v1/core/kv_cache_planning.py", "vllm/v1/core/kv_cache_utils.py"),
+    "_promote_local_kv_cache_specs": ("vllm/v1/core/kv_cache_planning.py", "vllm/v1/core/kv_cache_utils.py"),
+    "_get_kv_cache_config_uniform_page_size": ("vllm/v1/core/kv_cache_utils.py",),
+    "_get_kv_cache_groups_uniform_page_size": ("vllm/v1/core/kv_cache_planning.py", "vllm/v1/core/kv_cache_utils.py"),
+    "Qwen3_5Model.load_weights": ("vllm/model_executor/models/qwen3_5.py",),
+}
+
+
+# The KV-cache dtypes kvtool/model/kv_dtypes.json restates (tests/model/test_kv_dtypes.py), for 0.33.0: which
+# names vLLM accepts, how each is stored, and which attention backends list it. Merged into EXCERPTS.
+_B = "vllm/v1/attention/backends/"
+_KINDS = "supported_kv_cache_dtypes"
+KV_DTYPE_EXCERPTS: dict[str, tuple[str, ...]] = {
+    "vllm/config/cache.py": ("CacheDType", "CacheConfig.cache_dtype"),
+    # the two paging functions first: OPTIONAL_RELEASE_EXCERPTS wrote them to this file before it was in EXCERPTS
+    "vllm/config/vllm.py": ("VllmConfig.max_concurrent_batches", "VllmConfig.max_in_flight_tokens",
+                            "VllmConfig._reject_mismatched_float_kv_cache"),
+    "vllm/utils/torch_utils.py": ("STR_DTYPE_TO_TORCH_DTYPE", "MODELOPT_TO_VLLM_KV_CACHE_DTYPE_MAP",
+                                  "get_kv_cache_quant_algo_string", "resolve_kv_cache_dtype_string",
+                                  "kv_cache_dtype_str_to_dtype", "nvfp4_kv_cache_full_dim"),
+    "vllm/v1/kv_cache_interface.py": ("KVQuantMode", "get_kv_quant_mode"),
+    "vllm/model_executor/layers/attention/mla_attention.py": ("_canonicalize_sparse_mla_kv_cache_dtype",
+                                                              "MLAAttention.get_kv_cache_spec",
+                                                              "MLACommonBackend.customize_spec"),
+    "vllm/model_executor/layers/quantization/turboquant/config.py": ("TQ_PRESETS", "TurboQuantConfig"),
+    "vllm/v1/attention/ops/rocm_octave.py": ("HADAMARD_BLOCK", "ROPE_BITS", "NOPE_BITS", "rope_dim_from_hf_config",
+                                             "OctaveFormat"),
+    "vllm/v1/attention/ops/ultraquant/format.py": ("GROUP_SIZE", "get_group_size", "k_codes_bytes", "n_groups",
+                                                   "k_scales_bytes", "v_codes_bytes", "v_scales_bytes", "slot_size"),
+    _B + "triton_attn.py": ("TritonAttentionBackend.customize_spec", "TritonAttentionBackend." + _KINDS),
+    _B + "flashinfer.py": ("FlashInferBackend.customize_spec", "FlashInferBackend." + _KINDS),
+    _B + "turboquant_attn.py": ("TurboQuantAttentionBackend.customize_spec", "TurboQuantAttentionBackend." + _KINDS),
+    _B + "rocm_octave_attn.py": ("RocmOctaveAttentionBackend.customize_spec", "RocmOctaveAttentionBackend." + _KINDS),
+    _B + "ultraquant_attn.py": ("UltraQuantAttentionBackend.customize_spec", "UltraQuantAttentionBackend." + _KINDS),
+    _B + "b12x.py": ("_B12X_FP8_KV_CACHE_DTYPES", "_B12X_SUPPORTED_KV_CACHE_DTYPES",
+                     "B12xPagedAttentionBackend." + _KINDS),
+    **{_B + f: tuple(f"{c}.{_KINDS}" for c in classes) for f, classes in {
+        "cpu_attn.py": ("CPUAttentionBackend",), "flash_attn.py": ("FlashAttentionBackend",),
+        "flex_attention.py": ("FlexAttentionBackend",), "hpc_attn.py": ("HpcAttentionBackend",),
+        "rocm_aiter_fa.py": ("AiterFlashAttentionBackend",),
+        "rocm_aiter_unified_attn.py": ("RocmAiterUnifiedAttentionBackend",),
+        "rocm_attn.py": ("RocmAttentionBackend",), "rocm_segmented_attn.py": ("RocmSegmentedAttentionBackend",),
+        "triton_attn_diffkv.py": ("TritonAttentionDiffKVBackend",),
+        "mla/cpu_mla.py": ("CPUMLABackend",), "mla/cutlass_mla.py": ("CutlassMLABackend",),
+        "mla/flashattn_mla.py": ("FlashAttnMLABackend",),
+        "mla/flashattn_mla_sparse.py": ("FlashAttnMLASparseBackend", "FlashAttnMLASparseFA4Backend"),
+        "mla/flashinfer_mla.py": ("FlashInferMLABackend",),
+        "mla/flashinfer_mla_sparse.py": ("FlashInferMLASparseTRTLLMBackend", "FlashInferMLASparseSM120Backend"),
+        "mla/flashinfer_mla_sparse_sm90.py": ("FlashInferMLASparseSM90Backend",),
+        "mla/flashmla.py": ("FlashMLABackend",), "mla/flashmla_sparse.py": ("FlashMLASparseBackend",),
+        "mla/rocm_aiter_mla.py": ("AiterMLABackend",), "mla/rocm_aiter_mla_sparse.py": ("ROCMAiterMLASparseBackend",),
+        "mla/tokenspeed_mla.py": ("TokenspeedMLABackend",), "mla/triton_mla.py": ("TritonMLABackend",),
+        "mla/xpu_mla_sparse.py": ("XPUMLASparseBackend",),
+    }.items()},
+}
+for _file, _names in KV_DTYPE_EXCERPTS.items():
+    EXCERPTS[_file] = EXCERPTS.get(_file, ()) + _names
+
+
 def _find(tree: ast.Module, qualname: str) -> ast.AST:
     parts = qualname.split(".")
     nodes = tree.body
@@ -132,9 +205,25 @@ def extract_release(src_root: Path, version: str) -> None:
         if rel is None:
             raise LookupError(f"{name}: in none of {candidates}")
         by_file.setdefault(rel, []).append(name)
+    for name, candidates in OPTIONAL_RELEASE_EXCERPTS.items():
+        for c in candidates:
+            if (src_root / c).is_file():
+                try:
+                    _find(ast.parse((src_root / c).read_text(encoding="utf-8")), name)
+                except LookupError:
+                    continue
+                by_file.setdefault(c, []).append(name)
+                break
     out_dir = HERE / version
     out_dir.mkdir(parents=True, exist_ok=True)
     for rel, names in by_file.items():
+        target = out_dir / excerpt_name(rel)
+        if target.exists() and version == "0.33.0":  # the pinned release's EXCERPTS: add only what they lack
+            held = target.read_text(encoding="utf-8")
+            names = [n for n in names if f"# --- {n} (lines" not in held]
+            if not names:
+                continue
+            target = target.with_name(target.name.replace(".txt", ".release.txt"))
         text = (src_root / rel).read_text(encoding="utf-8")
         tree, lines = ast.parse(text), text.splitlines()
         parts = [f"# vLLM {version}, {rel} (Apache-2.0, https://github.com/vllm-project/vllm); verbatim excerpts"]
@@ -142,10 +231,9 @@ def extract_release(src_root: Path, version: str) -> None:
             node = _find(tree, name)
             start = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
             parts.append(f"# --- {name} (lines {start}-{node.end_lineno})")
-            parts.append("\n".join(lines[start - 1:node.end_lineno]))
-        target = out_dir / excerpt_name(rel)
-        if target.exists() and version == "0.33.0":
-            continue  # the pinned release's files hold EXCERPTS already (same functions)
+            body = lines[start - 1:node.end_lineno]
+            indent = len(body[0]) - len(body[0].lstrip())  # class members dedented, so each excerpt parses
+            parts.append("\n".join(line[indent:] for line in body))
         target.write_text("\n".join(parts) + "\n", encoding="utf-8")
         print(f"wrote {target}")
 
