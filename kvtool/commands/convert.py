@@ -20,7 +20,8 @@ def register(app: typer.Typer) -> None:
     typer_settings = {} if getattr(app, "direct", False) else {"cls": _dst_required_command()}
 
     @command(app, ConvertOptions, **typer_settings,
-             help="Convert attention heads: --to gqa --groups G | --to mqa | --to mha (exact expansion).")
+             help="Convert attention heads: --to gqa --groups G | --to mqa | --to mha (exact expansion) | --to mla "
+                  "--kv-rank R (multi-head latent attention, DeepSeek layout).")
     def convert(o: ConvertOptions) -> int:
         from kvtool.convert.report import render_plan, render_result
         from kvtool.convert.run import apply, plan
@@ -34,10 +35,11 @@ def register(app: typer.Typer) -> None:
         if o.dry_run:
             console.out(render_plan(p, o.dst, o.eval_tokens if o.eval else None))
             return EXIT_OK
-        method_obj = p.method
-        if method_obj.array_api == "torch" or o.eval:
-            require_torch(f"kvtool convert {'--eval' if o.eval else '--method ' + o.method}")
-        device, want_eval = _device_and_eval(o.eval, method_obj.array_api == "torch")
+        uses_torch = p.method is None or p.method.array_api == "torch"  # None: --to mla's calibrated solve
+        if uses_torch or o.eval:
+            what = "--eval" if o.eval else "--to mla" if p.method is None else "--method " + o.method
+            require_torch(f"kvtool convert {what}")
+        device, want_eval = _device_and_eval(o.eval, uses_torch)
         gates = _gates(o.max_ppl_increase, o.max_kld)
         if gates and not want_eval:
             raise UsageError("quality gates need --eval", option="max_ppl_increase" if o.max_ppl_increase else "max_kld")

@@ -4,7 +4,11 @@ No imports: the options declaration loads this at CLI start-up."""
 
 from __future__ import annotations
 
-TARGETS = ("gqa", "mqa", "mha")  # --to
+TARGETS = ("gqa", "mqa", "mha", "mla")  # --to
+# --to mla's own options (kvtool/convert/mla/plan.py); any other target refuses them by name
+MLA_FIELDS = ("kv_rank", "rope_dim", "kv_budget", "preset")
+# --preset: (kv_lora_rank, qk_rope_head_dim) the MLA kernels fix (kvtool/convert/mla/backends.py cites them)
+MLA_PRESETS = {"flashmla": (512, 64)}
 # the aware method's declared options (kvtool/options/convert.py): any other method refuses them by name
 AWARE_FIELDS = ("calib_text", "calib_dataset", "calib_tokens", "refine_steps", "distill_steps", "seq_len", "grouping",
                 "serve_context")

@@ -356,13 +356,21 @@ def provenance(plan: ConvertPlan) -> dict:
     extra = method.provenance()
     if extra:
         prov["method_details"] = extra
-    previous = plan.src / "kvtool.json"
+    previous = source_provenance(plan.src)
+    if previous is not None:
+        prov["source_provenance"] = previous
+    return prov
+
+
+def source_provenance(src: Path) -> dict | None:
+    """The source's own kvtool.json (an earlier kvtool step), None when it has none or it does not parse."""
+    previous = src / "kvtool.json"
     if previous.is_file():
         try:
-            prov["source_provenance"] = load_json_object(previous, what="kvtool.json").data
+            return load_json_object(previous, what="kvtool.json").data
         except InputError:
             pass
-    return prov
+    return None
 
 
 def _jsonable(v) -> bool:

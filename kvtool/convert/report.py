@@ -33,6 +33,8 @@ def estimate(plan, eval_tokens: int | None = None):
     merge method's own estimate; None for a method with no cost model."""
     from kvtool.model import costs
 
+    if getattr(plan, "target", None) == "mla":
+        return plan.estimate(eval_tokens)
     shape = costs.shape_of(plan.spec, plan.ckpt.tensors)
     est = costs.convert_mean(shape) if plan.direction != "pool" else plan.method.estimate(plan, shape)
     if est is not None and eval_tokens:  # source and output
@@ -41,6 +43,10 @@ def estimate(plan, eval_tokens: int | None = None):
 
 
 def render_plan(plan, dst, eval_tokens: int | None = None) -> console.Text:
+    if getattr(plan, "target", None) == "mla":
+        from kvtool.convert.mla.report import render_plan as render_mla
+
+        return render_mla(plan, dst, eval_tokens)
     H, a, b = plan.num_heads, plan.source_kv_heads, plan.target_kv_heads
     how = {"pool": plan.method.summary(),
            "expand": "each KV head repeated (exact: same outputs)",
@@ -72,6 +78,10 @@ def render_plan(plan, dst, eval_tokens: int | None = None) -> console.Text:
 
 def render_result(result) -> console.Text:
     plan = result.plan
+    if getattr(plan, "target", None) == "mla":
+        from kvtool.convert.mla.report import render_result as render_mla
+
+        return render_mla(result)
     lines = [
         f"converted {plan.src} -> {result.dst}: KV heads {plan.source_kv_heads} -> {plan.target_kv_heads} "
         f"({_kind(plan.num_heads, plan.source_kv_heads)} -> {_kind(plan.num_heads, plan.target_kv_heads)}), "

@@ -55,7 +55,10 @@ def plan(o, *, ckpt=None, config: dict | None = None, tensors: dict | None = Non
         raise UsageError(str(exc), option="max_shard_size") from None
     if shard_bytes <= 0:
         raise UsageError("must be positive", option="max_shard_size")
-    method = get_method(o.method, **method_options(o))
+    from kvtool.convert.mla.plan import refuse_options_for_other_targets
+
+    refuse_options_for_other_targets(o)
+    method = get_method(o.method, **method_options(o)) if o.to != "mla" else None  # --to mla solves, never merges
     src = None
     if ckpt is None:
         from kvtool.model.preflight import preflight
@@ -64,6 +67,13 @@ def plan(o, *, ckpt=None, config: dict | None = None, tensors: dict | None = Non
         if not src.is_dir():
             raise InputError("SRC must be a model folder (config.json + safetensors)", file=str(o.src))
         ckpt = preflight(src)  # corrupt weights, escaping index, pickles only: refused before any read
+    if o.to == "mla":
+        from kvtool.convert.mla.plan import plan_mla
+
+        p = plan_mla(o, ckpt, max_shard_size=shard_bytes, config=config, tensors=tensors)
+        if src is not None:
+            p.src = src
+        return p
     p = plan_checkpoint(ckpt, to=o.to, groups=o.groups, method=method, dtype=o.dtype, max_shard_size=shard_bytes,
                         config=config, tensors=tensors)
     if src is not None:
@@ -74,4 +84,8 @@ def plan(o, *, ckpt=None, config: dict | None = None, tensors: dict | None = Non
 def apply(p: ConvertPlan, dst: str | Path, *, force: bool = False, progress: bool | None = None,
           device: str = "cpu") -> ConvertResult:
     """Write the planned conversion to `dst` (staged, then renamed; the source is only read)."""
+    if getattr(p, "target", None) == "mla":
+        from kvtool.convert.mla.plan import write_mla
+
+        return write_mla(p, dst, force=force, progress=progress, device=device)
     return write(p, dst, force=force, progress=progress, device=device)

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from kvtool.convert import defaults as aware
-from kvtool.convert.defaults import AWARE_FIELDS, GROUPINGS, TARGETS
+from kvtool.convert.defaults import AWARE_FIELDS, GROUPINGS, MLA_PRESETS, TARGETS
 from kvtool.options.fields import argument, operation, option
 from kvtool.progress import FLAG_HELP
 
 DTYPES = ("keep", "bf16", "fp16", "fp32")
 TEXT_FILES = {"$ref": "#/$defs/text_files"}  # one path or a list, relative to the recipe
+KV_BUDGET_PATTERN = "^([0-9]*\\.?[0-9]+ ?[KMGTkmgt]?i?[Bb]|[0-9]*\\.?[0-9]+ ?%?)$"  # bytes with a unit, or a fraction
 
 
 def merge_methods() -> list[str]:
@@ -25,6 +26,18 @@ class ConvertOptions:
     dst: str | None = argument(None, help="Output folder; required, except with --dry-run.")
     to: str = option(choices=TARGETS, recipe_required=True, help=" | ".join(TARGETS))
     groups: int | None = option(None, short="-g", minimum=1, help="KV heads after conversion (with --to gqa).")
+    kv_rank: int | None = option(None, minimum=1,
+                                 help="--to mla: latent dimensions cached per token and layer (kv_lora_rank).")
+    rope_dim: int | None = option(None, minimum=2,
+                                  help="--to mla: dimensions of the shared RoPE key cached beside the latent "
+                                       "(qk_rope_head_dim; even, at most head_dim; default head_dim / 2).")
+    kv_budget: str | None = option(None, pattern=KV_BUDGET_PATTERN, metavar="BYTES|FRACTION",
+                                   help="--to mla: KV cache per token instead of --kv-rank, as bytes (7.5KiB, 7680B) "
+                                        "or a fraction of the source's (0.33, 33%).")
+    preset: str | None = option(None, choices=tuple(MLA_PRESETS),
+                                help="--to mla: the dimensions an MLA kernel fixes: "
+                                     + ", ".join(f"{k} = kv_lora_rank {r} + rope {d}" for k, (r, d) in MLA_PRESETS.items())
+                                     + " (FlashMLA, CUTLASS MLA).")
     dry_run: bool = option(False, recipe=False, help="Print the plan and write nothing.")
     force: bool = option(False, recipe=False, help="Replace a non-empty DST.")
     dtype: str = option("keep", choices=DTYPES, help="keep | bf16 | fp16 | fp32 (floating tensors only).")

@@ -88,7 +88,14 @@ def check_model(ckpt, *, config: dict | None = None, tensors: dict | None = None
         raise InputError(f"model_type {spec.model_type!r} has no architecture table; kvtool cannot name its "
                          "attention modules", file=where, field="model_type")
     if spec.is_mla:
-        raise InputError("MLA attention caches a latent, not K and V; per-K/V FP8 scales do not apply",
+        # vLLM 0.33: --kv-cache-dtype fp8 stores the latent with one scale per layer, initialised to 1.0 and
+        # replaced only by a checkpoint's (vllm/model_executor/layers/attention/attention.py _init_kv_cache_quant,
+        # called by mla_attention.py MLAAttention.__init__; used in MLAAttention.update_kv_cache); the sparse
+        # backends' fp8_ds_mla format computes per-tile scales itself (mla_attention.py
+        # _canonicalize_sparse_mla_kv_cache_dtype; vllm/third_party/flashmla/flash_mla_interface.py)
+        raise InputError("MLA caches one latent row per token, not K and V heads: there are no per-head K/V scales "
+                         "to calibrate; serve it with vLLM --kv-cache-dtype fp8 (one latent scale per layer, 1.0 "
+                         "unless given) or fp8_ds_mla (sparse MLA backends; the kernel scales each tile)",
                          file=where, field="model_type")
     if not spec.num_kv_heads or not spec.num_layers:
         raise InputError("cannot tell the number of layers / KV heads", file=where,

@@ -68,6 +68,22 @@ EXCERPTS: dict[str, tuple[str, ...]] = {
     "vllm/logprobs.py": ("Logprob",),
     "vllm/sampling_params.py": ("SamplingParams._validate_logprobs",),
     "vllm/engine/arg_utils.py": ("EngineArgs.max_logprobs",),
+    # `kvtool convert --to mla` writes what these read (tests/convert/mla/test_mla_vllm.py)
+    "vllm/model_executor/models/deepseek_v2.py": ("DeepseekV2MLAAttention.__init__", "DeepseekV2DecoderLayer.__init__",
+                                                  "DeepseekV2Model.load_weights", "DeepseekV2ForCausalLM.__init__"),
+    "vllm/model_executor/layers/attention/mla_attention.py": ("MLACommonBackend.get_supported_head_sizes",),
+    "vllm/transformers_utils/model_arch_config_convertor.py": ("ModelArchConfigConvertorBase.get_head_size",),
+    "vllm/v1/attention/backends/mla/triton_mla.py": ("TritonMLABackend.get_supported_head_sizes",
+                                                      "TritonMLABackend.supports_compute_capability"),
+    "vllm/v1/attention/backends/mla/flashmla.py": ("FlashMLABackend.supports_compute_capability",
+                                                    "FlashMLABackend.supports_combination"),
+    "vllm/v1/attention/ops/flashmla.py": ("is_flashmla_dense_supported",),
+    "vllm/third_party/flashmla/flash_mla_interface.py": ("flash_mla_with_kvcache",),
+    "vllm/v1/attention/backends/mla/cutlass_mla.py": ("CutlassMLABackend.supports_compute_capability",
+                                                       "CutlassMLAImpl._sm100_cutlass_mla_decode"),
+    "vllm/v1/attention/backends/mla/flashinfer_mla.py": ("FlashInferMLABackend.supports_compute_capability",
+                                                          "FlashInferMLABackend.supports_combination"),
+    "vllm/v1/attention/backends/mla/flashattn_mla.py": ("FlashAttnMLABackend.supports_compute_capability",),
 }
 
 

@@ -1,0 +1,147 @@
+"""`kvtool convert --to mla` planning, from config and headers only: the dimensions each option gives, the KV
+bytes before and after, the backends, and every refusal (one line, exit 2, nothing written)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kvtest import write_checkpoint
+from kvtool.cli import main
+
+SMOL = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "num_hidden_layers": 2, "hidden_size": 576,
+        "num_attention_heads": 9, "num_key_value_heads": 3, "intermediate_size": 64, "vocab_size": 128,
+        "max_position_embeddings": 8192, "rope_theta": 100000.0, "torch_dtype": "bfloat16",
+        "tie_word_embeddings": True, "hidden_act": "silu", "rms_norm_eps": 1e-5}
+EMBED = {"model.embed_tokens.weight": np.zeros((128, 576), "float16")}
+
+
+def folder(tmp_path, config=SMOL, extra=None, shaped=True, name="m"):
+    return write_checkpoint(tmp_path / name, config, shaped=shaped, extra={**EMBED, **(extra or {})})
+
+
+def plan_of(path, **kw):
+    from kvtool.convert.run import plan
+    from kvtool.options.convert import ConvertOptions
+
+    return plan(ConvertOptions(src=str(path), to="mla", **kw))
+
+
+def test_kv_budget_fraction_bytes_and_rank_agree(tmp_path):
+    src = folder(tmp_path)
+    elem, layers, source_dims = 2, 2, 2 * 3 * 64  # bfloat16 cache, 2 layers, K and V of 3 heads of 64
+    by_fraction = plan_of(src, kv_budget="33.34%")
+    by_bytes = plan_of(src, kv_budget=f"{layers * 128 * elem}B")
+    by_rank = plan_of(src, kv_rank=96, rope_dim=32)
+    for p in (by_fraction, by_bytes, by_rank):
+        s = p.shape
+        assert (s.kv_lora_rank, s.qk_rope_head_dim, s.qk_nope_head_dim, s.v_head_dim) == (96, 32, 32, 64)
+        assert p.kv_bytes_before == layers * source_dims * elem
+        assert p.kv_bytes_after == layers * (96 + 32) * elem
+    # the rope part keeps the source's 16 fastest pairs: theta'^(-2i/32) = theta^(-2i/64) for theta' = theta^(32/64)
+    assert by_rank.rope_pairs == tuple(range(16))
+    assert by_rank.new_config["rope_theta"] == pytest.approx(100000.0 ** 0.5)
+
+
+def test_rope_over_the_whole_head_leaves_the_latent_the_values(tmp_path):
+    p = plan_of(folder(tmp_path), kv_rank=64, rope_dim=64)
+    assert (p.shape.qk_nope_head_dim, p.shape.qk_rope_head_dim, p.shape.v_head_dim) == (0, 64, 64)
+    assert p.new_config["rope_theta"] == pytest.approx(100000.0)  # all 32 pairs: the source's theta
+
+
+def test_write_plan_replaces_attention_and_unties_lm_head(tmp_path):
+    p = plan_of(folder(tmp_path), kv_rank=96)
+    names = [t.name for t in p.outputs]
+    assert not any(n.endswith(("k_proj.weight", "v_proj.weight")) for n in names)
+    for i in range(2):
+        for m in ("q_proj", "kv_a_proj_with_mqa", "kv_a_layernorm", "kv_b_proj", "o_proj"):
+            assert f"model.layers.{i}.self_attn.{m}.weight" in names
+    shapes = {t.name: t.shape for t in p.outputs}
+    assert shapes["model.layers.0.self_attn.kv_b_proj.weight"] == (9 * (32 + 64), 96)
+    assert shapes["model.layers.0.self_attn.q_proj.weight"] == (9 * (32 + 32), 576)
+    assert names[-1] == "lm_head.weight" and p.copies == {"lm_head.weight": "model.embed_tokens.weight"}
+    cfg = p.new_config
+    assert (cfg["model_type"], cfg["kv_lora_rank"], cfg["qk_rope_head_dim"], cfg["first_k_dense_replace"],
+            cfg["tie_word_embeddings"], cfg["rope_parameters"]["rope_type"]) == ("deepseek_v3", 96, 32, 2, False,
+                                                                                  "default")
+
+
+def test_qkv_biases_go_to_the_solve(tmp_path):
+    qwen2 = {**SMOL, "model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"]}
+    biases = {f"model.layers.{i}.self_attn.{m}.bias": np.zeros((n,), "float16")
+              for i in range(2) for m, n in (("q_proj", 576), ("k_proj", 192), ("v_proj", 192))}
+    p = plan_of(folder(tmp_path, qwen2, biases), kv_rank=96)
+    assert sorted(p.layers[0]) == ["k_proj.bias", "k_proj.weight", "o_proj.weight", "q_proj.bias", "q_proj.weight",
+                                   "v_proj.bias", "v_proj.weight"]
+    assert not any(t.name.endswith(".bias") for t in p.outputs)  # DeepSeek's layout has none
+
+
+def test_dry_run_shows_kv_bytes_backends_and_estimate(tmp_path, capsys):
+    assert main(["convert", str(folder(tmp_path)), "--to", "mla", "--kv-rank", "96", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "KV cache     1.50 KiB/token -> 512 B/token  (0.333x)" in out
+    assert "backends     vLLM 0.33.0: TRITON_MLA (any); not FLASHMLA" in out
+    assert "estimate     ~" in out
+    assert not (tmp_path / "dst").exists()
+
+
+def test_preset_on_a_model_where_576_dims_save(tmp_path, capsys):
+    big = {**SMOL, "hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 8}  # Llama-3-8B's heads
+    src = folder(tmp_path, big, shaped=False, extra={"model.embed_tokens.weight": np.zeros((128, 4096), "float16")})
+    p = plan_of(src, preset="flashmla")
+    assert (p.shape.kv_lora_rank, p.shape.qk_rope_head_dim, p.shape.qk_nope_head_dim) == (512, 64, 64)
+    assert p.kv_bytes_after / p.kv_bytes_before == 576 / 2048
+    from kvtool.convert.mla.backends import serving
+
+    assert {b.name for b, why in serving(p.shape) if why is None} == {
+        "TRITON_MLA", "FLASHMLA", "CUTLASS_MLA", "FLASHINFER_MLA", "FLASH_ATTN_MLA"}
+    assert not any("only vLLM's TRITON_MLA" in w for w in p.warnings)
+
+
+def refused(capsys, argv) -> str:
+    assert main(["convert", *argv, "--dry-run"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("kvtool: error: "), err
+    return err[0]
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--to", "mla"], "--kv-rank: --to mla needs the latent size"),
+    (["--to", "gqa", "--groups", "1", "--kv-rank", "8"], "--kv-rank: only --to mla takes it"),
+    (["--to", "mla", "--kv-rank", "8", "--kv-budget", "50%"], "give one of --kv-rank, --kv-budget, --preset"),
+    (["--to", "mla", "--kv-rank", "8", "--rope-dim", "7"], "--rope-dim: 7 must be even and at most head_dim 64"),
+    (["--to", "mla", "--kv-rank", "8", "--rope-dim", "66"], "--rope-dim: 66 must be even and at most head_dim 64"),
+    (["--to", "mla", "--kv-rank", "400"], "cache no less than the source's 384"),
+    (["--to", "mla", "--preset", "flashmla"], "--preset: flashmla: 512 latent + 64 rope"),
+    (["--to", "mla", "--preset", "flashmla", "--rope-dim", "32"], "--rope-dim: --preset flashmla fixes"),
+    (["--to", "mla", "--kv-budget", "3"], "give bytes with a unit (e.g. 3B)"),
+    (["--to", "mla", "--kv-budget", "64B"], "--kv-budget: '64B' gives 16 cached dimensions"),
+    (["--to", "mla", "--kv-budget", "0%"], "must be above 0 and at most 1"),
+    (["--to", "mla", "--kv-budget", "lots"], "--kv-budget: must be one of"),
+    (["--to", "mla", "--kv-rank", "8", "--grouping", "contiguous"], "--grouping: --to mla solves each layer"),
+    (["--to", "mla", "--kv-rank", "8", "--method", "first-k"], "--method"),
+    (["--to", "mla", "--kv-rank", "8", "--refine-steps", "4"], "--refine-steps: --to mla is training-free"),
+    (["--to", "mla", "--kv-rank", "8", "--distill-steps", "4"], "--distill-steps: --to mla is training-free"),
+])
+def test_option_refusals(tmp_path, capsys, args, words):
+    line = refused(capsys, [str(folder(tmp_path)), *args])
+    assert words in line, line
+
+
+@pytest.mark.parametrize("config, extra, words", [
+    ({**SMOL, "model_type": "gemma", "architectures": ["GemmaForCausalLM"], "hidden_act": "gelu"}, None,
+     "model_type: --to mla converts llama / mistral / qwen2 blocks"),
+    ({**SMOL, "model_type": "mistral", "architectures": ["MistralForCausalLM"], "sliding_window": 4096}, None,
+     "sliding_window: sliding-window or non-attention layers"),
+    ({**SMOL, "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                "original_max_position_embeddings": 8192}}, None, "RoPE type 'llama3'"),
+    ({**SMOL, "hidden_act": "gelu"}, None, "hidden_act: hidden_act 'gelu': vLLM's DeepseekV2MLP takes silu only"),
+    ({**SMOL, "model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"]},
+     {"model.layers.0.self_attn.o_proj.bias": np.zeros((576,), "float16")},
+     "model.layers.0.self_attn.o_proj.bias: o_proj bias or q/k norm"),
+    (SMOL, {"model.layers.0.pre_feedforward_layernorm.weight": np.zeros((576,), "float16")},
+     "model.layers.0.pre_feedforward_layernorm.weight: not a tensor of DeepSeek-V3's dense layer"),
+])
+def test_source_refusals(tmp_path, capsys, config, extra, words):
+    line = refused(capsys, [str(folder(tmp_path, config, extra)), "--to", "mla", "--kv-rank", "8"])
+    assert words in line, line
