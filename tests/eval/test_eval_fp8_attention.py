@@ -141,7 +141,7 @@ def test_cli_refuses_fp8_attention_without_an_fp8_cache(tmp_path, capsys):
 def test_api_refusals():
     from kvtool.eval.api import Candidate, evaluate_many
 
-    with pytest.raises(UsageError, match="choose from|use cache-only"):
+    with pytest.raises(UsageError, match="must be one of cache-only, flash-attn, flashinfer, triton, got .flex."):
         evaluate_many([Candidate("x", fp8_attention="flex")])
     with pytest.raises(UsageError, match="only with an FP8 KV cache"):
         evaluate_many([Candidate("x", kv_cache_dtype="off", fp8_attention="flash-attn")])
