@@ -232,7 +232,8 @@ def render_text(b: Budget) -> console.Text:
         elif b.weights_fit:
             kv.append(("max sequences", f"{cur.max_concurrent_sequences:,} of {b.max_model_len:,} tokens "
                                         f"(concurrency {cur.max_concurrency:,.2f})"))
-            kv.append(("KV pool tokens", f"{cur.kv_pool_tokens:,} (every KV layer holding every token)"))
+            if cur.kv_pool_tokens is not None:
+                kv.append(("KV pool tokens", f"{cur.kv_pool_tokens:,} (every KV layer holding every token)"))
     width = max(len(k) for k, _ in kv)
     lines.extend(f"  {k.ljust(width)}  {v}" for k, v in kv)
     if b.variants:
