@@ -83,6 +83,11 @@ OPTIONAL_RELEASE_EXCERPTS: dict[str, tuple[str, ...]] = {
     "_get_kv_cache_config_uniform_page_size": ("vllm/v1/core/kv_cache_utils.py",),
     "_get_kv_cache_groups_uniform_page_size": ("vllm/v1/core/kv_cache_planning.py", "vllm/v1/core/kv_cache_utils.py"),
     "Qwen3_5Model.load_weights": ("vllm/model_executor/models/qwen3_5.py",),
+    # the hybrid attention block size and the Mamba state dtypes (kvtool/budget/recurrent.py `mamba_*` rows)
+    "HybridAttentionMambaModelConfig.verify_and_update_config": ("vllm/model_executor/models/config.py",),
+    "MambaSpec.page_size_bytes": ("vllm/v1/kv_cache_interface.py",),
+    "MambaStateDtypeCalculator._mamba_state_dtype": ("vllm/model_executor/layers/mamba/mamba_utils.py",),
+    "NemotronHForCausalLMConfig": ("vllm/model_executor/models/config.py",),
 }
 
 
