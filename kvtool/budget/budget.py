@@ -181,7 +181,7 @@ def figures(spec, name: str, kv_heads: int | None, kv_dtype: str, eb: "float | k
     paging = Paging(opts.vllm_switches, opts.hybrid_kv_cache)
     kv_layers = kvcache.layers(spec, kv_heads=kv_heads)
     mixed = mixed_kinds(kv_layers)
-    block, state = hybrid_state(spec, kv_layers, eb, tp, opts.block_size)
+    block, state = hybrid_state(spec, kv_layers, (kv_dtype, eb), tp, opts.block_size, opts.vllm_switches)
     for layer in kv_layers:
         per_gpu = layer.on_gpu(tp)
         tokens = paging.tokens(layer, seq_len, block, step, mixed=mixed)
@@ -206,18 +206,21 @@ def figures(spec, name: str, kv_heads: int | None, kv_dtype: str, eb: "float | k
     return f
 
 
-def hybrid_state(spec, kv_layers: list[kvcache.LayerKV], eb, tp: int, block_size: int) -> tuple[int, State | None]:
+def hybrid_state(spec, kv_layers: list[kvcache.LayerKV], kv: tuple, tp: int, block_size: int,
+                 switches: frozenset = frozenset()) -> tuple[int, State | None]:
     """(attention block size, recurrent state) for a model with Mamba / linear-attention layers that
     recurrent_state.json knows; (block_size, None) otherwise.
 
     vLLM sizes the attention page from the model's KV heads and head size per GPU (one attention layout per
     model) and raises the block size until that page holds a state page, then pads the state page to it."""
+    kv_dtype, eb = kv  # (KV-cache dtype name, bytes per element or its CacheFormat)
     n = sum(1 for lay in kv_layers if lay.layer_type in recurrent.STATE_TYPES)
-    layout = recurrent.layout(spec, tp) if n else None
+    elem = eb if not isinstance(eb, kvcache.CacheFormat) else eb.dtype.element_bits / 8
+    layout = recurrent.layout(spec, tp, switches, (kv_dtype, elem)) if n else None
     if layout is None:
         return block_size, None
     attn = next((lay.on_gpu(tp).bytes_per_token(eb) for lay in kv_layers if lay.kind != "none"), 0)
-    block = recurrent.attention_block_size(layout.page_bytes, attn, block_size)
+    block = recurrent.attention_block_size(layout.page_bytes, attn, block_size, switches)
     page = max(layout.page_bytes, int(block * attn)) if attn else layout.page_bytes
     return block, State(layout, n, page, tp)
 
@@ -316,9 +319,8 @@ def _state_notes(f: Figures, opts: BudgetOptions) -> list[str]:
         out.append(f"vLLM raises the attention block size from {opts.block_size} to {f.block_size} so an attention "
                    f"page holds a state page, and pads the state page to {st.page_bytes_per_gpu:,} B "
                    f"({recurrent.table()['block_size']['citation']})")
-    if opts.vllm_release is not None and opts.vllm_release != recurrent.table()["release"]:
-        out.append(f"the recurrent state is sized as vLLM {recurrent.table()['release']} allocates it "
-                   f"(kvtool/budget/recurrent_state.json); vLLM {opts.vllm_release} was not read for it")
+    if opts.vllm_release is not None:
+        out.extend(_paging_notes(opts, opts.vllm_switches & frozenset(recurrent.SWITCHES)))
     return out
 
 

@@ -18,6 +18,15 @@ from kvtool.model.kvcache import cdiv, dtype_bytes, native_kv_dtype
 
 STATE_TYPES = ("mamba", "linear_attention")
 
+# Per-release rules (schemas/engines/facts.json `arithmetic` rows; no switch: vLLM 0.33.0's rules)
+# conv and SSM state both in the KV-cache dtype (0.10.0, before mamba_cache_dtype / mamba_ssm_cache_dtype)
+STATE_IN_KV_DTYPE = "mamba_state_in_kv_cache_dtype"
+# the SSM state in the conv state's dtype: no per-model default (Nemotron-H float32, Qwen3.5 mamba_ssm_dtype)
+SSM_NO_MODEL_DEFAULT = "mamba_ssm_dtype_no_model_default"
+# the attention block a multiple of 16, --block-size kept when larger (0.33: a multiple of --block-size)
+BLOCK_MULTIPLE_OF_16 = "mamba_block_multiple_of_16"
+SWITCHES = (STATE_IN_KV_DTYPE, SSM_NO_MODEL_DEFAULT, BLOCK_MULTIPLE_OF_16)
+
 
 @lru_cache(maxsize=1)
 def table() -> dict:
@@ -80,11 +89,13 @@ def _shapes(kind: str, p: dict, tp: int) -> tuple[int, int]:
     raise KeyError(kind)
 
 
-def layout(spec, tensor_parallel_size: int = 1) -> StateLayout | None:
+def layout(spec, tensor_parallel_size: int = 1, switches: frozenset = frozenset(),
+           kv_cache: tuple[str, float] | None = None) -> StateLayout | None:
     """The state page of one of spec's state layers on one GPU, None when no table row or a size is missing.
 
     Conv state in the served model dtype (mamba_cache_dtype auto); SSM state in the dtype the model row's rule
-    gives ("auto": the conv dtype)."""
+    gives ("auto": the conv dtype). kv_cache: (name, bytes per element) of the KV cache, which a release with
+    STATE_IN_KV_DTYPE stores the state in."""
     row = _row(spec)
     if row is None:
         return None
@@ -92,19 +103,27 @@ def layout(spec, tensor_parallel_size: int = 1) -> StateLayout | None:
     if any(v is None for v in p.values()):
         return None
     conv_dtype = native_kv_dtype(spec)[0]
+    conv_bytes = dtype_bytes(conv_dtype)
     ssm = spec.config.get(row["ssm_dtype_key"]) if row["ssm_dtype_key"] else None
     ssm = ssm if isinstance(ssm, str) and ssm != "auto" else row["ssm_dtype_default"]
-    ssm = conv_dtype if ssm == "auto" else ssm
+    if ssm == "auto" or SSM_NO_MODEL_DEFAULT in switches:
+        ssm = conv_dtype
+    ssm_bytes = dtype_bytes(ssm)
+    if STATE_IN_KV_DTYPE in switches and kv_cache is not None:
+        ssm, conv_bytes, ssm_bytes = kv_cache[0], kv_cache[1], kv_cache[1]
     conv, temporal = _shapes(row["kind"], p, max(1, tensor_parallel_size))
     kind = table()["kinds"][row["kind"]]
-    return StateLayout(row["kind"], conv, temporal, dtype_bytes(conv_dtype), dtype_bytes(ssm), ssm,
+    return StateLayout(row["kind"], conv, temporal, conv_bytes, ssm_bytes, ssm,
                        f"{kind['citation']}; {row['citation']}")
 
 
-def attention_block_size(state_page: int, attn_bytes_per_token: float, block_size: int) -> int:
+def attention_block_size(state_page: int, attn_bytes_per_token: float, block_size: int,
+                         switches: frozenset = frozenset()) -> int:
     """The attention block size vLLM uses: the smallest multiple of block_size whose page holds a state page
-    (Platform._align_hybrid_block_size; block_size stands for the backend's kernel block alignment)."""
+    (Platform._align_hybrid_block_size; block_size stands for the backend's kernel block alignment), or with
+    BLOCK_MULTIPLE_OF_16 the smallest multiple of 16, block_size when that is larger."""
     bs = max(1, block_size)
     if state_page <= 0 or attn_bytes_per_token <= 0:
         return bs
-    return max(bs, bs * cdiv(state_page, int(bs * attn_bytes_per_token)))
+    align = 16 if BLOCK_MULTIPLE_OF_16 in switches else bs
+    return max(bs, align * cdiv(state_page, int(align * attn_bytes_per_token)))
