@@ -196,9 +196,34 @@ def test_text_report_and_no_torch() -> None:
     assert "of it recurrent state" in r.stdout and "mamba2 state" in r.stdout
 
 
-def test_a_hybrid_without_a_row_says_so(capsys) -> None:
-    """A state layer kind kvtool has no row for keeps --block-size and says its state is not counted."""
+def test_vllm_0_12_by_hand(capsys) -> None:
+    """vLLM 0.12.0 keeps Nemotron-H's SSM state in bf16 (no float32 default yet): 61,440 x 2 + 4,194,304 x 2 =
+    8,511,488 B; block 16 x ceil(8,511,488 / 65,536) = 2,080, page 2,080 x 4,096 = 8,519,680 B. With --block-size 100
+    it keeps the multiple of 16 (the newest release takes 100 x ceil(16,900,096 / 409,600) = 4,200)."""
+    d = run_json(capsys, str(NEMOTRON), "--engine", "vllm==0.12.0")
+    st = d["recurrent_state"]
+    assert (d["attention_block_size"], st["ssm_dtype"]) == (2080, "bfloat16")
+    assert (st["page_bytes_per_gpu"], st["padded_page_bytes_per_gpu"]) == (8_511_488, 8_519_680)
+    assert any("mamba_ssm" not in n and "multiple of 16" in n for n in d["notes"])
+    assert run_json(capsys, str(NEMOTRON), "--engine", "vllm==0.12.0", "--block-size", "100")[
+        "attention_block_size"] == 2080
+    assert run_json(capsys, str(NEMOTRON), "--block-size", "100")["attention_block_size"] == 4200
+
+
+def test_vllm_0_10_0_keeps_the_state_in_the_kv_dtype(capsys) -> None:
+    """vLLM 0.10.0 builds the state page in the KV-cache dtype: fp8 gives 61,440 + 4,194,304 = 4,255,744 B, and
+    fp8 attention (2,048 B per token) a block of 16 x ceil(4,255,744 / 32,768) = 2,080."""
+    d = run_json(capsys, str(NEMOTRON), "--engine", "vllm==0.10.0", "--kv-cache-dtype", "fp8")
+    st = d["recurrent_state"]
+    assert (st["conv_bytes_per_element"], st["ssm_bytes_per_element"], st["page_bytes_per_gpu"]) == (1, 1, 4_255_744)
+    assert d["attention_block_size"] == 2080
+
+
+def test_a_state_model_without_a_row_keeps_the_block_and_says_so(tmp_path, capsys) -> None:
     config = json.loads(NEMOTRON.read_text())
     del config["ssm_state_size"]
-    spec = build_spec(config)
-    assert recurrent.layout(spec) is None
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text(json.dumps(config))
+    d = run_json(capsys, str(tmp_path / "m"))
+    assert d["attention_block_size"] == 16 and d["recurrent_state"] is None
+    assert any("not counted" in n and "recurrent_state.json" in n for n in d["notes"])
