@@ -227,3 +227,30 @@ def test_a_state_model_without_a_row_keeps_the_block_and_says_so(tmp_path, capsy
     d = run_json(capsys, str(tmp_path / "m"))
     assert d["attention_block_size"] == 16 and d["recurrent_state"] is None
     assert any("not counted" in n and "recurrent_state.json" in n for n in d["notes"])
+
+
+# Qwen3-Next-80B-A3B's published dimensions (no stored config here): 48 layers, every 4th full attention,
+# 2 KV heads x 256, 16 key / 32 value heads of 128 in the gated delta net, conv kernel 4, bf16.
+QWEN3_NEXT = {"model_type": "qwen3_next", "architectures": ["Qwen3NextForCausalLM"], "num_hidden_layers": 48,
+              "full_attention_interval": 4, "hidden_size": 2048, "num_attention_heads": 16, "num_key_value_heads": 2,
+              "head_dim": 256, "linear_num_key_heads": 16, "linear_num_value_heads": 32, "linear_key_head_dim": 128,
+              "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4, "max_position_embeddings": 262144,
+              "torch_dtype": "bfloat16", "vocab_size": 151936, "intermediate_size": 5120}
+
+
+def test_qwen3_next_by_hand(tmp_path, capsys) -> None:
+    """conv (128 x 16 x 2 + 128 x 32) x 3 = 24,576 x 2 B; SSM 32 x 128 x 128 = 524,288 x 2 B (Qwen3-Next has no
+    SSM dtype of its own: the model's bf16); page 1,097,728 B. Attention 2 x 2 x 256 x 2 = 2,048 B per token:
+    block 16 x ceil(1,097,728 / 32,768) = 544, page 1,114,112 B. 36 state + 12 attention layers, groups of 12."""
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text(json.dumps(QWEN3_NEXT))
+    d = run_json(capsys, str(tmp_path / "m"))
+    st = d["recurrent_state"]
+    assert (st["kind"], st["layers"], st["ssm_dtype"]) == ("gated_delta_net", 36, "bfloat16")
+    assert (st["page_bytes_per_gpu"], d["attention_block_size"], st["padded_page_bytes_per_gpu"]) == (
+        1_097_728, 544, 1_114_112)
+    assert d["padding_layers"] == []
+    # ceil(262,144 / 544) = 482 blocks of 544 tokens in each of the 12 attention layers
+    assert d["kv_bytes_per_sequence"] == 482 * 544 * 2048 * 12 + 36 * 1_114_112
+    lay = recurrent.layout(build_spec(QWEN3_NEXT), 2)  # T 2: every factor halves
+    assert (lay.conv_elements, lay.ssm_elements) == (12_288, 262_144)
