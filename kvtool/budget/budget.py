@@ -215,8 +215,8 @@ def hybrid_state(spec, kv_layers: list[kvcache.LayerKV], kv: tuple, tp: int, blo
     model) and raises the block size until that page holds a state page, then pads the state page to it."""
     kv_dtype, eb = kv  # (KV-cache dtype name, bytes per element or its CacheFormat)
     n = sum(1 for lay in kv_layers if lay.layer_type in recurrent.STATE_TYPES)
-    elem = eb if not isinstance(eb, kvcache.CacheFormat) else eb.dtype.element_bits / 8
-    layout = recurrent.layout(spec, tp, switches, (kv_dtype, elem)) if n else None
+    bits = eb.dtype.element_bits if isinstance(eb, kvcache.CacheFormat) else eb * 8
+    layout = recurrent.layout(spec, tp, switches, (kv_dtype, bits / 8) if bits else None) if n else None
     if layout is None:
         return block_size, None
     attn = next((lay.on_gpu(tp).bytes_per_token(eb) for lay in kv_layers if lay.kind != "none"), 0)
