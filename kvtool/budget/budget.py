@@ -16,6 +16,7 @@ from kvtool.model import kvcache
 from kvtool.budget.estimate import estimate
 from kvtool.budget.gpus import Gpu
 from kvtool.budget.paging import Paging, mixed_kinds
+from kvtool.budget import recurrent
 from kvtool.budget.variants import Variant
 from kvtool.errors import UsageError
 from kvtool.units import fmt_bytes
@@ -85,6 +86,26 @@ class Figures:
     kv_pool_tokens: int | None = None  # tokens the pool holds when every KV layer keeps every token
     padding: list[Padding] = field(default_factory=list)
     cache: kvcache.CacheFormat | None = None  # how vLLM stores the KV-cache dtype (scales, packing)
+    block_size: int = 16  # the attention block size vLLM uses (raised for Mamba / linear-attention hybrids)
+    state: "State | None" = None  # recurrent state of Mamba / linear-attention layers (kvtool.budget.recurrent)
+
+
+@dataclass(frozen=True)
+class State:
+    """Mamba / linear-attention state: one page per sequence per state layer, padded to the attention page."""
+
+    layout: recurrent.StateLayout  # one layer's page on one GPU, before padding
+    layers: int
+    page_bytes_per_gpu: int  # padded to the attention page (Platform._align_hybrid_block_size)
+    tensor_parallel_size: int
+
+    @property
+    def bytes_per_sequence_per_gpu(self) -> int:
+        return self.layers * self.page_bytes_per_gpu
+
+    @property
+    def bytes_per_sequence(self) -> int:
+        return self.bytes_per_sequence_per_gpu * self.tensor_parallel_size
 
 
 @dataclass
@@ -160,9 +181,10 @@ def figures(spec, name: str, kv_heads: int | None, kv_dtype: str, eb: "float | k
     paging = Paging(opts.vllm_switches, opts.hybrid_kv_cache)
     kv_layers = kvcache.layers(spec, kv_heads=kv_heads)
     mixed = mixed_kinds(kv_layers)
+    block, state = hybrid_state(spec, kv_layers, (kv_dtype, eb), tp, opts.block_size, opts.vllm_switches)
     for layer in kv_layers:
         per_gpu = layer.on_gpu(tp)
-        tokens = paging.tokens(layer, seq_len, opts.block_size, step, mixed=mixed)
+        tokens = paging.tokens(layer, seq_len, block, step, mixed=mixed)
         rows.append(LayerRow(layer, per_gpu, layer.bytes_per_token(eb), per_gpu.bytes_per_token(eb), tokens,
                              tokens * layer.bytes_per_token(eb), tokens * per_gpu.bytes_per_token(eb)))
     elements = sum(r.layer.elements_per_token for r in rows)
@@ -170,18 +192,41 @@ def figures(spec, name: str, kv_heads: int | None, kv_dtype: str, eb: "float | k
     fmt = eb if isinstance(eb, kvcache.CacheFormat) else None
     elem = eb if fmt is None else per_token / elements if elements else 0  # per cached element, scales included
     f = Figures(name, kv_heads, kv_dtype, elem, rows, refusal,
-                padding=group_padding(rows, paging.keeps_windows(mixed), paging), cache=fmt)
+                padding=group_padding(rows, paging.keeps_windows(mixed), paging, state), cache=fmt,
+                block_size=block, state=state)
     f.kv_bytes_per_token = per_token
     f.kv_bytes_per_token_per_gpu = sum(r.bytes_per_token_per_gpu for r in rows)
-    f.kv_bytes_per_sequence = sum(r.bytes_per_sequence for r in rows) + sum(p.bytes_per_sequence for p in f.padding)
-    f.kv_bytes_per_sequence_per_gpu = (sum(r.bytes_per_sequence_per_gpu for r in rows)
+    own, own_gpu = (state.bytes_per_sequence, state.bytes_per_sequence_per_gpu) if state else (0, 0)
+    f.kv_bytes_per_sequence = (sum(r.bytes_per_sequence for r in rows) + own
+                               + sum(p.bytes_per_sequence for p in f.padding))
+    f.kv_bytes_per_sequence_per_gpu = (sum(r.bytes_per_sequence_per_gpu for r in rows) + own_gpu
                                        + sum(p.bytes_per_sequence_per_gpu for p in f.padding))
     f.kv_bytes_total = f.kv_bytes_per_sequence * opts.batch
     f.kv_bytes_total_per_gpu = f.kv_bytes_per_sequence_per_gpu * opts.batch
     return f
 
 
-def group_padding(rows: list[LayerRow], hybrid: bool, paging: Paging = Paging()) -> list[Padding]:
+def hybrid_state(spec, kv_layers: list[kvcache.LayerKV], kv: tuple, tp: int, block_size: int,
+                 switches: frozenset = frozenset()) -> tuple[int, State | None]:
+    """(attention block size, recurrent state) for a model with Mamba / linear-attention layers that
+    recurrent_state.json knows; (block_size, None) otherwise.
+
+    vLLM sizes the attention page from the model's KV heads and head size per GPU (one attention layout per
+    model) and raises the block size until that page holds a state page, then pads the state page to it."""
+    kv_dtype, eb = kv  # (KV-cache dtype name, bytes per element or its CacheFormat)
+    n = sum(1 for lay in kv_layers if lay.layer_type in recurrent.STATE_TYPES)
+    bits = eb.dtype.element_bits if isinstance(eb, kvcache.CacheFormat) else eb * 8
+    layout = recurrent.layout(spec, tp, switches, (kv_dtype, bits / 8) if bits else None) if n else None
+    if layout is None:
+        return block_size, None
+    attn = next((lay.on_gpu(tp).bytes_per_token(eb) for lay in kv_layers if lay.kind != "none"), 0)
+    block = recurrent.attention_block_size(layout.page_bytes, attn, block_size, switches)
+    page = max(layout.page_bytes, int(block * attn)) if attn else layout.page_bytes
+    return block, State(layout, n, page, tp)
+
+
+def group_padding(rows: list[LayerRow], hybrid: bool, paging: Paging = Paging(),
+                  state: State | None = None) -> list[Padding]:
     """Padding layers of vLLM's hybrid KV-cache groups (kv_cache_utils._get_kv_cache_groups_uniform_page_size).
 
     With more than one kind of KV layer, vLLM splits each kind into groups of equal size (Paging.group_size:
@@ -198,9 +243,10 @@ def group_padding(rows: list[LayerRow], hybrid: bool, paging: Paging = Paging())
         key = (r.layer.layer_type if windowed else "full_attention", r.layer.window if windowed else None,
                r.per_gpu.elements_per_token)
         kinds.setdefault(key, []).append(r)
-    if len(kinds) <= 1:
+    counts = [len(v) for v in kinds.values()] + ([state.layers] if state else [])
+    if len(counts) <= 1:
         return []
-    group = paging.group_size([len(v) for v in kinds.values()])
+    group = paging.group_size(counts)
     out = []
     for members in kinds.values():
         extra = kvcache.cdiv(len(members), group) * group - len(members)
@@ -208,10 +254,16 @@ def group_padding(rows: list[LayerRow], hybrid: bool, paging: Paging = Paging())
             r = members[0]
             out.append(Padding(r.layer.layer_type, extra, extra * r.bytes_per_sequence,
                                extra * r.bytes_per_sequence_per_gpu))
+    if state:  # the state layers are one more kind (MambaSpec), padded like the others
+        extra = kvcache.cdiv(state.layers, group) * group - state.layers
+        if extra:
+            t = next(r.layer.layer_type for r in rows if r.layer.layer_type in recurrent.STATE_TYPES)
+            out.append(Padding(t, extra, extra * state.bytes_per_sequence / state.layers,
+                               extra * state.page_bytes_per_gpu))
     return out
 
 
-def _fill_pool(f: Figures, pool: float | None, block_size: int) -> None:
+def _fill_pool(f: Figures, pool: float | None) -> None:
     if pool is None:
         return
     if pool <= 0:
@@ -221,7 +273,7 @@ def _fill_pool(f: Figures, pool: float | None, block_size: int) -> None:
         f.max_concurrency = pool / f.kv_bytes_per_sequence_per_gpu
         f.max_concurrent_sequences = int(f.max_concurrency)
     if f.kv_bytes_per_token_per_gpu > 0:
-        bs = max(1, block_size)
+        bs = max(1, f.block_size)
         f.kv_pool_tokens = int(pool // (f.kv_bytes_per_token_per_gpu * bs)) * bs
 
 
@@ -246,6 +298,30 @@ def _paging_notes(opts: BudgetOptions, switches: frozenset[str]) -> list[str]:
 
     return [f"vLLM {opts.vllm_release}: {f.says} ({f.citation})" for f in facts()
             if f.engine == "vllm" and f.arithmetic in switches and f.applies_to(opts.vllm_release)]
+
+
+def _state_notes(f: Figures, opts: BudgetOptions) -> list[str]:
+    """What kv-budget says about Mamba / linear-attention state: how it was sized, or that it was not."""
+    stateful = sum(1 for r in f.layers if r.layer.layer_type in recurrent.STATE_TYPES)
+    if not stateful:
+        return []
+    st = f.state
+    if st is None:
+        return [f"{stateful} Mamba / linear-attention layers keep a fixed-size state per sequence instead of a KV "
+                "cache; kvtool has no state-shape row for this model type (kvtool/budget/recurrent_state.json), so "
+                "that state is not counted and the attention block size is not raised"]
+    lay = st.layout
+    out = [f"{st.layers} {lay.kind} state layers: {lay.conv_elements:,} conv elements x {lay.conv_bytes:g} B + "
+           f"{lay.ssm_elements:,} SSM elements x {lay.ssm_bytes:g} B ({lay.ssm_dtype}) = {lay.page_bytes:,} B per "
+           f"layer per sequence{' per GPU' if st.tensor_parallel_size > 1 else ''}, one page each "
+           f"(mamba_cache_mode none, no speculative decoding; {lay.citation})"]
+    if f.block_size != opts.block_size:
+        out.append(f"vLLM raises the attention block size from {opts.block_size} to {f.block_size} so an attention "
+                   f"page holds a state page, and pads the state page to {st.page_bytes_per_gpu:,} B "
+                   f"({recurrent.table()['block_size']['citation']})")
+    if opts.vllm_release is not None:
+        out.extend(_paging_notes(opts, opts.vllm_switches & frozenset(recurrent.SWITCHES)))
+    return out
 
 
 def compute(ckpt, spec, opts: BudgetOptions) -> Budget:
@@ -310,12 +386,12 @@ def compute(ckpt, spec, opts: BudgetOptions) -> Budget:
         pool = budget - kvcache.cdiv(weight_bytes, opts.tensor_parallel_size)  # = Budget.weight_bytes_per_gpu
 
     current = figures(spec, "current", None, kv_dtype, eb, opts, seq_len, step)
-    _fill_pool(current, pool, opts.block_size)
+    _fill_pool(current, pool)
     variants: list[Figures] = []
     for v in opts.what_if:
         v_dtype, v_fmt = (kv_elem(spec, v.kv_dtype)[:2] if v.kv_dtype else (kv_dtype, eb))
         f = figures(spec, v.name, v.kv_heads, v_dtype, v_fmt, opts, seq_len, step)
-        _fill_pool(f, pool, opts.block_size)
+        _fill_pool(f, pool)
         variants.append(f)
 
     if spec.arch.generic:
@@ -334,10 +410,7 @@ def compute(ckpt, spec, opts: BudgetOptions) -> Budget:
     for pad in current.padding:
         notes.append(f"vLLM groups KV layers by kind in groups of equal size: {pad.count} padding "
                      f"{pad.layer_type} slot{'s' if pad.count != 1 else ''} reserve memory like real layers")
-    stateful = sum(1 for r in current.layers if r.layer.layer_type in ("mamba", "linear_attention"))
-    if stateful:
-        notes.append(f"{stateful} Mamba / linear-attention layers keep a fixed-size state per sequence instead of "
-                     "a KV cache; that state is not counted here")
+    notes.extend(_state_notes(current, opts))
     if current.tp_refusal:
         notes.append("per-GPU figures for a refused tensor-parallel size assume the heads are split as evenly as possible")
     return Budget(

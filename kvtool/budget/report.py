@@ -33,10 +33,24 @@ def _figures_dict(f: Figures, current: Figures | None) -> dict:
         "kv_pool_tokens": f.kv_pool_tokens, "tensor_parallel_refusal": f.tp_refusal,
         "padding_layers": [{"layer_type": p.layer_type, "count": p.count, "bytes_per_sequence": p.bytes_per_sequence,
                             "bytes_per_sequence_per_gpu": p.bytes_per_sequence_per_gpu} for p in f.padding],
+        "attention_block_size": f.block_size, "recurrent_state": _state_dict(f),
     }
     if current is not None:
         d["saving_vs_current"] = _saving(f, current)
     return d
+
+
+def _state_dict(f: Figures) -> dict | None:
+    """Mamba / linear-attention state (kvtool.budget.recurrent), included in kv_bytes_per_sequence."""
+    st = f.state
+    if st is None:
+        return None
+    lay = st.layout
+    return {"kind": lay.kind, "layers": st.layers, "conv_elements_per_gpu": lay.conv_elements,
+            "ssm_elements_per_gpu": lay.ssm_elements, "conv_bytes_per_element": lay.conv_bytes,
+            "ssm_bytes_per_element": lay.ssm_bytes, "ssm_dtype": lay.ssm_dtype,
+            "page_bytes_per_gpu": lay.page_bytes, "padded_page_bytes_per_gpu": st.page_bytes_per_gpu,
+            "bytes_per_sequence": st.bytes_per_sequence, "bytes_per_sequence_per_gpu": st.bytes_per_sequence_per_gpu}
 
 
 def _kv_heads(f: Figures) -> int | None:
@@ -132,6 +146,12 @@ def _layer_groups(f: Figures, tp: int) -> list[list[str]]:
             f"{r.bytes_per_token_per_gpu:,.0f}", f"{r.tokens_allocated:,}",
             fmt_bytes(r.bytes_per_sequence_per_gpu * len(idx)),
         ])
+    if f.state is not None:
+        st = f.state
+        t = next(r.layer.layer_type for r in f.layers if r.layer.kind == "none" and r.layer.layer_type in
+                 ("mamba", "linear_attention"))
+        table.append(["state", str(st.layers), t, f"{st.layout.kind} state", "", "", "", "", "1 page",
+                      fmt_bytes(st.bytes_per_sequence_per_gpu)])
     for p in f.padding:
         table.append(["padding", str(p.count), p.layer_type, "vLLM group pad", "", "", "", "", "",
                       fmt_bytes(p.bytes_per_sequence_per_gpu)])
@@ -173,7 +193,9 @@ def render_text(b: Budget) -> console.Text:
     tp = o.tensor_parallel_size
     per = f" per GPU (TP {tp})" if tp > 1 else ""
     lines = [f"{b.model}  ({b.model_type or 'unknown model_type'}, positions: {POSITION_NAMES.get(b.position, b.position)})"]
-    lines.append(f"  KV cache dtype   {cur.kv_dtype} ({cur.elem_bytes:.4g} B/element{_scaled(cur)}), block size {o.block_size}, "
+    block = (f"{o.block_size}" if cur.block_size == o.block_size else
+             f"{cur.block_size} (vLLM's for this hybrid; --block-size {o.block_size})")
+    lines.append(f"  KV cache dtype   {cur.kv_dtype} ({cur.elem_bytes:.4g} B/element{_scaled(cur)}), block size {block}, "
                  f"max_model_len {b.max_model_len:,} ({b.max_model_len_source})")
     lines.append("")
     lines.extend("  " + s for s in _table(
@@ -185,7 +207,8 @@ def render_text(b: Budget) -> console.Text:
     if tp > 1:
         kv.append((f"KV per token{per}", f"{fmt_bytes(cur.kv_bytes_per_token_per_gpu)} "
                                          f"({cur.kv_bytes_per_token_per_gpu:,.0f} B)"))
-    kv.append((f"KV per sequence", f"{fmt_bytes(cur.kv_bytes_per_sequence)} at {b.max_model_len:,} tokens"))
+    state = "" if cur.state is None else f", {fmt_bytes(cur.state.bytes_per_sequence)} of it recurrent state"
+    kv.append((f"KV per sequence", f"{fmt_bytes(cur.kv_bytes_per_sequence)} at {b.max_model_len:,} tokens{state}"))
     if tp > 1:
         kv.append((f"KV per sequence{per}", fmt_bytes(cur.kv_bytes_per_sequence_per_gpu)))
     kv.append((f"KV for {o.batch} sequence{'s' if o.batch != 1 else ''}",
@@ -209,7 +232,8 @@ def render_text(b: Budget) -> console.Text:
         elif b.weights_fit:
             kv.append(("max sequences", f"{cur.max_concurrent_sequences:,} of {b.max_model_len:,} tokens "
                                         f"(concurrency {cur.max_concurrency:,.2f})"))
-            kv.append(("KV pool tokens", f"{cur.kv_pool_tokens:,} (every KV layer holding every token)"))
+            if cur.kv_pool_tokens is not None:
+                kv.append(("KV pool tokens", f"{cur.kv_pool_tokens:,} (every KV layer holding every token)"))
     width = max(len(k) for k, _ in kv)
     lines.extend(f"  {k.ljust(width)}  {v}" for k, v in kv)
     if b.variants:

@@ -208,15 +208,18 @@ def test_json_has_the_documented_keys(capsys):
     assert d["kv_bytes_total"] < GIB
 
 
-def test_a_model_without_kv_layers_is_not_limited_by_kv(tmp_path, capsys):
-    # Nemotron-H with every attention layer turned into Mamba: nothing to cache per token.
+def test_a_model_without_kv_layers_is_limited_by_its_state(tmp_path, capsys):
+    # Nemotron-H with every attention layer turned into Mamba: nothing to cache per token, but 64 Mamba2 states
+    # per sequence. TP 8: conv 20,480 / 8 x 3 = 7,680 x 2 B + SSM 32 x 64 x 256 = 524,288 x 4 B = 2,112,512 B.
     cfg = json.loads(open(config("nemotron-h-56b-base-8k")).read())
     cfg["hybrid_override_pattern"] = cfg["hybrid_override_pattern"].replace("*", "M")
     write_config(tmp_path / "m", cfg)
     d = run_json(capsys, str(tmp_path / "m"), "--gpu", "B200", "-tp", "8")
-    assert d["kv_bytes_per_token"] == 0 and d["max_concurrent_sequences"] is None and d["fits"] is True
+    assert d["kv_bytes_per_token"] == 0 and d["fits"] is True and d["attention_block_size"] == 16
+    assert d["kv_bytes_per_sequence_per_gpu"] == 64 * 2_112_512
+    assert d["max_concurrent_sequences"] == int(d["kv_pool_bytes_per_gpu"] // (64 * 2_112_512))
     rc, out, _ = run(capsys, str(tmp_path / "m"), "--gpu", "B200", "-tp", "8")
-    assert rc == 0 and "not limited by a KV cache" in out
+    assert rc == 0 and "of it recurrent state" in out and "KV pool tokens" not in out
 
 
 def test_a_config_without_layer_count_exits_2(tmp_path, capsys):

@@ -195,3 +195,57 @@ def test_windows_become_full_only_beside_full_layers(version) -> None:
     for hybrid in (True, False):
         assert P.Paging(arithmetic("vllm", version), hybrid).keeps_windows(P.mixed_kinds(layers)) == \
             (P.ALL_FULL not in arithmetic("vllm", version)), version
+
+
+# --- Mamba / linear-attention hybrids (kvtool/budget/recurrent.py `mamba_*` rows) ---------------------------------
+from kvtool.budget import recurrent as R  # noqa: E402
+
+STATE_ROWS = [f for f in facts() if f.engine == "vllm" and f.arithmetic in R.SWITCHES]
+_HYBRID_CODE = ("HybridAttentionMambaModelConfig.verify_and_update_config", "Platform._align_hybrid_block_size")
+
+
+def _hybrid_code(version: str) -> str:
+    """The release's hybrid block-size code, whitespace collapsed ('' where none was read)."""
+    return " ".join(" ".join(_excerpt(version, n).split()) for n in _HYBRID_CODE if _has(version, n))
+
+
+HYBRID_RELEASES = [v for v in RELEASES if "mamba_page_size" in _hybrid_code(v)]
+
+
+def test_hybrid_rows_span_releases_either_side() -> None:
+    """The Mamba rows were read from 0.10.0 (the first release with HybridAttentionMambaModelConfig), 0.12.0 and
+    0.33.0; every switch has a row, and the newest release holds none."""
+    assert {"0.10.0", "0.12.0", "0.33.0"} <= set(HYBRID_RELEASES)
+    assert {f.arithmetic for f in STATE_ROWS} == set(R.SWITCHES)
+    assert not arithmetic("vllm", RELEASES[-1]) & set(R.SWITCHES)
+    for f in STATE_ROWS:
+        assert f.citation.release in HYBRID_RELEASES and f.applies_to(f.citation.release), f.id
+
+
+@pytest.mark.parametrize("version", HYBRID_RELEASES)
+def test_state_dtype_rows_are_that_releases(version) -> None:
+    """STATE_IN_KV_DTYPE where the state page is built with the KV-cache dtype (MambaSpec(dtype=kv_cache_dtype));
+    SSM_NO_MODEL_DEFAULT where the release has no NemotronHForCausalLMConfig setting a float32 SSM default."""
+    code, rows = _hybrid_code(version), arithmetic("vllm", version)
+    assert ("dtype=kv_cache_dtype, block_size" in code) == (R.STATE_IN_KV_DTYPE in rows)
+    if R.STATE_IN_KV_DTYPE not in rows and "MambaSpec(" in code:
+        assert "dtypes=model_cls.get_mamba_state_dtype_from_config(vllm_config)" in code
+    nemotron = _has(version, "NemotronHForCausalLMConfig")
+    assert nemotron == (R.SSM_NO_MODEL_DEFAULT not in rows)
+    if nemotron:
+        assert 'DEFAULT_MAMBA_SSM_CACHE_DTYPE: "MambaDType" = "float32"' in _excerpt(version, "NemotronHForCausalLMConfig")
+
+
+@pytest.mark.parametrize("version", HYBRID_RELEASES)
+def test_block_rows_are_that_releases(version) -> None:
+    """BLOCK_MULTIPLE_OF_16 where the attention block is 16 x cdiv(...) (or a kernel alignment fixed at 16) and the
+    user's block size only wins when larger; the newest release aligns to max(kernel block, --block-size)."""
+    code, rows = _hybrid_code(version), arithmetic("vllm", version)
+    sixteen = ("16 * cdiv(mamba_page_size, 16 * attn_page_size_1_token)" in code
+               or "kernel_block_alignment_size = 16 " in code)
+    follows_block = "cache_config.block_size, )" in code
+    assert (sixteen and not follows_block) == (R.BLOCK_MULTIPLE_OF_16 in rows)
+    # the figure both rules give for Nemotron-H-56B (16,900,096 B state page, 4,096 B per attention token)
+    switches = rows & {R.BLOCK_MULTIPLE_OF_16}
+    assert R.attention_block_size(16_900_096, 4096, 16, switches) == 4128
+    assert R.attention_block_size(16_900_096, 4096, 100, switches) == (4128 if switches else 4200)

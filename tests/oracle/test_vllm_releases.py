@@ -50,6 +50,8 @@ def _max_len_function(version: str):
         "envs": types.SimpleNamespace(VLLM_ALLOW_LONG_MAX_MODEL_LEN=False),
         "current_platform": types.SimpleNamespace(is_tpu=lambda: False, check_max_model_len=lambda n: n),
         "get_min_sliding_window": lambda w: w,
+        # transformers.configuration_utils (5.x), imported by 0.12's config/model.py: rope dict keys that are layer types
+        "ALLOWED_LAYER_TYPES": ("full_attention", "sliding_attention", "chunked_attention", "linear_attention"),
         "is_rope_parameters_nested": _nested,
         "iter_rope_parameters": lambda cfg: list(cfg.rope_parameters.values()) if _nested(cfg.rope_parameters)
         else ([cfg.rope_parameters] if cfg.rope_parameters else []),

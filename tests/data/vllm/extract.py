@@ -114,6 +114,11 @@ OPTIONAL_RELEASE_EXCERPTS: dict[str, tuple[str, ...]] = {
     "_get_kv_cache_config_uniform_page_size": ("vllm/v1/core/kv_cache_utils.py",),
     "_get_kv_cache_groups_uniform_page_size": ("vllm/v1/core/kv_cache_planning.py", "vllm/v1/core/kv_cache_utils.py"),
     "Qwen3_5Model.load_weights": ("vllm/model_executor/models/qwen3_5.py",),
+    # the hybrid attention block size and the Mamba state dtypes (kvtool/budget/recurrent.py `mamba_*` rows)
+    "HybridAttentionMambaModelConfig.verify_and_update_config": ("vllm/model_executor/models/config.py",),
+    "MambaSpec.page_size_bytes": ("vllm/v1/kv_cache_interface.py",),
+    "MambaStateDtypeCalculator._mamba_state_dtype": ("vllm/model_executor/layers/mamba/mamba_utils.py",),
+    "NemotronHForCausalLMConfig": ("vllm/model_executor/models/config.py",),
 }
 
 
@@ -165,6 +170,23 @@ KV_DTYPE_EXCERPTS: dict[str, tuple[str, ...]] = {
     }.items()},
 }
 for _file, _names in KV_DTYPE_EXCERPTS.items():
+    EXCERPTS[_file] = EXCERPTS.get(_file, ()) + _names
+
+# Mamba / linear-attention state and the hybrid attention block size kv-budget restates
+# (kvtool/budget/recurrent_state.json, tests/budget/test_kv_budget_hybrid_state.py), for 0.33.0.
+_M = "vllm/model_executor/models/"
+STATE_EXCERPTS: dict[str, tuple[str, ...]] = {
+    "vllm/model_executor/layers/mamba/mamba_utils.py": ("MambaStateDtypeCalculator", "MambaStateShapeCalculator"),
+    "vllm/platforms/interface.py": ("Platform._align_hybrid_block_size",),
+    "vllm/v1/kv_cache_interface.py": ("MambaSpec.page_size_bytes", "MambaSpec.max_memory_usage_bytes"),
+    _M + "config.py": ("NemotronHForCausalLMConfig", "Qwen3_5ForConditionalGenerationConfig"),
+    _M + "qwen3_next.py": ("Qwen3NextForCausalLM.get_mamba_state_dtype_from_config",
+                           "Qwen3NextForCausalLM.get_mamba_state_shape_from_config"),
+    _M + "nemotron_h.py": ("NemotronHForCausalLM.get_mamba_state_shape_from_config",),
+    _M + "granitemoehybrid.py": ("GraniteMoeHybridForCausalLM.get_mamba_state_shape_from_config",),
+    _M + "jamba.py": ("JambaForCausalLM.get_mamba_state_shape_from_config",),
+}
+for _file, _names in STATE_EXCERPTS.items():
     EXCERPTS[_file] = EXCERPTS.get(_file, ()) + _names
 
 
