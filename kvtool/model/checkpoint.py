@@ -174,14 +174,15 @@ def _tokenizer_size(path: Path) -> int | None:
         return None
     model = data.get("model") or {}
     vocab = model.get("vocab")
-    ids: set[int] = set()
+    ids = [t["id"] for t in data.get("added_tokens") or [] if isinstance(t, dict) and isinstance(t.get("id"), int)]
     if isinstance(vocab, dict):
-        ids.update(v for v in vocab.values() if isinstance(v, int))
-    elif isinstance(vocab, list):  # unigram: list of [piece, score]
-        ids.update(range(len(vocab)))
-    for tok in data.get("added_tokens") or []:
-        if isinstance(tok, dict) and isinstance(tok.get("id"), int):
-            ids.add(tok["id"])
+        values = vocab.values()
+        if not set(map(type, values)) <= {int, bool}:  # a malformed vocabulary: its integer ids only
+            values = [v for v in values if isinstance(v, int)]
+        if values:
+            ids.append(max(values))  # at C speed: a Python set of the ids cost ~20 ms on a 49k vocabulary
+    elif isinstance(vocab, list) and vocab:  # unigram: list of [piece, score]
+        ids.append(len(vocab) - 1)
     return (max(ids) + 1) if ids else None
 
 
