@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvtool.errors import InputError
-from kvtool.io.jsonfile import JsonDocument, load_json_object
+from kvtool.io.jsonfile import JsonDocument, collector_paused, load_json_object
 from kvtool.io.weight_files import INDEX_NAME, PICKLE_SUFFIXES, ReaderProblem, is_inside, scan_weights
 from kvtool.io.safetensors_header import SafetensorsHeader, TensorInfo
 
@@ -168,6 +168,11 @@ def _tokenizer_size(path: Path) -> int | None:
     """Vocabulary size of a fast tokenizer (model vocab plus added tokens), or None."""
     if not is_inside(path.parent, path.name) or not path.is_file():  # outside the folder: never read
         return None
+    with collector_paused():  # _vocab_size has dropped the document when the collector resumes
+        return _vocab_size(path)
+
+
+def _vocab_size(path: Path) -> int | None:
     try:
         data = load_json_object(path, what="tokenizer").data
     except InputError:
