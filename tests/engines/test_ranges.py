@@ -12,8 +12,10 @@ from kvtool.engines import ranges
 from kvtool.engines.releases import known
 
 EDGES = ("0", "0.0", "4", "4.43", "4.43.0", "4.43.0.0", "4.43.1", "4.42.99", "4.044", "5", "5.0.0", "10.1",
-         "0.5.3.post1", "4.45.0rc1", "4.43.0.dev0", "1!2.0", "4.43+local")
+         "0.5.3.post1", "4.43.post1", "4.43.0.post0", "4.43.0.post2", "4.42.9.post3", "4.44.post1", "4.45.0rc1",
+         "4.43.0.dev0", "4.43.post1.dev0", "4.43-1", "1!2.0", "4.43+local")
 RANGES = ("<4.43", "<=4.43", ">4.43", ">=4.43", "==4.43", "!=4.43", "==4.43.0", ">=4.43,<4.51", " <5 , >=4.44.0 ",
+          ">4.42", ">4.43.0", "<4.44", "<=4.43.0", ">=4.44", "!=4.43.0",
           "<0.30", "<=4.46.3", "==4.43.*", "~=4.43", "===4.43", ">=4.43,!=4.44.*", "<4.43.0rc1", "")
 
 
@@ -50,13 +52,13 @@ def test_check_refuses_what_packaging_refuses(text: str) -> None:
         ranges.check(text)
 
 
-def test_deciding_the_facts_of_a_plain_release_imports_no_packaging() -> None:
+def test_deciding_the_facts_of_a_plain_or_post_release_imports_no_packaging() -> None:
     import subprocess
     import sys
 
     code = ("import sys\n"
             "from kvtool.engines import facts\n"
-            "hits = [f.id for f in facts.facts() if f.applies_to('4.42.4')]\n"
+            "hits = [f.id for f in facts.facts() if f.applies_to('4.42.4') or f.applies_to('0.5.3.post1')]\n"
             "assert hits, 'no fact holds at 4.42.4'\n"
             "print(sorted(m for m in sys.modules if m.split('.')[0] == 'packaging'))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
