@@ -14,6 +14,8 @@ import json
 from dataclasses import dataclass, field
 from functools import lru_cache
 
+from kvtool.engines.ranges import check, contains, specifier
+
 EFFECTS = ("refuses", "reads-differently", "arithmetic")
 FILES = ("facts.json", "transformers_releases.json")
 _KEYS = {"id", "engine", "releases", "effect", "detector", "args", "says", "code", "citation", "arithmetic", "drops"}
@@ -46,19 +48,12 @@ class Fact:
     drops: tuple[str, ...] = ()
 
     def applies_to(self, version: str) -> bool:
-        return version in _specifier(self.releases)
+        return contains(self.releases, version)
 
     def range_text(self) -> str:
         """'transformers < 4.43' / 'vllm >= 0.5, < 0.33'."""
-        parts = sorted(_specifier(self.releases), key=lambda s: (s.operator not in (">", ">="), s.version))
+        parts = sorted(specifier(self.releases), key=lambda s: (s.operator not in (">", ">="), s.version))
         return f"{self.engine} " + ", ".join(f"{s.operator} {s.version}" for s in parts)
-
-
-@lru_cache(maxsize=None)
-def _specifier(text: str):
-    from packaging.specifiers import SpecifierSet
-
-    return SpecifierSet(text)
 
 
 @lru_cache(maxsize=None)
@@ -83,7 +78,7 @@ def _row(r: dict, where: str) -> Fact:
     unknown = set(r) - _KEYS
     if unknown or r.get("engine") not in ENGINES or r.get("effect") not in EFFECTS:
         raise ValueError(f"{where}: bad engine fact {r.get('id')!r} ({sorted(unknown) or r.get('effect')})")
-    _specifier(r["releases"])  # InvalidSpecifier here is a bad row
+    check(r["releases"])  # InvalidSpecifier here is a bad row
     if (r["effect"] == "arithmetic") != (r.get("detector") is None) or \
             (r.get("detector") is not None and r["detector"] not in DETECTORS):
         raise ValueError(f"{where}: engine fact {r['id']!r}: detector {r.get('detector')!r}")

@@ -3,8 +3,8 @@
 A requirement is an engine name and a PEP 440 specifier (`transformers==4.44.2`, `vllm>=0.6,<0.9`); the range
 is parsed by `packaging.specifiers`, never by hand. A range checks every release of schemas/engines/releases.json
 inside it; `==X` checks X even when the table does not list it (a release newer than kvtool). Without any
-requirement lint checks what the environment has installed, read from package metadata (importlib.metadata: the
-engine is never imported), else the newest release kvtool knows.
+requirement lint checks what the environment has installed, read from package metadata (kvtool.engines.installed:
+the engine is never imported), else the newest release kvtool knows.
 """
 
 from __future__ import annotations
@@ -128,14 +128,13 @@ def default(engine: str) -> Checked:
 
 
 def installed(engine: str) -> str | None:
-    from importlib import metadata
+    """The installed release from the package metadata (kvtool.engines.installed reads it as importlib.metadata
+    does, without importing it); None when absent, broken or not a PEP 440 version."""
+    from kvtool.engines.installed import PLAIN_RELEASE, version
 
-    try:
-        v = metadata.version(engine)
-    except metadata.PackageNotFoundError:
-        return None
-    except Exception:  # a broken dist-info is no reason to stop lint: fall back to the newest known
-        return None
+    v = version(engine)
+    if v is None or PLAIN_RELEASE.fullmatch(v):  # a plain release number is a valid version: no packaging import
+        return v
     from packaging.version import InvalidVersion, Version
 
     try:

@@ -116,7 +116,12 @@ def read_text(path: str | os.PathLike, *, what: str = "file", limit: int = JSON_
               bom: bool = True) -> str:
     """`read_bytes` decoded as UTF-8 (a leading BOM is dropped; refused with bom=False: a file an engine's own
     reader refuses, as transformers' json.loads does)."""
-    raw = read_bytes(path, what=what, limit=limit, field=field)
+    return decode(read_bytes(path, what=what, limit=limit, field=field), path, what=what, field=field, bom=bom)
+
+
+def decode(raw: bytes, path: str | os.PathLike, *, what: str = "file", field: str | None = None,
+           bom: bool = True) -> str:
+    """A file's bytes as `read_text` decodes them (for a caller that also needs the bytes)."""
     if not bom and raw.startswith(b"\xef\xbb\xbf"):
         raise InputError(f"{what} starts with a UTF-8 byte order mark, which transformers' JSON reader refuses "
                          "(engines cannot load it); save it as UTF-8 without one", file=str(Path(path)), field=field)

@@ -25,6 +25,7 @@ import stat
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from pathlib import Path
+from typing import Callable
 
 from kvtool.errors import InputError
 from kvtool.io.inputfile import JSON_LIMIT, kind_of
@@ -138,7 +139,21 @@ MODEL_FILES: tuple[ModelFile, ...] = (
 
 def row_of(relative: str) -> ModelFile | None:
     """The table row for a path relative to the model folder ("tokenizer.json", "additional_chat_templates/x.jinja")."""
-    return next((row for row in MODEL_FILES if fnmatchcase(relative, row.pattern)), None)
+    return next((row for row, matches in _MATCHERS if matches(relative)), None)
+
+
+def _matcher(pattern: str) -> Callable[[str], bool]:
+    """fnmatchcase(name, pattern) as a string test for the table's patterns (none, or one `*`): fnmatch compiles
+    a regex per pattern, ~4 ms of a cold `kvtool lint` for this table. Other patterns go to fnmatchcase."""
+    head, star, tail = pattern.partition("*")
+    if any(c in pattern for c in "?[") or "*" in tail:
+        return lambda name: fnmatchcase(name, pattern)
+    if not star:
+        return pattern.__eq__
+    return lambda name: len(name) >= len(head) + len(tail) and name.startswith(head) and name.endswith(tail)
+
+
+_MATCHERS = tuple((row, _matcher(row.pattern)) for row in MODEL_FILES)
 
 
 def limit_of(row: ModelFile) -> int | None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvtool.errors import InputError
-from kvtool.io.jsonfile import JsonDocument, load_json_object
+from kvtool.io.jsonfile import JsonDocument, collector_paused, load_json_object
 from kvtool.io.weight_files import INDEX_NAME, PICKLE_SUFFIXES, ReaderProblem, is_inside, scan_weights
 from kvtool.io.safetensors_header import SafetensorsHeader, TensorInfo
 
@@ -168,20 +168,26 @@ def _tokenizer_size(path: Path) -> int | None:
     """Vocabulary size of a fast tokenizer (model vocab plus added tokens), or None."""
     if not is_inside(path.parent, path.name) or not path.is_file():  # outside the folder: never read
         return None
+    with collector_paused():  # _vocab_size has dropped the document when the collector resumes
+        return _vocab_size(path)
+
+
+def _vocab_size(path: Path) -> int | None:
     try:
         data = load_json_object(path, what="tokenizer").data
     except InputError:
         return None
     model = data.get("model") or {}
     vocab = model.get("vocab")
-    ids: set[int] = set()
+    ids = [t["id"] for t in data.get("added_tokens") or [] if isinstance(t, dict) and isinstance(t.get("id"), int)]
     if isinstance(vocab, dict):
-        ids.update(v for v in vocab.values() if isinstance(v, int))
-    elif isinstance(vocab, list):  # unigram: list of [piece, score]
-        ids.update(range(len(vocab)))
-    for tok in data.get("added_tokens") or []:
-        if isinstance(tok, dict) and isinstance(tok.get("id"), int):
-            ids.add(tok["id"])
+        values = vocab.values()
+        if not set(map(type, values)) <= {int, bool}:  # a malformed vocabulary: its integer ids only
+            values = [v for v in values if isinstance(v, int)]
+        if values:
+            ids.append(max(values))  # at C speed: a Python set of the ids cost ~20 ms on a 49k vocabulary
+    elif isinstance(vocab, list) and vocab:  # unigram: list of [piece, score]
+        ids.append(len(vocab) - 1)
     return (max(ids) + 1) if ids else None
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
+from functools import lru_cache
 from typing import Callable
 
 from kvtool.registry import Registry
@@ -30,9 +31,14 @@ class Rule:
     name: str
     severity: Severity
     summary: str  # one line, shown by `kvtool rules`
-    doc: str  # full text for `kvtool rule CODE`
+    written_doc: str  # the doc as written in the topic module (indented); `doc` is it dedented
     hint: str = ""  # default fix hint
     topic: str = ""
+
+    @property
+    def doc(self) -> str:
+        """Full text for `kvtool rule CODE`: dedented when read, not when ~80 rules load (a cold lint reads none)."""
+        return _dedent(self.written_doc)
 
 
 @dataclass
@@ -69,7 +75,7 @@ def define(code: str, name: str, severity: Severity | str, summary: str, doc: st
         raise ValueError(f"rule code {code} defined twice")
     if any(r.name == name for r in RULES.registered().values()):
         raise ValueError(f"rule name {name} defined twice")
-    return RULES.add(code, Rule(code, name, Severity(severity), summary, _dedent(doc), hint, topic))
+    return RULES.add(code, Rule(code, name, Severity(severity), summary, doc, hint, topic))
 
 
 def checker(topic: str) -> Callable[[Callable], Callable]:
@@ -83,6 +89,7 @@ def resolve_code(code: str) -> str:
     return REDIRECTS.get(code, code)
 
 
+@lru_cache(maxsize=None)
 def _dedent(text: str) -> str:
     import textwrap
 

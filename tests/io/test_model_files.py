@@ -122,6 +122,22 @@ def test_unlisted_files_are_not_checked(tmp_path) -> None:
     check_model_files(root, loaded=True)
 
 
+def test_rows_match_as_fnmatch_matches() -> None:
+    """row_of tests names with string methods instead of a regex per pattern: fnmatchcase's answers."""
+    from fnmatch import fnmatchcase
+
+    from kvtool.io.model_files import _matcher
+
+    names = ["config.json", "config.a.json", "config..json", "x.json", "a/b.json", ".json", "json", "Config.json",
+             "tokenizer.model", "tokenizer.model.", "tokenizer.model.x", "additional_chat_templates/x.jinja",
+             "additional_chat_templates/a/b.jinja", "additional_chat_templates/.jinja", "a.py\n", "*", "", "x.bin"]
+    for pattern in [*(r.pattern for r in MODEL_FILES), "a?b", "[ab]*", "*a*", "*", "a*"]:
+        for name in names + ["ab", "aab", "acb", "a"]:
+            assert _matcher(pattern)(name) == fnmatchcase(name, pattern), (pattern, name)
+    assert [row_of(n) for n in names] == [next((r for r in MODEL_FILES if fnmatchcase(n, r.pattern)), None)
+                                          for n in names]
+
+
 def test_docs_show_the_table() -> None:
     assert files_markdown() in (REPO / "docs" / "safety.md").read_text(encoding="utf-8")
 
