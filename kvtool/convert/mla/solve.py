@@ -167,6 +167,8 @@ def _latent(y: torch.Tensor, cov: torch.Tensor, x: torch.Tensor, rank: int, norm
     u = evecs[:, -top:].T @ y if top else y.new_zeros(0, D + 1)
     u = _drop_bias(u, cov)
     u = u / (u @ cov[:D, :D] @ u.T).diagonal().clamp_min(1e-300).sqrt()[:, None]
+    if len(u) < top:  # more latent room than targets: the spare dims stay zero
+        u = torch.cat([u, u.new_zeros(top - len(u), D)])
     if norm != "constant":
         return u
     w0 = constant_direction(cov)
