@@ -30,7 +30,7 @@ import torch
 
 from kvtool.convert.mla.rope import SourceRope, mla_rope_parameters
 from kvtool.convert.mla.shape import MlaShape
-from kvtool.convert.mla.solve import SolveOptions, solve_layer
+from kvtool.convert.mla.solve import SolveOptions, mla_output, solve_layer
 from kvtool.convert.mla.stats import collect_stats
 
 ATTN = ("q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight", "q_proj.bias", "k_proj.bias",
@@ -99,6 +99,9 @@ def main() -> int:
     ap.add_argument("--case", action="append", default=None, help="CACHED:ROPE[:opt=value,...] (default 128:64)")
     ap.add_argument("--other", default="persuasion,luke")
     ap.add_argument("--no-mqa", action="store_true", help="skip the aware MQA row")
+    ap.add_argument("--source-stream", dest="sequential", action="store_false",
+                    help="every layer's statistics from the source model's stream (default: sequential, each layer "
+                         "calibrated on the stream of the layers already converted)")
     ap.add_argument("--work", type=Path, default=None)
     ap.add_argument("--json", type=Path, default=None, help="also write the rows here")
     a = ap.parse_args()
@@ -124,10 +127,10 @@ def main() -> int:
     t0 = time.perf_counter()
     data = CalibrationData.build(src, None, a.calib_dataset, a.calib_tokens, a.seq_len)
     source = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32).eval()
-    stats = collect_stats(source, data.ids)
-    print(f"stats: {data.ids.shape[0]} x {data.ids.shape[1]} tokens of {data.label}, {time.perf_counter() - t0:.1f} s",
-          file=sys.stderr)
-    src_state = source.state_dict()
+    src_state = {k: v.clone() for k, v in source.state_dict().items()}
+    stats = None if a.sequential else collect_stats(source, data.ids)
+    print(f"calibration: {data.ids.shape[0]} x {data.ids.shape[1]} tokens of {data.label}, "
+          f"{time.perf_counter() - t0:.1f} s", file=sys.stderr)
     hd, H = rope.head_dim, cfg["num_attention_heads"]
     cands = []
     for case in a.case or ["128:64"]:
@@ -137,12 +140,21 @@ def main() -> int:
                          qk_nope_head_dim=hd - dr, v_head_dim=hd)
         t1 = time.perf_counter()
         attn = {}
-        for i, st in stats.items():
+
+        def solve(i, st, shape=shape, options=options, attn=attn):
             w = {n: src_state[f"model.layers.{i}.self_attn.{n}"] for n in ATTN
                  if f"model.layers.{i}.self_attn.{n}" in src_state}
             attn[i] = solve_layer(w, st, shape, rope, options)
+            return lambda x: mla_output(x, attn[i], shape, rope, norm=options.norm)
+
+        if stats is None:
+            collect_stats(source, data.ids, convert=solve)
+        else:
+            for i, st in stats.items():
+                solve(i, st)
         model = mla_model(src_state, cfg, attn, shape, rope, identity_norm=options.norm == "identity")
-        label = f"MLA {cached} (rope {dr}, latent {cached - dr}) {','.join(f'{k}={v}' for k, v in opts.items())}"
+        label = (f"MLA {cached} (rope {dr}, latent {cached - dr}) {','.join(f'{k}={v}' for k, v in opts.items())}"
+                 + ("" if a.sequential else " source-stream stats"))
         print(f"{label}: solved in {time.perf_counter() - t1:.1f} s", file=sys.stderr)
         cands.append((label, cached, Candidate(model, label=label)))
     if not a.no_mqa:
@@ -159,8 +171,8 @@ def main() -> int:
                                    max_length=a.window, device="cpu", dtype="float32", tokenizer=tok,
                                    layerwise=False, progress=False)
                for kind, t in texts.items()}
-    print(f"\ncalibration: {data.ids.numel()} tokens of {data.label} (sequences of {a.seq_len}), stats from the "
-          f"source stream; eval: first {a.eval_tokens} tokens, windows of {a.window}; original PPL: "
+    print(f"\ncalibration: {data.ids.numel()} tokens of {data.label} (sequences of {a.seq_len}), {'sequential' if a.sequential else 'source-stream'} "
+          f"statistics; eval: first {a.eval_tokens} tokens, windows of {a.window}; original PPL: "
           + ", ".join(f"{k} {r[0].baseline_ppl:.2f}" for k, r in reports.items()) + "\n")
     print("| conversion | cached dims / layer | " + " | ".join(f"{k}: PPL ratio | KLD | top-1" for k in texts) + " |")
     print("| --- | --- | " + " | ".join("--- | --- | ---" for _ in texts) + " |")

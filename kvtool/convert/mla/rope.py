@@ -33,13 +33,8 @@ class SourceRope:
         return self.rotary_dim // 2
 
     def pair_angles(self) -> torch.Tensor:
-        """float64 [pairs]: radians each pair turns per position (default RoPE; linear scaling divides)."""
-        angles = self.theta ** (-torch.arange(self.pairs, dtype=torch.float64) * 2 / self.rotary_dim)
-        return angles / float((self.scaling or {}).get("factor", 1.0)) if self.linear_scaled else angles
-
-    @property
-    def linear_scaled(self) -> bool:
-        return bool(self.scaling) and self.scaling.get("rope_type", self.scaling.get("type")) == "linear"
+        """float64 [pairs]: radians each pair turns per position (default RoPE)."""
+        return self.theta ** (-torch.arange(self.pairs, dtype=torch.float64) * 2 / self.rotary_dim)
 
     @classmethod
     def from_config(cls, config: dict) -> "SourceRope":
@@ -61,17 +56,18 @@ def rope_pairs(rope: SourceRope, qk_rope_head_dim: int) -> torch.Tensor:
 
 
 def mla_rope_parameters(rope: SourceRope, qk_rope_head_dim: int) -> dict:
-    """The converted config's RoPE (`rope_parameters`; older transformers: `rope_theta` + `rope_scaling`) under
-    which DeepSeek's rotary embedding of qk_rope_head_dim dims turns pair t as the source turns pair t, and
-    `rope_interleave` true: solve_layer writes the rope rows in DeepSeek's interleaved pair order."""
-    if rope.scaling and not rope.linear_scaled:
+    """The converted config's RoPE: `rope_parameters` under which DeepSeek's rotary embedding of qk_rope_head_dim
+    dims turns pair t as the source turns pair t, and `rope_interleave` true (solve_layer writes the rope rows in
+    DeepSeek's interleaved pair order; vLLM 0.33.0 always rotates them so: vllm/model_executor/models/deepseek_v2.py,
+    DeepseekV2MLAAttention.__init__, get_rope(..., is_neox_style=False)).
+
+    Only default RoPE carries over: the same function rewrites any other rope_type to deepseek_yarn or
+    deepseek_llama_scaling, and a scaled source's frequencies are no geometric series DeepSeek's default gives."""
+    if rope.scaling:
         kind = rope.scaling.get("rope_type", rope.scaling.get("type"))
-        raise ValueError(f"source rope_type {kind!r}: only default and linear RoPE carry over to the shared rope key")
+        raise ValueError(f"source rope_type {kind!r}: only default RoPE carries over to the shared rope key")
     theta = rope.theta ** (qk_rope_head_dim / rope.rotary_dim) if qk_rope_head_dim else rope.theta
-    params = {"rope_theta": theta, "rope_type": "default"}
-    if rope.linear_scaled:
-        params = {"rope_theta": theta, "rope_type": "linear", "factor": float(rope.scaling["factor"])}
-    return {"rope_parameters": params, "rope_interleave": True}
+    return {"rope_parameters": {"rope_theta": theta, "rope_type": "default"}, "rope_interleave": True}
 
 
 def static_pairs(rope: SourceRope, horizon: int, angle: float) -> torch.Tensor:

@@ -105,7 +105,8 @@ def solve_layer(weights: dict[str, torch.Tensor], stats: MlaStats, shape: MlaSha
     qn, kn = q[:, nope_idx], k[:, nope_idx]  # [H, n, D+1], [KV, n, D+1]
     vc = cov.clone()
     vc[:D, :D] -= torch.outer(cov[:D, D], cov[D, :D])  # centred: how much the values (and so the scores) matter
-    spread = torch.einsum("hoe,jed,df,jgf,hog->hj", o, v, vc, v, o).reshape(KV, rq, KV).diagonal(dim1=0, dim2=2).T
+    ov = o.reshape(KV, rq, D, hd) @ v[:, None]  # [KV, rq, hidden, D+1]: each head's output through its values
+    spread = ((ov @ vc) * ov).sum((-1, -2))  # [KV, rq]: E||o_h (v_j - E v_j)||^2
     k_metric = torch.einsum("jrnd,de,jrme,jr->jnm", qn.reshape(KV, rq, -1, D + 1), cov,
                             qn.reshape(KV, rq, -1, D + 1), spread) * options.key_weight / shape.qk_head_dim
     v_metric = (o.transpose(-1, -2) @ o).reshape(KV, rq, hd, hd).sum(1)
@@ -132,7 +133,7 @@ def solve_layer(weights: dict[str, torch.Tensor], stats: MlaStats, shape: MlaSha
            "kv_b_proj.weight": torch.cat([k_up, v_up], dim=1).reshape(-1, shape.kv_lora_rank),
            "o_proj.weight": o_new.permute(1, 0, 2).reshape(D, -1)}
     if options.o_ridge:
-        ctx = mla_contexts(stats.x.to(torch.float64), out, shape, rope, norm=options.norm)
+        ctx = mla_contexts(stats.x, {n: w.to(torch.float32) for n, w in out.items()}, shape, rope, norm=options.norm)
         out["o_proj.weight"] = refit_o(ctx, stats.target, out["o_proj.weight"], options.o_ridge)
     return {name: t.to(torch.float32).contiguous() for name, t in out.items()}
 
@@ -228,17 +229,16 @@ def _fit_rank(a: torch.Tensor, b: torch.Tensor, acov: torch.Tensor | None, ccov:
 
 def mla_contexts(x: torch.Tensor, t: dict[str, torch.Tensor], shape: MlaShape, rope: SourceRope,
                  norm: str = "constant") -> torch.Tensor:
-    """Per-head contexts [B, T, H * v_head_dim] of the DeepSeek block t (float64 reference of transformers'
-    DeepseekV3Attention, causal, positions 0..T-1) on x [B, T, hidden]. norm "identity" skips kv_a_layernorm."""
+    """Per-head contexts [B, T, H * v_head_dim] of the DeepSeek block t (a reference of transformers'
+    DeepseekV3Attention in x's dtype, causal, positions 0..T-1) on x [B, T, hidden]. norm "identity" skips kv_a_layernorm."""
     B, T, D = x.shape
     H, r, dr, dn, dv = shape.num_heads, shape.kv_lora_rank, shape.qk_rope_head_dim, shape.qk_nope_head_dim, shape.v_head_dim
     qs = (x @ t["q_proj.weight"].to(x.dtype).T).view(B, T, H, dn + dr).transpose(1, 2)
     ckv = x @ t["kv_a_proj_with_mqa.weight"].to(x.dtype).T
     c = latent_of(ckv[..., :r], torch.eye(r, dtype=x.dtype), norm) * t["kv_a_layernorm.weight"].to(x.dtype)
     kv = (c @ t["kv_b_proj.weight"].to(x.dtype).T).view(B, T, H, dn + dv).transpose(1, 2)
-    angles = rope.pair_angles()[rope_pairs(rope, dr)].to(x.dtype)
-    theta = torch.arange(T, dtype=x.dtype)[:, None] * angles[None]
-    cos, sin = theta.cos(), theta.sin()
+    theta = torch.arange(T, dtype=torch.float64)[:, None] * rope.pair_angles()[rope_pairs(rope, dr)][None]
+    cos, sin = theta.cos().to(x.dtype), theta.sin().to(x.dtype)
 
     def turn(z):  # interleaved pairs (2i, 2i+1), as apply_rotary_pos_emb_interleave (de-interleaved out)
         a, b = z[..., 0::2], z[..., 1::2]
@@ -250,3 +250,10 @@ def mla_contexts(x: torch.Tensor, t: dict[str, torch.Tensor], shape: MlaShape, r
     ctx = torch.nn.functional.scaled_dot_product_attention(qq, kk, kv[..., dn:], is_causal=True,
                                                            scale=shape.qk_head_dim ** -0.5)
     return ctx.transpose(1, 2).reshape(B, T, H * dv)
+
+
+def mla_output(x: torch.Tensor, t: dict[str, torch.Tensor], shape: MlaShape, rope: SourceRope,
+               norm: str = "constant") -> torch.Tensor:
+    """The DeepSeek block t's attention output [B, T, hidden] on x, in x's dtype (norm: as mla_contexts)."""
+    t = {n: w.to(x.dtype) for n, w in t.items()}
+    return mla_contexts(x, t, shape, rope, norm=norm) @ t["o_proj.weight"].T

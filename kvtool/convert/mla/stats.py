@@ -4,12 +4,14 @@ The solve needs the layer's input covariance (the closed-form subspaces, as the 
 calibration inputs themselves for the two least-squares fits that see DeepSeek's latent RMSNorm: the
 up-projection from the normalised latent, and the o_proj refit against the source attention output.
 `collect_stats` runs the source model once over the calibration ids with a hook on every attention
-module (the source stream, not the converted one: docs/convert-mla.md, Quality).
+module; with `convert` each layer is solved as the forward reaches it and its converted output goes on, so
+later layers see the converted stream (sequential calibration, as the aware merge).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -33,18 +35,28 @@ class MlaStats:
         return cls(x=x, target=target.detach().to(torch.float32), cov=augmented_covariance(x), scaling=float(scaling))
 
 
-def collect_stats(model, ids: torch.Tensor) -> dict[int, MlaStats]:
-    """layer index -> MlaStats, from one forward of a loaded transformers model over ids [B, T]."""
+def collect_stats(model, ids: torch.Tensor,
+                  convert: Callable[[int, MlaStats], Callable[[torch.Tensor], torch.Tensor]] | None = None
+                  ) -> dict[int, MlaStats]:
+    """layer index -> MlaStats, from one forward of a loaded transformers model over ids [B, T].
+
+    convert: sequential calibration. convert(layer, stats) returns the converted block's attention (x -> output),
+    which replaces the layer's attention output in the forward, so every later layer's statistics come from the
+    converted stream (the target stays the source attention on that stream, as the aware merge's default)."""
     from kvtool.convert.aware.modules import attention_scale
     from kvtool.runtime.kv_hooks import attention_modules
 
-    seen: dict[int, list] = {}
+    seen: dict[int, MlaStats] = {}
     handles = []
 
     def hook(module, args, kwargs, out):
         x = kwargs.get("hidden_states", args[0] if args else None)
         y = out[0] if isinstance(out, tuple) else out
-        seen[module.layer_idx] = [x.detach().float().cpu(), y.detach().float().cpu(), attention_scale(module)]
+        st = seen[module.layer_idx] = MlaStats.of(x.cpu(), y.cpu(), attention_scale(module))
+        if convert is None:
+            return None
+        new = convert(module.layer_idx, st)(st.x).to(y.dtype).to(y.device)
+        return (new, *out[1:]) if isinstance(out, tuple) else new
 
     for m in attention_modules(model):
         handles.append(m.register_forward_hook(hook, with_kwargs=True))
@@ -54,4 +66,4 @@ def collect_stats(model, ids: torch.Tensor) -> dict[int, MlaStats]:
     finally:
         for h in handles:
             h.remove()
-    return {i: MlaStats.of(x, y, s) for i, (x, y, s) in sorted(seen.items())}
+    return dict(sorted(seen.items()))
