@@ -102,16 +102,15 @@ def test_reference_contexts_match_transformers_deepseek():
     assert _rel(ours, _deepseek(shape, rope, t, x)) < 1e-4
 
 
-def test_nope_pairs_and_unequal_head_dims_full_rank():
-    # two KV heads; the shared rope key takes the 2 fastest pairs; the rest go to the latent unrotated: exact
-    # only when the source's rope turns them by nothing, which theta = 1e12 nearly does for pairs 2, 3
-    shape = MlaShape(hidden_size=HIDDEN, num_heads=HEADS, kv_lora_rank=2 * (4 + HD), qk_rope_head_dim=4,
-                     qk_nope_head_dim=4, v_head_dim=HD)
-    cfg, attn, rotary = _llama(1)
+def test_rope_part_takes_the_fastest_pairs_and_static_pairs_are_the_slowest():
     rope = SourceRope(theta=THETA, head_dim=HD, rotary_dim=HD)
     assert rope_pairs(rope, 4).tolist() == [0, 1]
     assert static_pairs(rope, 8192, 1.0).tolist() == [False, False, False, False]
     assert static_pairs(rope, 16, 1.0).tolist() == [False, False, True, True]  # 100^-1, 100^-1.5 rad per position
+    with pytest.raises(ValueError):
+        rope_pairs(rope, 3)
+    with pytest.raises(ValueError):
+        mla_rope_parameters(SourceRope(THETA, HD, HD, scaling={"rope_type": "llama3", "factor": 8.0}), 4)
 
 
 @pytest.mark.parametrize("rotating", ["drop", "nope"])
