@@ -99,6 +99,7 @@ def main() -> int:
     ap.add_argument("--case", action="append", default=None, help="CACHED:ROPE[:opt=value,...] (default 128:64)")
     ap.add_argument("--other", default="persuasion,luke")
     ap.add_argument("--no-mqa", action="store_true", help="skip the aware MQA row")
+    ap.add_argument("--mqa", type=Path, default=None, help="an aware MQA conversion already made (default: convert)")
     ap.add_argument("--source-stream", dest="sequential", action="store_false",
                     help="every layer's statistics from the source model's stream (default: sequential, each layer "
                          "calibrated on the stream of the layers already converted)")
@@ -158,12 +159,13 @@ def main() -> int:
         print(f"{label}: solved in {time.perf_counter() - t1:.1f} s", file=sys.stderr)
         cands.append((label, cached, Candidate(model, label=label)))
     if not a.no_mqa:
-        dst = work / "mqa-aware"
-        with contextlib.redirect_stdout(io.StringIO()):
-            rc = kvtool(["convert", str(src), str(dst), "--to", "mqa", "--method", "aware", "--no-eval",
-                         "--no-progress", "--force"])
-        if rc:
-            raise SystemExit(f"aware MQA conversion failed ({rc})")
+        dst = a.mqa or work / "mqa-aware"
+        if a.mqa is None:
+            with contextlib.redirect_stdout(io.StringIO()):
+                rc = kvtool(["convert", str(src), str(dst), "--to", "mqa", "--method", "aware", "--no-eval",
+                             "--no-progress", "--force"])
+            if rc:
+                raise SystemExit(f"aware MQA conversion failed ({rc})")
         cands.append(("aware MQA (training-free, kvtool's defaults)", 128,
                       Candidate(AutoModelForCausalLM.from_pretrained(dst, dtype=torch.float32).eval(), label="mqa")))
     tok = load_tokenizer(src)
