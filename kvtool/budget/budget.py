@@ -18,7 +18,7 @@ from kvtool.budget.gpus import Gpu
 from kvtool.budget.paging import Paging, mixed_kinds
 from kvtool.budget import recurrent
 from kvtool.budget.variants import Variant
-from kvtool.errors import UsageError
+from kvtool.errors import InputError, UsageError
 from kvtool.units import fmt_bytes
 
 SMALL_STEP, LARGE_STEP = 2048, 8192  # vLLM's default max_num_batched_tokens for `vllm serve`
@@ -300,12 +300,17 @@ def _paging_notes(opts: BudgetOptions, switches: frozenset[str]) -> list[str]:
             if f.engine == "vllm" and f.arithmetic in switches and f.applies_to(opts.vllm_release)]
 
 
-def _state_notes(f: Figures, opts: BudgetOptions) -> list[str]:
-    """What kv-budget says about Mamba / linear-attention state: how it was sized, or that it was not."""
+def _state_notes(f: Figures, opts: BudgetOptions, missing: list[str]) -> list[str]:
+    """What kv-budget says about Mamba / linear-attention state: how it was sized, or that it was not
+    (missing: the state row's config keys the config lacks)."""
     stateful = sum(1 for r in f.layers if r.layer.layer_type in recurrent.STATE_TYPES)
     if not stateful:
         return []
     st = f.state
+    if st is None and missing:
+        return [f"{stateful} Mamba / linear-attention layers keep a fixed-size state per sequence, but the config "
+                f"lacks {', '.join(missing)} (transformers' defaults, which vLLM reads, are not in kvtool's tables), "
+                "so that state is not counted and the attention block size is not raised"]
     if st is None:
         return [f"{stateful} Mamba / linear-attention layers keep a fixed-size state per sequence instead of a KV "
                 "cache; kvtool has no state-shape row for this model type (kvtool/budget/recurrent_state.json), so "
@@ -342,6 +347,12 @@ def compute(ckpt, spec, opts: BudgetOptions) -> Budget:
     elif spec.max_position and seq_len > spec.max_position:
         notes.append(f"--max-model-len {seq_len:,} exceeds the config's {spec.max_position:,}: vLLM refuses it "
                      "unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 (or RoPE scaling raises the limit)")
+    missing = []
+    if any(lt in recurrent.STATE_TYPES for lt in spec.layer_types):
+        for key, what in recurrent.key_problems(spec):
+            if what is not None:
+                raise InputError(what, file=where, field=key)
+            missing.append(key)
     step = opts.max_num_batched_tokens
     if step is None:
         step = LARGE_STEP if opts.gpu is not None and opts.gpu.large_scheduler_defaults else SMALL_STEP
@@ -410,7 +421,7 @@ def compute(ckpt, spec, opts: BudgetOptions) -> Budget:
     for pad in current.padding:
         notes.append(f"vLLM groups KV layers by kind in groups of equal size: {pad.count} padding "
                      f"{pad.layer_type} slot{'s' if pad.count != 1 else ''} reserve memory like real layers")
-    notes.extend(_state_notes(current, opts))
+    notes.extend(_state_notes(current, opts, missing))
     if current.tp_refusal:
         notes.append("per-GPU figures for a refused tensor-parallel size assume the heads are split as evenly as possible")
     return Budget(
