@@ -329,6 +329,21 @@ def _state_notes(f: Figures, opts: BudgetOptions, missing: list[str]) -> list[st
     return out
 
 
+def _require_head_size(spec, where: str) -> None:
+    """Refuse a config whose attention layers have no KV head count or head size kvtool can tell (a null
+    head_dim with hidden_size not a multiple of the heads): their KV bytes would be 0, not a figure."""
+    if not spec.num_kv_heads:
+        raise InputError("the KV head count is unknown (neither it nor the query head count is a positive "
+                         "integer), so the KV cache cannot be sized", file=where,
+                         field=spec.key("num_kv_heads") or spec.prefixed("num_key_value_heads"))
+    if not spec.head_dim:
+        h, n = spec.hidden_size, spec.num_heads
+        why = (f"hidden_size {h:,} does not split into {n} heads" if h and n
+               else "hidden_size or the query head count is missing")
+        raise InputError(f"the head size is unknown: head_dim is not set and {why}, so the KV cache cannot be "
+                         "sized", file=where, field=spec.key("head_dim") or spec.prefixed("head_dim"))
+
+
 def compute(ckpt, spec, opts: BudgetOptions) -> Budget:
     notes: list[str] = []
     where = str(ckpt.config_path)  # the file the missing value should be in
@@ -347,6 +362,8 @@ def compute(ckpt, spec, opts: BudgetOptions) -> Budget:
     elif spec.max_position and seq_len > spec.max_position:
         notes.append(f"--max-model-len {seq_len:,} exceeds the config's {spec.max_position:,}: vLLM refuses it "
                      "unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 (or RoPE scaling raises the limit)")
+    if not spec.is_mla and any(lt in kvcache.KV_CACHE_TYPES for lt in spec.layer_types):
+        _require_head_size(spec, where)
     missing = []
     if any(lt in recurrent.STATE_TYPES for lt in spec.layer_types):
         for key, what in recurrent.key_problems(spec):
