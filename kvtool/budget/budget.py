@@ -190,7 +190,9 @@ def figures(spec, name: str, kv_heads: int | None, kv_dtype: str, eb: "float | k
     elements = sum(r.layer.elements_per_token for r in rows)
     per_token = sum(r.bytes_per_token for r in rows)
     fmt = eb if isinstance(eb, kvcache.CacheFormat) else None
-    elem = eb if fmt is None else per_token / elements if elements else 0  # per cached element, scales included
+    # per cached element, scales included; a model of state layers only caches none: the dtype's own width
+    bits = fmt.dtype.element_bits if fmt is not None else None
+    elem = eb if fmt is None else per_token / elements if elements else (bits or 0) / 8
     f = Figures(name, kv_heads, kv_dtype, elem, rows, refusal,
                 padding=group_padding(rows, paging.keeps_windows(mixed), paging, state), cache=fmt,
                 block_size=block, state=state)

@@ -296,3 +296,14 @@ def test_qwen3_next_by_hand(tmp_path, capsys) -> None:
     assert d["kv_bytes_per_sequence"] == 482 * 544 * 2048 * 12 + 36 * 1_114_112
     lay = recurrent.layout(build_spec(QWEN3_NEXT), 2)  # T 2: every factor halves
     assert (lay.conv_elements, lay.ssm_elements) == (12_288, 262_144)
+
+
+@pytest.mark.parametrize(("dtype", "width"), [("auto", 2), ("fp8", 1)])
+def test_a_model_of_state_layers_only_shows_its_dtypes_width(tmp_path, capsys, dtype, width) -> None:
+    """No attention layer caches an element: the header said 'bfloat16 (0 B/element)'; it shows the dtype's width."""
+    config = json.loads(NEMOTRON.read_text())
+    config.update(hybrid_override_pattern="MMMM", num_hidden_layers=4)
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text(json.dumps(config))
+    d = run_json(capsys, str(tmp_path / "m"), "--kv-cache-dtype", dtype)
+    assert d["kv_bytes_per_element"] == width and d["recurrent_state"] is not None
