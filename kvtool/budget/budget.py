@@ -18,7 +18,7 @@ from kvtool.budget.gpus import Gpu
 from kvtool.budget.paging import Paging, mixed_kinds
 from kvtool.budget import recurrent
 from kvtool.budget.variants import Variant
-from kvtool.errors import UsageError
+from kvtool.errors import InputError, UsageError
 from kvtool.units import fmt_bytes
 
 SMALL_STEP, LARGE_STEP = 2048, 8192  # vLLM's default max_num_batched_tokens for `vllm serve`
@@ -190,7 +190,9 @@ def figures(spec, name: str, kv_heads: int | None, kv_dtype: str, eb: "float | k
     elements = sum(r.layer.elements_per_token for r in rows)
     per_token = sum(r.bytes_per_token for r in rows)
     fmt = eb if isinstance(eb, kvcache.CacheFormat) else None
-    elem = eb if fmt is None else per_token / elements if elements else 0  # per cached element, scales included
+    # per cached element, scales included; a model of state layers only caches none: the dtype's own width
+    bits = fmt.dtype.element_bits if fmt is not None else None
+    elem = eb if fmt is None else per_token / elements if elements else (bits or 0) / 8
     f = Figures(name, kv_heads, kv_dtype, elem, rows, refusal,
                 padding=group_padding(rows, paging.keeps_windows(mixed), paging, state), cache=fmt,
                 block_size=block, state=state)
@@ -300,12 +302,17 @@ def _paging_notes(opts: BudgetOptions, switches: frozenset[str]) -> list[str]:
             if f.engine == "vllm" and f.arithmetic in switches and f.applies_to(opts.vllm_release)]
 
 
-def _state_notes(f: Figures, opts: BudgetOptions) -> list[str]:
-    """What kv-budget says about Mamba / linear-attention state: how it was sized, or that it was not."""
+def _state_notes(f: Figures, opts: BudgetOptions, missing: list[str]) -> list[str]:
+    """What kv-budget says about Mamba / linear-attention state: how it was sized, or that it was not
+    (missing: the state row's config keys the config lacks)."""
     stateful = sum(1 for r in f.layers if r.layer.layer_type in recurrent.STATE_TYPES)
     if not stateful:
         return []
     st = f.state
+    if st is None and missing:
+        return [f"{stateful} Mamba / linear-attention layers keep a fixed-size state per sequence, but the config "
+                f"lacks {', '.join(missing)} (transformers' defaults, which vLLM reads, are not in kvtool's tables), "
+                "so that state is not counted and the attention block size is not raised"]
     if st is None:
         return [f"{stateful} Mamba / linear-attention layers keep a fixed-size state per sequence instead of a KV "
                 "cache; kvtool has no state-shape row for this model type (kvtool/budget/recurrent_state.json), so "
@@ -322,6 +329,21 @@ def _state_notes(f: Figures, opts: BudgetOptions) -> list[str]:
     if opts.vllm_release is not None:
         out.extend(_paging_notes(opts, opts.vllm_switches & frozenset(recurrent.SWITCHES)))
     return out
+
+
+def _require_head_size(spec, where: str) -> None:
+    """Refuse a config whose attention layers have no KV head count or head size kvtool can tell (a null
+    head_dim with hidden_size not a multiple of the heads): their KV bytes would be 0, not a figure."""
+    if not spec.num_kv_heads:
+        raise InputError("the KV head count is unknown (neither it nor the query head count is a positive "
+                         "integer), so the KV cache cannot be sized", file=where,
+                         field=spec.key("num_kv_heads") or spec.prefixed("num_key_value_heads"))
+    if not spec.head_dim:
+        h, n = spec.hidden_size, spec.num_heads
+        why = (f"hidden_size {h:,} does not split into {n} heads" if h and n
+               else "hidden_size or the query head count is missing")
+        raise InputError(f"the head size is unknown: head_dim is not set and {why}, so the KV cache cannot be "
+                         "sized", file=where, field=spec.key("head_dim") or spec.prefixed("head_dim"))
 
 
 def compute(ckpt, spec, opts: BudgetOptions) -> Budget:
@@ -342,6 +364,14 @@ def compute(ckpt, spec, opts: BudgetOptions) -> Budget:
     elif spec.max_position and seq_len > spec.max_position:
         notes.append(f"--max-model-len {seq_len:,} exceeds the config's {spec.max_position:,}: vLLM refuses it "
                      "unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 (or RoPE scaling raises the limit)")
+    if not spec.is_mla and any(lt in kvcache.KV_CACHE_TYPES for lt in spec.layer_types):
+        _require_head_size(spec, where)
+    missing = []
+    if any(lt in recurrent.STATE_TYPES for lt in spec.layer_types):
+        for key, what in recurrent.key_problems(spec):
+            if what is not None:
+                raise InputError(what, file=where, field=key)
+            missing.append(key)
     step = opts.max_num_batched_tokens
     if step is None:
         step = LARGE_STEP if opts.gpu is not None and opts.gpu.large_scheduler_defaults else SMALL_STEP
@@ -410,7 +440,7 @@ def compute(ckpt, spec, opts: BudgetOptions) -> Budget:
     for pad in current.padding:
         notes.append(f"vLLM groups KV layers by kind in groups of equal size: {pad.count} padding "
                      f"{pad.layer_type} slot{'s' if pad.count != 1 else ''} reserve memory like real layers")
-    notes.extend(_state_notes(current, opts))
+    notes.extend(_state_notes(current, opts, missing))
     if current.tp_refusal:
         notes.append("per-GPU figures for a refused tensor-parallel size assume the heads are split as evenly as possible")
     return Budget(

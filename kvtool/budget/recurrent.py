@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from kvtool.model.kvcache import cdiv, dtype_bytes, native_kv_dtype
+from kvtool.model.kvcache import KV_DTYPE_BYTES, cdiv, dtype_bytes, native_kv_dtype
+from kvtool.model.numbers import Bound, problem
 
 STATE_TYPES = ("mamba", "linear_attention")
 
@@ -56,13 +57,40 @@ def _row(spec) -> dict | None:
     return next((r for r in table()["models"] if types & set(r["model_types"])), None)
 
 
+# Each config key a state row reads (a factor of its shape): vLLM builds tensors of these sizes.
+KEY_BOUND = Bound("int", 1, 1 << 20, "a recurrent-state dimension; public models have <= 16,384")
+
+
+def _whole(v):
+    return int(v) if isinstance(v, float) and v.is_integer() else v
+
+
+def key_problems(spec) -> list[tuple[str, str | None]]:
+    """(config key, what is wrong) for each key spec's state row reads that the config sets to a value vLLM
+    cannot build a state of (None instead of a message: the key is missing, transformers' default applies)."""
+    row = _row(spec)
+    if row is None:
+        return []
+    out: list[tuple[str, str | None]] = []
+    for key in dict.fromkeys(k for expr in row["params"].values() for k in expr.split("*")):
+        if key not in spec.config:
+            out.append((spec.prefixed(key), None))
+            continue
+        bad = problem(_whole(spec.config[key]), KEY_BOUND)
+        if bad:
+            out.append((spec.prefixed(key), f"got {bad[0]}; it must be {bad[1]}"))
+    key = row["ssm_dtype_key"]
+    v = spec.config.get(key) if key else None
+    if v is not None and not (isinstance(v, str) and (v == "auto" or v.lower() in KV_DTYPE_BYTES)):
+        out.append((spec.prefixed(key), f"got {v!r}; it must be auto or a dtype name ({', '.join(sorted(KV_DTYPE_BYTES))})"))
+    return out
+
+
 def _param(config: dict, expr: str) -> int | None:
     """A config key or a product of keys ("mamba_num_heads*mamba_head_dim"); None when one is missing."""
     out = 1
     for key in expr.split("*"):
-        v = config.get(key)
-        if isinstance(v, float) and v.is_integer():
-            v = int(v)
+        v = _whole(config.get(key))
         if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
             return None
         out *= v

@@ -594,7 +594,9 @@ def _emulation(c: Candidate, m: _Loaded):
     stored = None
     if c.kv_scales == "checkpoint" and m.folder is not None:
         stored = read_checkpoint_scales(m.folder)
-    wants = c.kv_cache_dtype in ("fp8", "fp8_e4m3") or given or declares_fp8_kv(m.config) or bool(stored and len(stored))
+    config_file = str(m.folder / "config.json") if m.folder is not None else None
+    wants = (c.kv_cache_dtype in ("fp8", "fp8_e4m3") or given or declares_fp8_kv(m.config, config_file)
+             or bool(stored and len(stored)))
     if not wants:
         if c.fp8_attention != DEFAULT:
             raise UsageError(f"{c.fp8_attention} quantizes attention only with an FP8 KV cache; this checkpoint "

@@ -105,14 +105,24 @@ def layer_index(prefix: str) -> int | None:
     return int(m[-1]) if m else None
 
 
-def declares_fp8_kv(config: dict) -> bool:
-    """The config asks for an FP8 KV cache (compressed-tensors kv_cache_scheme or modelopt kv_cache_quant_algo)."""
+def declares_fp8_kv(config: dict, file: str | None = None) -> bool:
+    """The config asks for an FP8 KV cache (compressed-tensors kv_cache_scheme or modelopt kv_cache_quant_algo).
+    A num_bits that is no integer is an InputError naming it (file: the config's path)."""
     qc = config.get("quantization_config")
     if not isinstance(qc, dict):
         return False
     scheme = qc.get("kv_cache_scheme")
     if isinstance(scheme, dict):
-        return scheme.get("type", "float") == "float" and int(scheme.get("num_bits", 8)) == 8
+        bits = scheme.get("num_bits", 8)
+        if isinstance(bits, float) and bits.is_integer():
+            bits = int(bits)
+        if not isinstance(bits, int) or isinstance(bits, bool):
+            from kvtool.errors import InputError
+            from kvtool.model.numbers import show
+
+            raise InputError(f"got {show(bits)}; it must be an integer (bits per cached element)", file=file,
+                             field="quantization_config.kv_cache_scheme.num_bits")
+        return scheme.get("type", "float") == "float" and bits == 8
     algo = qc.get("kv_cache_quant_algo")
     return isinstance(algo, str) and algo.upper().startswith("FP8")
 

@@ -16,16 +16,24 @@ GATE_FIELDS = ("max_ppl_increase", "max_kld", "min_top1")  # kvtool.eval.gate.GA
 FP8_ATTENTION = ("cache-only", "flash-attn", "flashinfer", "triton")  # kvtool.eval.fp8_backends.CHOICES (a test checks)
 
 
+# a server's URL (kvtool.eval.server.Server): an empty or scheme-less value is refused when the options are
+# made, so a dry run, a recipe and the API refuse it too, not only the request
+SERVER_URL = r"https?://[^\s/?#]+\S*"
+SERVER_URL_FORMS = ("http://HOST[:PORT]", "https://HOST[:PORT]")
+
+
 @operation("eval")
 class EvalOptions:
     model: str = argument(help="Model folder or hub id (the candidate).")
     baseline: str | None = option(None, recipe=False, help="Reference model (same tokenizer); with a server, its "
                                                            "served name (default: MODEL), or a model folder here "
                                                            "(a mixed run).")
-    server: str | None = option(None, help="Score what an OpenAI-compatible server (vLLM, llama-cpp-python) at this "
-                                           "URL serves under the name MODEL, from its prompt log-probabilities.")
-    baseline_server: str | None = option(None, help="The server of the baseline (default: --server); without "
-                                                    "--server, MODEL is a local folder scored against it.")
+    server: str | None = option(None, choices=SERVER_URL_FORMS, pattern=SERVER_URL,
+                                help="Score what an OpenAI-compatible server (vLLM, llama-cpp-python) at this "
+                                     "URL serves under the name MODEL, from its prompt log-probabilities.")
+    baseline_server: str | None = option(None, choices=SERVER_URL_FORMS, pattern=SERVER_URL,
+                                         help="The server of the baseline (default: --server); without "
+                                              "--server, MODEL is a local folder scored against it.")
     served_model: str | None = option(None, cli=False, help="Recipe: the candidate's name on `server` (the "
                                                             "command's MODEL).")
     served_baseline: str | None = option(None, cli=False, help="Recipe: the baseline's name on `baseline_server` "

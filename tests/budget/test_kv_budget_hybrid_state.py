@@ -219,14 +219,56 @@ def test_vllm_0_10_0_keeps_the_state_in_the_kv_dtype(capsys) -> None:
     assert d["attention_block_size"] == 2080
 
 
-def test_a_state_model_without_a_row_keeps_the_block_and_says_so(tmp_path, capsys) -> None:
+def test_a_state_config_missing_a_key_keeps_the_block_and_names_the_key(tmp_path, capsys) -> None:
     config = json.loads(NEMOTRON.read_text())
     del config["ssm_state_size"]
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / "config.json").write_text(json.dumps(config))
     d = run_json(capsys, str(tmp_path / "m"))
     assert d["attention_block_size"] == 16 and d["recurrent_state"] is None
+    assert any("not counted" in n and "lacks ssm_state_size" in n for n in d["notes"])
+
+
+def test_a_state_model_without_a_row_says_so(tmp_path, capsys) -> None:
+    config = json.loads(NEMOTRON.read_text())
+    config["model_type"] = "nemotron_h_unknown"
+    config["layer_types"] = ["mamba", "full_attention"] * 2
+    config["num_hidden_layers"] = 4
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text(json.dumps(config))
+    d = run_json(capsys, str(tmp_path / "m"))
+    assert d["recurrent_state"] is None
     assert any("not counted" in n and "recurrent_state.json" in n for n in d["notes"])
+
+
+@pytest.mark.parametrize(("path", "key", "value", "shown"), [
+    (NEMOTRON, "mamba_num_heads", "256", "'256'"),
+    (NEMOTRON, "mamba_head_dim", None, "null"),
+    (NEMOTRON, "mamba_num_heads", 2.5, "2.5"),
+    (NEMOTRON, "conv_kernel", 0, "0"),
+    (NEMOTRON, "mamba_num_heads", 10**15, "1000000000000000"),
+    (NEMOTRON, "mamba_ssm_cache_dtype", "garbage", "'garbage'"),
+    (NEMOTRON, "mamba_ssm_cache_dtype", 5, "5"),
+    (QWEN35, "linear_num_value_heads", 0, "0"),
+    (QWEN35, "linear_num_value_heads", "x", "'x'"),
+    (QWEN35, "mamba_ssm_dtype", "float64", "'float64'"),
+])
+def test_a_state_key_vllm_cannot_build_is_one_line(tmp_path, capsys, path, key, value, shown) -> None:
+    """A state dimension that is not a positive integer (or an SSM dtype no engine names) was silently dropped
+    from the figures, or multiplied into a block of 10^16 tokens: now one exit-2 line naming file and key."""
+    config = json.loads(path.read_text())
+    (config.get("text_config") or config)[key] = value
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text(json.dumps(config))
+    capsys.readouterr()
+    from kvtool.cli import main
+
+    rc = main(["kv-budget", str(tmp_path / "m")])
+    out, err = capsys.readouterr()
+    prefix = "text_config." if "text_config" in config else ""
+    assert rc == 2 and out == ""
+    assert err.startswith(f"kvtool: error: {tmp_path / 'm' / 'config.json'}: {prefix}{key}: got {shown}; "), err
+    assert len(err.splitlines()) == 1
 
 
 # Qwen3-Next-80B-A3B's published dimensions (no stored config here): 48 layers, every 4th full attention,
@@ -254,3 +296,14 @@ def test_qwen3_next_by_hand(tmp_path, capsys) -> None:
     assert d["kv_bytes_per_sequence"] == 482 * 544 * 2048 * 12 + 36 * 1_114_112
     lay = recurrent.layout(build_spec(QWEN3_NEXT), 2)  # T 2: every factor halves
     assert (lay.conv_elements, lay.ssm_elements) == (12_288, 262_144)
+
+
+@pytest.mark.parametrize(("dtype", "width"), [("auto", 2), ("fp8", 1)])
+def test_a_model_of_state_layers_only_shows_its_dtypes_width(tmp_path, capsys, dtype, width) -> None:
+    """No attention layer caches an element: the header said 'bfloat16 (0 B/element)'; it shows the dtype's width."""
+    config = json.loads(NEMOTRON.read_text())
+    config.update(hybrid_override_pattern="MMMM", num_hidden_layers=4)
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text(json.dumps(config))
+    d = run_json(capsys, str(tmp_path / "m"), "--kv-cache-dtype", dtype)
+    assert d["kv_bytes_per_element"] == width and d["recurrent_state"] is not None

@@ -10,6 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from budget_helpers import run
+
 from kvtool.model import kvcache
 from kvtool.budget import gpus
 from kvtool.budget.variants import Variant, parse
@@ -135,3 +137,21 @@ def test_vllm_group_padding(full, sliding, padding):
     assert sum(p.count for p in pads) == padding
     assert all(p.layer_type == "sliding_attention" and p.bytes_per_sequence == p.count * 409_600 for p in pads)
     assert group_padding(rows, hybrid=False) == []  # one group when the hybrid allocator is off
+
+
+@pytest.mark.parametrize(("edit", "field", "said"), [
+    ({"head_dim": None, "hidden_size": 5120, "num_attention_heads": 24, "num_key_value_heads": 4}, "head_dim",
+     "hidden_size 5,120 does not split into 24 heads"),
+    ({"num_attention_heads": None, "num_key_value_heads": None}, "num_key_value_heads", "KV head count is unknown"),
+])
+def test_an_unknown_head_size_is_refused_not_zero_bytes(tmp_path, capsys, edit, field, said) -> None:
+    """A null head_dim whose hidden_size does not split over the heads used to give attention layers 0 B per
+    token (a KV budget of nothing) with exit 0; now one exit-2 line naming the key."""
+    cfg = {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
+           "num_key_value_heads": 2, "max_position_embeddings": 128, "vocab_size": 100, "torch_dtype": "bfloat16"}
+    cfg.update(edit)
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text(json.dumps(cfg))
+    rc, out, err = run(capsys, str(tmp_path / "m"))
+    assert rc == 2 and out == "" and len(err.splitlines()) == 1
+    assert err.startswith(f"kvtool: error: {tmp_path / 'm' / 'config.json'}: {field}: ") and said in err, err

@@ -115,3 +115,14 @@ def test_unreadable_shard_is_an_input_error(tmp_path):
 ])
 def test_declares_fp8_kv(config, declared):
     assert declares_fp8_kv(config) is declared
+
+
+@pytest.mark.parametrize("bits", ["x", None, 8.5, True, [8]])
+def test_a_kv_cache_scheme_num_bits_that_is_no_integer_is_one_line(bits):
+    """int(num_bits) used to end eval in 'internal error: ValueError' for num_bits 'x' (TypeError for null)."""
+    config = {"quantization_config": {"kv_cache_scheme": {"type": "float", "num_bits": bits}}}
+    with pytest.raises(InputError) as e:
+        declares_fp8_kv(config, "m/config.json")
+    assert str(e.value).startswith("m/config.json: quantization_config.kv_cache_scheme.num_bits: got "), str(e.value)
+    assert declares_fp8_kv({"quantization_config": {"kv_cache_scheme": {"type": "float", "num_bits": 8.0}}})
+    assert not declares_fp8_kv({"quantization_config": {"kv_cache_scheme": {"type": "float", "num_bits": 4}}})

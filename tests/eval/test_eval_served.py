@@ -273,3 +273,22 @@ def test_mixed_runs_refuse_what_their_local_side_cannot_take(smollm2_path, capsy
     line = _error_line(capsys, "smollm2", "--server", "http://127.0.0.1:9", "--baseline", str(smollm2_path),
                        "--batch-size", "2")
     assert "--batch-size" in line and "server decides" in line and "local side takes --device" in line
+
+
+@pytest.mark.parametrize("url", ["", "notaurl", "ftp://h", "http://", "localhost:8000"])
+@pytest.mark.parametrize("flag", ["--server", "--baseline-server"])
+def test_a_server_url_that_is_no_url_is_refused_before_any_work(flag, url, capsys):
+    """--server '' (an unset shell variable) used to run the local evaluation instead, and a dry run planned
+    'served at notaurl' with exit 0: the declared URL form refuses both, in the plan, with one line."""
+    extra = ["--baseline", "b"] if flag == "--baseline-server" else []
+    for dry in ([], ["--dry-run"]):
+        line = _error_line(capsys, "m", flag, url, *extra, *dry)
+        assert line.startswith(f"kvtool: error: {flag}: must be one of http://HOST[:PORT], https://HOST[:PORT]"), line
+
+
+def test_a_server_url_that_is_no_url_is_refused_by_the_api():
+    from kvtool.errors import UsageError
+    from kvtool.options.eval import EvalOptions
+
+    with pytest.raises(UsageError, match="http://HOST"):
+        EvalOptions(model="m", server="")

@@ -90,3 +90,11 @@ def test_a_served_eval_step_that_would_score_the_wrong_thing_is_refused(steps, s
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and said in err[0] and "recipe.yaml" in err[0], err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_recipe_server_that_is_no_url_is_refused_at_load(tmp_path, smollm2_path, capsys):
+    r = _recipe(tmp_path, "  - eval: {server: '', served_model: m, text: eval.txt}\n")
+    assert main(["apply", str(r), str(smollm2_path), str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "recipe.yaml" in err[0] and "server" in err[0] and "http://HOST" in err[0], err
+    assert not (tmp_path / "out").exists()

@@ -27,7 +27,9 @@ def test_a_step_accepts_exactly_its_declared_recipe_keys(cmd):
     top = {f.recipe_key.split(".")[0] for f in fields_of(cls) if f.recipe_key}
     assert set(s["properties"]) == top
     for f in fields_of(cls):
-        if f.recipe_key and "." not in f.recipe_key and f.choices and not f.registry_choices:
+        if f.recipe_key and "." not in f.recipe_key and f.spec.pattern is not None:  # choices then name forms
+            assert s["properties"][f.recipe_key]["pattern"] == f"^(?:{f.spec.pattern})$"
+        elif f.recipe_key and "." not in f.recipe_key and f.choices and not f.registry_choices:
             assert s["properties"][f.recipe_key]["enum"] == list(f.choices)
 
 
