@@ -31,7 +31,8 @@ class ConvertOptions:
     rope_dim: int | None = option(None, minimum=2,
                                   help="--to mla: dimensions of the shared RoPE key cached beside the latent "
                                        "(qk_rope_head_dim; even, at most head_dim; default head_dim / 2).")
-    kv_budget: str | None = option(None, pattern=KV_BUDGET_PATTERN, metavar="BYTES|FRACTION",
+    kv_budget: str | None = option(None, choices=("BYTES (7.5KiB, 7680B)", "FRACTION (0.33, 33%)"),
+                                   pattern=KV_BUDGET_PATTERN, metavar="BYTES|FRACTION",
                                    help="--to mla: KV cache per token instead of --kv-rank, as bytes (7.5KiB, 7680B) "
                                         "or a fraction of the source's (0.33, 33%).")
     preset: str | None = option(None, choices=tuple(MLA_PRESETS),
