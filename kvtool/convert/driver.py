@@ -76,6 +76,11 @@ class ConvertPlan:
     def output_bytes(self) -> int:
         return sum(t.nbytes for t in self.outputs)
 
+    @property
+    def headline(self) -> str:
+        """One line of what the conversion does (a recipe's plan line)."""
+        return f"{self.source_kv_heads} -> {self.target_kv_heads} KV heads ({self.method.name})"
+
 
 @dataclass
 class ConvertResult:

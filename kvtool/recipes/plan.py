@@ -113,7 +113,7 @@ def plan_convert(recipe: Recipe, step: Step, state: PlanState) -> str:
         raise _refused(recipe, step, exc) from None
     state.config = p.new_config
     state.tensors = {t.name: t for t in p.outputs}
-    return f"{o.to}: {p.source_kv_heads} -> {p.target_kv_heads} KV heads ({o.method})" + _estimate_note(estimate(p))
+    return f"{o.to}: {p.headline}" + _estimate_note(estimate(p))
 
 
 def rope_options(options: dict, recipe: Recipe, **given):

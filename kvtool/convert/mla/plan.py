@@ -89,6 +89,13 @@ class MlaPlan:
     def output_bytes(self) -> int:
         return sum(t.nbytes for t in self.outputs)
 
+    @property
+    def headline(self) -> str:
+        """One line of what the conversion does (a recipe's plan line)."""
+        s = self.shape
+        return (f"{self.source_kv_heads} KV heads -> MLA latent {s.kv_lora_rank} + rope {s.qk_rope_head_dim} "
+                f"(training-free solve)")
+
     def estimate(self, eval_tokens: int | None = None):
         """Peak memory and time (kvtool.model.costs): the calibration replay and the write, as the aware merge's
         cost model with no grouping search (the solve's own terms are not measured yet)."""

@@ -145,3 +145,13 @@ def test_option_refusals(tmp_path, capsys, args, words):
 def test_source_refusals(tmp_path, capsys, config, extra, words):
     line = refused(capsys, [str(folder(tmp_path, config, extra)), "--to", "mla", "--kv-rank", "8"])
     assert words in line, line
+
+
+def test_a_recipe_step_plans_mla_and_says_so(tmp_path, capsys):
+    src = folder(tmp_path)
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("version: 1\nname: t\nsteps:\n  - convert: {to: mla, kv_rank: 96, rope_dim: 32}\n")
+    assert main(["apply", str(recipe), str(src), str(tmp_path / "out"), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "convert: mla: 3 KV heads -> MLA latent 96 + rope 32 (training-free solve)" in out
+    assert "KV heads (mean)" not in out
