@@ -120,7 +120,7 @@ def main() -> int:
     work = a.work or Path(tempfile.mkdtemp(prefix="kvtool-mla-"))
     src = smollm2_dir()
     cfg = json.loads((src / "config.json").read_text())
-    rope = SourceRope.from_config(cfg)
+    rope = SourceRope.of_config(cfg)
     names = [n for n in a.other.split(",") if n]
     others = write_texts(work / "texts", names)
     texts = {"same source": None, **{n: [others[n].read_text(encoding="utf-8")] for n in names}}

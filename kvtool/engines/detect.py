@@ -217,7 +217,8 @@ def kv_scales_declared(spec, args) -> list[Hit]:
     """The checkpoint declares static KV-cache scales (quantization_config.kv_cache_scheme, not dynamic: llm-compressor
     / quantize-kv write k_scale / v_scale tensors beside it) and is one of `args["model_types"]`."""
     outer = spec.full_config.get("model_type") if isinstance(spec.full_config, dict) else None
-    if not ({outer, spec.model_type} & set(args["model_types"])):
+    # a hostile config's model_type may be any JSON value: only strings name a model type
+    if not ({m for m in (outer, spec.model_type) if isinstance(m, str)} & set(args["model_types"])):
         return []
     qc = spec.full_config.get("quantization_config") if isinstance(spec.full_config, dict) else None
     scheme = qc.get("kv_cache_scheme") if isinstance(qc, dict) else None

@@ -63,3 +63,11 @@ def test_a_malformed_row_is_refused() -> None:
                 {**good, "extra": 1}, {**good, "effect": "arithmetic"}):
         with pytest.raises(ValueError):
             F._row(bad, "t")
+
+
+@pytest.mark.parametrize("model_type", [["qwen3_5"], {"a": 1}, 7, None])
+def test_detectors_take_a_model_type_of_any_json_value(model_type) -> None:
+    # a hostile config: every vLLM fact's detector runs on it without an exception (kv_scales_declared hashed it)
+    cfg = {**json.loads(json.dumps(LLAMA31)), "model_type": model_type,
+           "quantization_config": {"kv_cache_scheme": {"num_bits": 8, "type": "float", "dynamic": False}}}
+    F.effects(build_spec(cfg), "vllm", ("0.33.0", "0.27.1"))

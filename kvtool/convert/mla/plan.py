@@ -467,7 +467,7 @@ def calibrate(p: MlaPlan, reader, device: str = "cpu") -> SolvedLayers:
     s = p.settings
     check_calibration_source(s["calib_text"], s["calib_dataset"])
     dataset = s["calib_dataset"] or (None if s["calib_text"] else MERGE_CALIBRATION)
-    rope = SourceRope.from_config(p.spec.config)
+    rope = SourceRope.of_config(p.spec.config)
     solved = SolvedLayers()
     bar = kv_progress.task("calibrate", total=len(p.layers), unit="layers")
     try:

@@ -37,7 +37,7 @@ class SourceRope:
         return self.theta ** (-torch.arange(self.pairs, dtype=torch.float64) * 2 / self.rotary_dim)
 
     @classmethod
-    def from_config(cls, config: dict) -> "SourceRope":
+    def of_config(cls, config: dict) -> "SourceRope":
         """From a source config.json (text config): rope_theta / rope_parameters, head_dim, partial_rotary_factor."""
         params = dict(config.get("rope_parameters") or config.get("rope_scaling") or {})
         theta = float(params.pop("rope_theta", config.get("rope_theta", 10000.0)))

@@ -1,7 +1,7 @@
 """Stand-ins for the maths modules in the plumbing tests (tests only): kvtool.convert.mla.solve, .stats and .rope
 are the solve's own, with their interfaces (solve_layer(weights, stats, shape, rope) with rope rows in DeepSeek's
 interleaved order, mla_output(x, tensors, shape, rope); collect_stats(model, ids, convert=None) -> layer -> stats,
-calling convert(layer, stats) as the forward reaches each layer; SourceRope.from_config(config)).
+calling convert(layer, stats) as the forward reaches each layer; SourceRope.of_config(config)).
 
 `solve_layer` builds a deterministic MLA block from the source projections: the latent is the first kv_lora_rank
 rows of the stacked K and V projections, the rope key is KV head 0's rows of the source's fastest
@@ -51,7 +51,7 @@ class SourceRope:
         self.theta, self.head_dim = theta, head_dim
 
     @classmethod
-    def from_config(cls, config: dict) -> "SourceRope":
+    def of_config(cls, config: dict) -> "SourceRope":
         return cls(float(config.get("rope_theta", 10000.0)),
                    int(config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]))
 

@@ -48,9 +48,9 @@ def test_sequential_calibration_feeds_the_converted_output_on():
 
 
 def test_source_rope_from_config():
-    r = SourceRope.from_config({"hidden_size": 576, "num_attention_heads": 9, "head_dim": 64,
+    r = SourceRope.of_config({"hidden_size": 576, "num_attention_heads": 9, "head_dim": 64,
                                 "rope_parameters": {"rope_theta": 100000.0, "rope_type": "default"}})
     assert (r.theta, r.head_dim, r.rotary_dim, r.scaling) == (100000.0, 64, 64, None)
-    r = SourceRope.from_config({"hidden_size": 64, "num_attention_heads": 2, "rope_theta": 5e5,
+    r = SourceRope.of_config({"hidden_size": 64, "num_attention_heads": 2, "rope_theta": 5e5,
                                 "partial_rotary_factor": 0.5, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}})
     assert (r.theta, r.head_dim, r.rotary_dim, r.scaling["rope_type"]) == (5e5, 32, 16, "llama3")
