@@ -587,6 +587,7 @@ def _emulation(c: Candidate, m: _Loaded):
     """(kvtool.eval.fp8.Fp8Attention hook, KVScales) when this candidate's K/V go through FP8, else None."""
     from kvtool.eval.fp8 import Fp8Attention, KVScales, declares_fp8_kv, read_checkpoint_scales
     from kvtool.eval.fp8_backends import DEFAULT, backend
+    from kvtool.model import kv_dtypes
 
     if c.kv_cache_dtype == "off":
         return None
@@ -595,7 +596,7 @@ def _emulation(c: Candidate, m: _Loaded):
     if c.kv_scales == "checkpoint" and m.folder is not None:
         stored = read_checkpoint_scales(m.folder)
     config_file = str(m.folder / "config.json") if m.folder is not None else None
-    wants = (c.kv_cache_dtype in ("fp8", "fp8_e4m3") or given or declares_fp8_kv(m.config, config_file)
+    wants = (c.kv_cache_dtype in kv_dtypes.emulated() or given or declares_fp8_kv(m.config, config_file)
              or bool(stored and len(stored)))
     if not wants:
         if c.fp8_attention != DEFAULT:
