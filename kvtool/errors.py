@@ -67,3 +67,8 @@ class GateFailed(KvtoolError):
     """A quality gate or lint at failing severity: exit 1."""
 
     exit_code = EXIT_FINDINGS
+
+
+# The signals (SIGINT, SIGTERM) this process received, appended by kvtool's handlers: an error raised after one
+# is the interrupt's, even where a library turned it into its own (numpy interrupted mid-import: ImportError).
+SIGNALS_RECEIVED: list[int] = []

@@ -132,3 +132,24 @@ def test_missing_torch_deep_inside_a_command_is_the_same_line(tmp_path):
 def test_torch_free_commands_still_work_without_torch(tmp_path):
     p = _without_torch(tmp_path, "convert", EXAMPLE, "out", "--to", "mqa", "--no-eval", "--no-progress")
     assert p.returncode == 0 and (tmp_path / "out" / "config.json").is_file(), p.stderr
+
+
+def test_an_error_raised_after_a_signal_is_the_interrupts(capsys, monkeypatch):
+    # numpy interrupted mid-import raises ImportError ("PyCapsule_Import could not import module datetime"), not
+    # KeyboardInterrupt: once kvtool's handler has seen a signal, that error exits 130 with the interrupt's line
+    import kvtool.commands.argv as argv_mod
+    from kvtool import errors
+
+    def interrupted_import(_argv):
+        errors.SIGNALS_RECEIVED.append(2)
+        raise ImportError("PyCapsule_Import could not import module \"datetime\"")
+
+    monkeypatch.setattr(argv_mod, "direct_call", interrupted_import)
+    try:
+        rc, _, err = _run(capsys, "lint", EXAMPLE)
+        assert (rc, err.strip()) == (130, "kvtool: interrupted: nothing was written")
+    finally:
+        errors.SIGNALS_RECEIVED.clear()
+    monkeypatch.setattr(argv_mod, "direct_call", lambda _argv: (_ for _ in ()).throw(ImportError("x")))
+    rc, _, err = _run(capsys, "lint", EXAMPLE)  # without a signal the same error is kvtool's own
+    assert rc == 2 and "internal error: ImportError" in err

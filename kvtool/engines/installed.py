@@ -51,18 +51,29 @@ def _from_dist_info(name: str):
         if not isinstance(entry, str) or os.path.basename(entry).lower().endswith(".egg"):
             return _UNSURE
         try:
-            children = os.listdir(entry or ".")
+            children = _metadata_folders(entry or ".")
         except OSError:
             if os.path.exists(entry or "."):
                 return _UNSURE  # a zip file (importlib.metadata reads its member names)
             continue  # a missing folder: importlib.metadata finds nothing there either
-        for child in children:
-            low = child.lower()
-            if low.endswith((".dist-info", ".egg-info")) and \
-                    normalize(low.rpartition(".")[0].partition("-")[0]) == wanted:
-                return _unsure_or(_metadata_version(os.path.join(entry, child)) if low.endswith(".dist-info")
-                                  else _UNSURE)
+        for normalized, child in children:
+            if normalized == wanted:
+                return _unsure_or(_metadata_version(os.path.join(entry, child)) if child.lower().endswith(
+                    ".dist-info") else _UNSURE)
     return None
+
+
+_LISTED: dict[tuple[str, int], list[tuple[str, str]]] = {}
+
+
+def _metadata_folders(folder: str) -> list[tuple[str, str]]:
+    """(normalised name, child) of each `*.dist-info` / `*.egg-info` in `folder`, in listing order; one listing per
+    folder and version of it (its mtime) for the process: lint asks for each engine several times."""
+    key = (folder, os.stat(folder).st_mtime_ns)
+    if key not in _LISTED:
+        _LISTED[key] = [(normalize(low.rpartition(".")[0].partition("-")[0]), child) for child in os.listdir(folder)
+                        if (low := child.lower()).endswith((".dist-info", ".egg-info"))]
+    return _LISTED[key]
 
 
 def _unsure_or(v):

@@ -17,11 +17,6 @@ def specifier(text: str):
     return SpecifierSet(text)
 
 
-def check(text: str) -> None:
-    """Raise packaging's InvalidSpecifier when `text` is not a PEP 440 specifier set."""
-    specifier(text)
-
-
 def contains(text: str, version: str) -> bool:
     """`version in SpecifierSet(text)` (pre-releases only where packaging admits them)."""
     return version in specifier(text)

@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import stat
 import struct
 from dataclasses import dataclass, field
@@ -205,30 +206,36 @@ def _parse_json(raw: bytes):
         raise _Invalid("bad-json", f"header is not valid JSON: {exc}") from None
     except RecursionError:
         raise _Invalid("bad-json", f"header JSON nests deeper than {MAX_JSON_DEPTH} levels") from None
-    _check_tree(obj)
+    _check_tree(obj, strings=_SURROGATE_ESCAPE.search(text) is not None)
     return obj
 
 
-def _check_tree(obj) -> None:
-    """serde_json's limits Python's json does not have: nesting depth and lone surrogate escapes."""
+def _check_tree(obj, *, strings: bool = True) -> None:
+    """serde_json's limits Python's json does not have: nesting depth and lone surrogate escapes. `strings`:
+    whether any string can hold a surrogate (the header text has a `\\ud` escape: UTF-8 text cannot hold one)."""
     stack = [(obj, 1)]
     while stack:
         node, depth = stack.pop()
         if isinstance(node, str):
-            _check_string(node)
+            if strings:
+                _check_string(node)
         elif isinstance(node, list):  # arrays and _Pairs objects
             if depth > MAX_JSON_DEPTH:
                 raise _Invalid("bad-json", f"header JSON nests deeper than {MAX_JSON_DEPTH} levels")
             for item in node:
                 if isinstance(item, tuple):  # an object's (key, value)
-                    _check_string(item[0])
+                    if strings:
+                        _check_string(item[0])
                     stack.append((item[1], depth + 1))
                 else:
                     stack.append((item, depth + 1))
 
 
+_SURROGATE, _SURROGATE_ESCAPE = re.compile("[\ud800-\udfff]"), re.compile(r"\\u[dD]")
+
+
 def _check_string(s: str) -> None:
-    if any("\ud800" <= ch <= "\udfff" for ch in s):
+    if _SURROGATE.search(s):
         raise _Invalid("bad-json", "header is not valid JSON: a string holds a lone surrogate escape")
 
 

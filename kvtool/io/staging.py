@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 from kvtool.console import out
-from kvtool.errors import InputError, KvtoolError, UsageError
+from kvtool.errors import SIGNALS_RECEIVED, InputError, KvtoolError, UsageError
 from kvtool.io.outputfile import copy_source, make_dir, make_parents, move, write_new
 
 TMP_MARK = ".kvtool-tmp-"
@@ -114,6 +114,7 @@ def sigterm_as_interrupt() -> Iterator[None]:
         return
 
     def _raise(signum, frame):
+        SIGNALS_RECEIVED.append(signum)
         raise Interrupted()
 
     try:

@@ -65,6 +65,14 @@ def test_a_malformed_row_is_refused() -> None:
             F._row(bad, "t")
 
 
+def test_every_shipped_range_is_a_pep440_specifier_set() -> None:
+    # rows are not parsed at load (lint imports packaging only when a detector hits): this is their check
+    from packaging.specifiers import SpecifierSet
+
+    for fact in F.facts():
+        assert str(SpecifierSet(fact.releases)) and fact.range_text().startswith(fact.engine), fact.id
+
+
 @pytest.mark.parametrize("model_type", [["qwen3_5"], {"a": 1}, 7, None])
 def test_detectors_take_a_model_type_of_any_json_value(model_type) -> None:
     # a hostile config: every vLLM fact's detector runs on it without an exception (kv_scales_declared hashed it)
