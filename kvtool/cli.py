@@ -266,15 +266,17 @@ def _entry() -> None:
     except KeyboardInterrupt:  # between main's own handler and the exit
         rc = _interrupted()
     console.settle()
-    if sys.argv[1:2] and sys.argv[1] in _NO_TEARDOWN:
+    if sys.argv[1:2] and sys.argv[1] in _NO_TEARDOWN and "torch" not in sys.modules:
         _exit_now(rc)
     sys.exit(rc)
 
 
-# Commands that end holding no file, thread, staging folder or atexit work of their own (they write nothing but
-# stdout and stderr): their exit skips the interpreter's teardown of every loaded module and object, ~10 ms of
-# a ~140 ms cold lint (bench/lint_bench.py).
-_NO_TEARDOWN = ("lint", "kv-budget")
+# Commands that end holding no open file, running thread, staging folder or atexit work of their own (lint and
+# kv-budget write only stdout and stderr; a convert has joined its copy thread and renamed or removed its staging
+# folder before main() returns): their exit skips the interpreter's teardown of every loaded module and object,
+# ~10 ms of a ~140 ms cold lint, ~15 ms of a convert with numpy (bench/lint_bench.py, bench/convert_bench.py).
+# Not after torch loaded: the calibrated paths leave spill folders to weakref finalizers that run at exit.
+_NO_TEARDOWN = ("lint", "kv-budget", "convert")
 
 
 def _exit_now(rc: int) -> None:
