@@ -17,6 +17,7 @@ from kvtool.budget.estimate import estimate
 from kvtool.budget.gpus import Gpu
 from kvtool.budget.paging import Paging, mixed_kinds
 from kvtool.budget import recurrent
+from kvtool.engines.releases import known
 from kvtool.budget.variants import Variant
 from kvtool.errors import InputError, UsageError
 from kvtool.units import fmt_bytes
@@ -386,6 +387,10 @@ def compute(ckpt, spec, opts: BudgetOptions) -> Budget:
     if eb.dtype.platform:
         notes.append(f"{kv_dtype}: {eb.dtype.platform}")
     table_release = kvcache.kv_dtypes.release()
+    if opts.vllm_release is not None and opts.vllm_release not in known()["vllm"]:
+        k = known()["vllm"]
+        notes.append(f"vLLM {opts.vllm_release} is not a release kvtool has read ({k[0]}..{k[-1]}): its paging and "
+                     "max_model_len follow the ranges of schemas/engines/facts.json as they stand")
     if opts.vllm_release is not None and opts.vllm_release != table_release and opts.kv_cache_dtype != "auto":
         notes.append(f"--kv-cache-dtype {opts.kv_cache_dtype} is sized as vLLM {table_release} stores it "
                      f"(kvtool/model/kv_dtypes.json); vLLM {opts.vllm_release} was not read for it")

@@ -357,7 +357,7 @@ def provenance(plan: ConvertPlan) -> dict:
     }
     method = plan.method
     if method.options:
-        prov["method_options"] = {k: v for k, v in method.options.items() if _jsonable(v)}
+        prov["method_options"] = {k: v for k, v in method.options.items() if jsonable(v)}
     extra = method.provenance()
     if extra:
         prov["method_details"] = extra
@@ -378,7 +378,7 @@ def source_provenance(src: Path) -> dict | None:
     return None
 
 
-def _jsonable(v) -> bool:
+def jsonable(v) -> bool:
     try:
         json.dumps(v)
         return True

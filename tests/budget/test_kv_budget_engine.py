@@ -30,6 +30,13 @@ def test_without_engine_the_config_length_stays(tmp_path, capsys) -> None:
     assert '"max_model_len": 32768' in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("engine,noted", [("vllm==99.0", True), ("vllm==0.33.0", False), ("vllm==0.5.0", False)])
+def test_a_release_kvtool_has_not_read_is_noted(tmp_path, capsys, engine: str, noted: bool) -> None:
+    (tmp_path / "config.json").write_text(json.dumps(YARN))
+    assert main(["kv-budget", str(tmp_path / "config.json"), "--engine", engine]) == 0
+    assert ("is not a release kvtool has read" in capsys.readouterr().out) is noted
+
+
 def test_a_range_is_refused_in_one_line(tmp_path, capsys) -> None:
     (tmp_path / "config.json").write_text(json.dumps(YARN))
     assert main(["kv-budget", str(tmp_path / "config.json"), "--engine", "vllm>=0.28"]) == 2

@@ -336,7 +336,7 @@ def plan_mla(o, ckpt, *, max_shard_size: int, config: dict | None = None, tensor
 # --- writing -----------------------------------------------------------------------------------
 def provenance(p: MlaPlan, solve_info: dict) -> dict:
     from kvtool import __version__
-    from kvtool.convert.driver import _jsonable, source_provenance
+    from kvtool.convert.driver import jsonable, source_provenance
 
     s = p.shape
     prov = {"kvtool_version": __version__, "command": "convert", "source": str(p.src), "source_hash": p.source_hash,
@@ -345,7 +345,7 @@ def provenance(p: MlaPlan, solve_info: dict) -> dict:
             "mla": {"kv_lora_rank": s.kv_lora_rank, "qk_rope_head_dim": s.qk_rope_head_dim,
                     "qk_nope_head_dim": s.qk_nope_head_dim, "v_head_dim": s.v_head_dim,
                     "rope_source_pairs": list(p.rope_pairs), "rope_theta": p.rope_theta},
-            "calibration": {k: v for k, v in p.settings.items() if v is not None and _jsonable(v)},
+            "calibration": {k: v for k, v in p.settings.items() if v is not None and jsonable(v)},
             "dtype": p.new_config.get("dtype", p.new_config.get("torch_dtype", "keep")), "exact": False}
     if solve_info:
         prov["solve"] = solve_info
