@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -165,6 +166,7 @@ def evaluate_many(candidates: Sequence[Candidate | Any], baseline=None, *, texts
                      kv_scales=c.kv_scales if isinstance(c.kv_scales, str) else None,
                      fp8_attention=c.fp8_attention)
         check_fp8_attention(c.fp8_attention, c.kv_cache_dtype)
+        _refuse_fp8_attention_without_fp8(c)
     from kvtool.eval.windows import check_settings  # the command's plan makes the same checks
 
     stride = check_settings(max_length=max_length, stride=stride, max_tokens=max_tokens, batch_size=batch_size,
@@ -583,6 +585,30 @@ def check_fp8_attention(name: str, kv_cache_dtype: str) -> None:
                          option="fp8_attention")
 
 
+def _no_fp8_cache(name: str) -> UsageError:
+    return UsageError(f"{name} quantizes attention only with an FP8 KV cache; this checkpoint declares none: give "
+                      "kv_cache_dtype fp8", option="fp8_attention")
+
+
+def _refuse_fp8_attention_without_fp8(c: Candidate) -> None:
+    """_emulation's refusal, made before any model loads (a large one takes minutes): from the config and the
+    safetensors headers, for a candidate given as a folder or hub id."""
+    from kvtool.eval.fp8 import declares_fp8_kv
+    from kvtool.eval.fp8_backends import DEFAULT
+    from kvtool.model import kv_dtypes, kv_scale_names
+    from kvtool.model.preflight import preflight
+
+    if (c.fp8_attention == DEFAULT or c.kv_cache_dtype == "off" or c.kv_cache_dtype in kv_dtypes.emulated()
+            or not isinstance(c.kv_scales, str) or not isinstance(c.model, (str, os.PathLike))):
+        return
+    ckpt = preflight(os.fspath(c.model), model_code=True, read_side_files=False)
+    if declares_fp8_kv(ckpt.config, str(ckpt.config_path)):
+        return
+    if c.kv_scales == "checkpoint" and any(kv_scale_names.is_kv_scale(n) for h in ckpt.headers for n in h.tensors):
+        return
+    raise _no_fp8_cache(c.fp8_attention)
+
+
 def _emulation(c: Candidate, m: _Loaded):
     """(kvtool.eval.fp8.Fp8Attention hook, KVScales) when this candidate's K/V go through FP8, else None."""
     from kvtool.eval.fp8 import Fp8Attention, KVScales, declares_fp8_kv, read_checkpoint_scales
@@ -599,9 +625,8 @@ def _emulation(c: Candidate, m: _Loaded):
     wants = (c.kv_cache_dtype in kv_dtypes.emulated() or given or declares_fp8_kv(m.config, config_file)
              or bool(stored and len(stored)))
     if not wants:
-        if c.fp8_attention != DEFAULT:
-            raise UsageError(f"{c.fp8_attention} quantizes attention only with an FP8 KV cache; this checkpoint "
-                             "declares none: give kv_cache_dtype fp8", option="fp8_attention")
+        if c.fp8_attention != DEFAULT:  # a model given loaded: _refuse_fp8_attention_without_fp8 could not read it
+            raise _no_fp8_cache(c.fp8_attention)
         return None
     if isinstance(c.kv_scales, KVScales):
         scales = c.kv_scales

@@ -4,6 +4,7 @@ the checkpoint q scale or vLLM 0.33's 1.0; Triton's probabilities; q scales read
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -188,3 +189,29 @@ def test_attention_override_keeps_gemma3_sliding_windows(gemma3_path, monkeypatc
         with kv_hook(model, Fp8Attention(KVScales(), fb.backend("triton"))):
             got = model(input_ids=ids, use_cache=False).logits
     assert float((got - ref).abs().max()) < 1e-3 * float(ref.abs().max())
+
+
+def test_fp8_attention_without_an_fp8_cache_is_refused_before_any_model_loads(tmp_path, monkeypatch):
+    import shutil
+
+    import kvtool.eval.api as api
+    from kvtool.errors import UsageError
+    from kvtool.eval.api import evaluate
+
+    def loaded(*a, **k):  # _emulation runs once the candidate is loaded
+        raise AssertionError("a model was loaded before the refusal")
+
+    monkeypatch.setattr(api, "_emulation", loaded)
+    example = Path(__file__).resolve().parents[2] / "examples" / "llama-gqa-tiny"
+    with pytest.raises(UsageError, match="declares none: give kv_cache_dtype fp8"):
+        evaluate(str(example), str(example), fp8_attention="triton", texts=["x " * 64])
+    # scale tensors in the headers are an FP8 cache: the pre-load check lets it through to the load
+    from safetensors.torch import load_file
+
+    model = tmp_path / "m"
+    shutil.copytree(example, model)
+    tensors = load_file(str(model / "model.safetensors"))
+    save_file({**tensors, "model.layers.0.self_attn.k_scale": torch.tensor(0.5)}, str(model / "model.safetensors"),
+              metadata={"format": "pt"})
+    with pytest.raises(AssertionError, match="a model was loaded"):
+        evaluate(str(model), str(example), fp8_attention="triton", texts=["x " * 64])
