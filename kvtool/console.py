@@ -147,6 +147,10 @@ def settle() -> None:
         fd = os.open(os.devnull, os.O_WRONLY)
         os.dup2(fd, 1)
         os.close(fd)
+    try:  # all of stderr out too: kvtool.cli may end the process with os._exit, which flushes nothing
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
 
 
 def stderr() -> TextIO:

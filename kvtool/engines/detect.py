@@ -36,8 +36,8 @@ def _top(spec, key: str):
 def model_type_unknown(spec, args) -> list[Hit]:
     """The release does not know this model_type at all (AutoConfig's ValueError)."""
     outer = spec.full_config.get("model_type") if isinstance(spec.full_config, dict) else None
-    return [Hit("model_type", {"model_type": mt}) for mt in dict.fromkeys((outer, spec.model_type))
-            if isinstance(mt, str) and mt in args["model_types"]][:1]
+    named = dict.fromkeys(mt for mt in (outer, spec.model_type) if isinstance(mt, str))  # a list is no name
+    return [Hit("model_type", {"model_type": mt}) for mt in named if mt in args["model_types"]][:1]
 
 
 def _refused(rs, types: tuple[str, ...] | None) -> str:

@@ -71,6 +71,7 @@ def lookup(fact_id: str, releases: str, engine: str, version: str) -> bool | Non
 
 
 def main(argv: list[str]) -> int:
+    from kvtool import console
     from kvtool.engines.facts import facts
     from kvtool.engines.releases import known
     from kvtool.model.architectures import schemas_dir
@@ -83,10 +84,10 @@ def main(argv: list[str]) -> int:
     if argv == ["--check"]:
         current = path.read_text(encoding="utf-8") if path.is_file() else ""
         if current != text:
-            print(f"stale: {path} (run python -m kvtool.engines.inside --write)", file=sys.stderr)
+            console.out(f"stale: {path} (run python -m kvtool.engines.inside --write)", err=True)
             return 1
         return 0
-    print("usage: python -m kvtool.engines.inside --write | --check", file=sys.stderr)
+    console.out("usage: python -m kvtool.engines.inside --write | --check", err=True)
     return 2
 
 

@@ -79,3 +79,4 @@ def test_detectors_take_a_model_type_of_any_json_value(model_type) -> None:
     cfg = {**json.loads(json.dumps(LLAMA31)), "model_type": model_type,
            "quantization_config": {"kv_cache_scheme": {"num_bits": 8, "type": "float", "dynamic": False}}}
     F.effects(build_spec(cfg), "vllm", ("0.33.0", "0.27.1"))
+    F.effects(build_spec(cfg), "transformers", ("4.38.0", "4.45.0", "5.24.0"))  # every detector runs, any release

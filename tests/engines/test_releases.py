@@ -62,3 +62,11 @@ def test_one_release_refuses_a_range() -> None:
     with pytest.raises(UsageError, match="give one"):
         rel.one_release("vllm>=0.28", "vllm", option="engine")
     assert rel.one_release("vllm==0.28.0", "vllm", option="engine").versions == ("0.28.0",)
+
+
+def test_ci_tests_against_the_newest_transformers_release_kvtool_has_read() -> None:
+    from pathlib import Path
+
+    lines = (Path(__file__).resolve().parents[2] / ".ci" / "constraints.txt").read_text().splitlines()
+    pins = [ln.split("==", 1)[1].strip() for ln in lines if ln.startswith("transformers==")]
+    assert pins == [rel.known()["transformers"][-1]]
