@@ -1,24 +1,30 @@
 """Regenerate schemas/engines/transformers_releases.json: engine facts read from each transformers release's source.
 
-    # each release's wheel, unpacked (only the files read below): ~10 MB download per release
-    for v in 4.38.0 4.38.2 ... 5.24.0; do
+    # each release's wheel, unpacked (only the files read below): ~10 MB download per release. The releases:
+    # every transformers release of schemas/engines/releases.json, plus the yanked 4.46.0 and 4.57.0 (pip
+    # index leaves them out; they are where model types first appear, so the rows cite them)
+    for v in 4.38.0 4.38.1 ... 5.25.0 4.46.0 4.57.0; do
         pip download --no-deps transformers==$v -d /tmp/w/$v
-        unzip -q /tmp/w/$v/*.whl 'transformers/models/*/configuration_*.py' \
-            'transformers/models/auto/configuration_auto.py' -d SRC/$v
+        unzip -q /tmp/w/$v/*.whl 'transformers/models/*/configuration_*.py' 'transformers/models/auto/*.py' \
+            'transformers/modeling_rope_utils.py' -d SRC/$v   # 4.38-4.42 have no modeling_rope_utils.py
+        rm -r /tmp/w/$v
     done
     python schemas/build_engine_tables.py SRC
 
 For every model type kvtool's tables know (schemas/architectures, schemas/wrappers.json), read with `ast` /
 text search, never imported:
 - the first release whose models/auto/configuration_auto.py lists it in CONFIG_MAPPING_NAMES (older ones refuse
-  the config: AutoConfig's "does not recognize this architecture");
+  the config: AutoConfig's "does not recognize this architecture"; from 5.6 the mapping is generated into
+  models/auto/auto_mappings.py, which configuration_auto.py imports and updates);
 - the releases whose config class still has the two-field `_rope_scaling_validation` (rope_scaling must be
   {"type": "linear" | "dynamic", "factor": float > 1});
 - the first release whose config class reads `layer_types` (older ones ignore it);
 (whether a class applies rope_scaling is decided by its modeling file, which may read the attribute its config
 class never declares: those rows are hand-written in facts.json from the modeling files);
 - the first release whose config class reads `head_dim` (older ones use hidden_size / num_attention_heads) or
-  `partial_rotary_factor` (older ones rotate the whole head);
+  `partial_rotary_factor` (older ones rotate the whole head) -- the latter only before the release whose shared
+  RoPE code (modeling_rope_utils.py, from 4.57) reads `partial_rotary_factor` off any config: from there a class's
+  own text is no evidence (5.18's minimax_m2 class only adds a `rotary_dim` conversion);
 - from 4.43 (modeling_rope_utils.py), the first release whose ROPE_INIT_FUNCTIONS has each RoPE type kvtool's
   type table gives transformers (older ones fail with KeyError on the type).
 Rows are grouped by the release where the behaviour changes; each cites the file of the release that shows it.
@@ -31,6 +37,7 @@ from __future__ import annotations
 import ast
 import json
 import sys
+from functools import lru_cache
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -53,16 +60,48 @@ def _dict_keys(path: Path, name: str) -> dict[str, str]:
         if not any(isinstance(t, ast.Name) and t.id == name for t in targets):
             continue
         value = node.value
-        if isinstance(value, ast.Call) and value.args:  # OrderedDict([...])
-            value = value.args[0]
-        if isinstance(value, ast.Dict):
-            pairs = list(zip(value.keys, value.values))
-        else:  # a list of (key, value) tuples
-            pairs = [tuple(e.elts) for e in getattr(value, "elts", []) if isinstance(e, ast.Tuple) and len(e.elts) == 2]
-        # entries that are not literals (a conditional class name) keep their key
-        return {k.value: (v.value if isinstance(v, ast.Constant) else None) for k, v in pairs
-                if isinstance(k, ast.Constant) and isinstance(k.value, str)}
+        return _literal_pairs(value)
     return {}
+
+
+def _literal_pairs(value: ast.expr) -> dict[str, str]:
+    pairs = []
+    if isinstance(value, ast.Call):  # OrderedDict([...]) / OrderedDict(**{...}, **OTHER): the literal parts
+        pairs += [p for kw in value.keywords if kw.arg is None and isinstance(kw.value, ast.Dict)
+                  for p in zip(kw.value.keys, kw.value.values)]
+        value = value.args[0] if value.args else None
+    if isinstance(value, ast.Dict):
+        pairs += list(zip(value.keys, value.values))
+    else:  # a list of (key, value) tuples
+        pairs += [tuple(e.elts) for e in getattr(value, "elts", []) if isinstance(e, ast.Tuple) and len(e.elts) == 2]
+    # entries that are not literals (a conditional class name) keep their key
+    return {k.value: (v.value if isinstance(v, ast.Constant) else None) for k, v in pairs
+            if isinstance(k, ast.Constant) and isinstance(k.value, str)}
+
+
+def _updates(path: Path, name: str) -> dict[str, str]:
+    """The literal entries of module-level `NAME.update({...})` calls."""
+    out: dict[str, str] = {}
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        call = node.value if isinstance(node, ast.Expr) else None
+        if isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and call.func.attr == "update" \
+                and isinstance(call.func.value, ast.Name) and call.func.value.id == name and call.args:
+            out.update(_literal_pairs(call.args[0]))
+    return out
+
+
+@lru_cache(maxsize=None)
+def auto_dict(src: Path, name: str) -> dict[str, str]:
+    """configuration_auto.py's NAME as the module ends up with it: from 5.6 the literal lives in the generated
+    auto_mappings.py and configuration_auto.py imports it and adds entries (`.update`, `OrderedDict(**{...}, ...)`)."""
+    auto = src / "transformers/models/auto"
+    imports = "from .auto_mappings import" in (auto / "configuration_auto.py").read_text(encoding="utf-8")
+    if imports and not (auto / "auto_mappings.py").is_file():
+        raise SystemExit(f"{auto}/auto_mappings.py: missing (unzip 'transformers/models/auto/*.py')")
+    out = _dict_keys(auto / "auto_mappings.py", name) if imports else {}
+    out.update(_dict_keys(auto / "configuration_auto.py", name))
+    out.update(_updates(auto / "configuration_auto.py", name))
+    return out
 
 
 def known_model_types() -> dict[str, str]:
@@ -79,7 +118,7 @@ def known_model_types() -> dict[str, str]:
 
 
 def module_of(src: Path, model_type: str) -> str:
-    special = _dict_keys(src / "transformers/models/auto/configuration_auto.py", "SPECIAL_MODEL_TYPE_TO_MODULE_NAME")
+    special = auto_dict(src, "SPECIAL_MODEL_TYPE_TO_MODULE_NAME")
     return special.get(model_type, model_type.replace("-", "_"))
 
 
@@ -111,7 +150,9 @@ def build(src_root: Path) -> dict:
     seen_two_fields: set[str] = set()
     for v in versions:
         src = src_root / v
-        mapping = _dict_keys(src / "transformers/models/auto/configuration_auto.py", "CONFIG_MAPPING_NAMES")
+        mapping = auto_dict(src, "CONFIG_MAPPING_NAMES")
+        if not mapping:  # a moved mapping would otherwise read as "no model type known" without a word
+            raise SystemExit(f"{src}: no CONFIG_MAPPING_NAMES read from models/auto/")
         for mt in types:
             if mt not in mapping:
                 continue
@@ -132,6 +173,11 @@ def build(src_root: Path) -> dict:
                 prf_from.setdefault(mt, v)
     rope_types: dict[str, str] = {}  # rope type -> first release whose ROPE_INIT_FUNCTIONS has it
     rope_utils = [v for v in versions if (src_root / v / "transformers/modeling_rope_utils.py").is_file()]
+    shared_prf = next((v for v in rope_utils if any(
+        f'{how}"partial_rotary_factor"' in (src_root / v / "transformers/modeling_rope_utils.py").read_text(
+            encoding="utf-8") for how in ("getattr(config, ", "getattr(self, ", "kwargs.get("))), None)
+    if shared_prf:
+        prf_from = {mt: v for mt, v in prf_from.items() if _version_key(v) < _version_key(shared_prf)}
     for v in rope_utils:
         init = _dict_keys(src_root / v / "transformers/modeling_rope_utils.py", "ROPE_INIT_FUNCTIONS")
         for t in init:
@@ -152,8 +198,9 @@ def build(src_root: Path) -> dict:
     rows += _rows_by_boundary({mt: v for mt, v in present.items() if v != oldest}, lambda b, mts: {
         "id": f"tf-model-types-from-{b}", "engine": "transformers", "releases": f"<{b}", "effect": "refuses",
         "detector": "model_type_unknown", "args": {"model_types": mts}, "says": UNKNOWN_MESSAGE,
-        "citation": {"file": "src/transformers/models/auto/configuration_auto.py",
-                     "function": "CONFIG_MAPPING_NAMES (first listed)", "release": b}})
+        "citation": {"file": "src/transformers/models/auto/" + (
+            "auto_mappings.py" if (src_root / b / "transformers/models/auto/auto_mappings.py").is_file()
+            else "configuration_auto.py"), "function": "CONFIG_MAPPING_NAMES (first listed)", "release": b}})
     rows += _rows_by_boundary(two_fields_until, lambda b, mts: {
         "id": f"tf-rope-scaling-two-fields-until-{b}", "engine": "transformers", "releases": f"<{b}",
         "effect": "refuses", "detector": "rope_scaling_two_fields", "args": {"model_types": mts},

@@ -75,7 +75,7 @@ def rows(spec, engines: tuple[str, ...] = ENGINES) -> list[Row]:
 
 
 def intended_by(spec) -> dict[str, str]:
-    """engine -> the release lines that read the config as written ('4.43-5.24'), for kvtool's own outputs."""
+    """engine -> the release lines that read the config as written ('4.43-5.25'), for kvtool's own outputs."""
     out = {}
     for engine in ENGINES:
         ok = [r.releases for r in rows(spec, (engine,)) if r.verdict == "as written"]

@@ -27,7 +27,7 @@ def test_verdicts_name_what_changes() -> None:
     tf = [r for r in rows if r.engine == "transformers"]
     assert tf[0].releases == "4.38-4.42" and tf[0].verdict == "refuses"
     assert "two fields" in tf[0].text() and tf[0].text().startswith("refuses: rope_type 'llama3'")
-    assert tf[-1].releases == "4.43-5.24" and tf[-1].text() == compat.AS_WRITTEN
+    assert tf[-1].releases == "4.43-5.25" and tf[-1].text() == compat.AS_WRITTEN
 
 
 def test_lint_compat_prints_one_screen(tmp_path, capsys) -> None:
@@ -47,9 +47,9 @@ def test_lint_compat_bad_input_exits_2(tmp_path, capsys) -> None:
 
 
 def test_read_as_written_of_a_config() -> None:
-    assert compat.read_as_written(dict(LLAMA31)) == {"transformers": "4.43-5.24", "vllm": "0.5-0.33"}
+    assert compat.read_as_written(dict(LLAMA31)) == {"transformers": "4.43-5.25", "vllm": "0.5-0.33"}
     none = {**LLAMA31, "model_type": "qwen3_5_text", "head_dim": 64}
-    assert compat.read_as_written(none)["transformers"] == "5.2-5.24"
+    assert compat.read_as_written(none)["transformers"] == "5.2-5.25"
 
 
 def test_checkpoints_kvtool_writes_say_which_releases_read_them(tmp_path) -> None:

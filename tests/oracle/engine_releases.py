@@ -4,7 +4,7 @@ Each release is installed once with `pip install --target ~/.cache/kvtool/engine
 (beside the installed CPU torch, which the target folder does not carry) and reused: `python
 tests/oracle/engine_releases.py install` (what scripts/engine_lane.sh runs first). 4.38 / 4.39 need tokenizers
 < 0.19 (their pin), which pip resolves itself inside the target. The release installed in the environment itself
-(transformers 5.24 here) runs from site-packages.
+(transformers 5.24 here, 5.25 in CI) runs from site-packages.
 
 `run_probe(version, cases)` starts tests/oracle/engine_probe.py in a subprocess with the release's folder first
 on sys.path (PYTHONPATH) and returns what the release did with each case.
@@ -22,8 +22,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 CACHE = Path(os.environ.get("KVTOOL_ENGINE_CACHE", Path.home() / ".cache" / "kvtool" / "engines"))
 # Six-plus releases from 4.38 to the newest, one per behaviour change the facts table names (4.43 rope_type,
-# 4.45 llama head_dim, 4.51 qwen3 / gemma3 types, 4.53 layer_types, 4.56 dtype, 5.0 rope_parameters).
-RELEASES = ("4.38.2", "4.40.2", "4.43.4", "4.44.2", "4.46.3", "4.51.3", "4.57.6", "5.0.0", "5.24.0")
+# 4.45 llama head_dim, 4.51 qwen3 / gemma3 types, 4.53 layer_types, 4.56 dtype, 5.0 rope_parameters), and the newest
+# read (the one CI installs, .ci/constraints.txt) beside the one before it.
+RELEASES = ("4.38.2", "4.40.2", "4.43.4", "4.44.2", "4.46.3", "4.51.3", "4.57.6", "5.0.0", "5.24.0", "5.25.0")
 # pins a release needs beside it (its own requirement; pip's newest tokenizers would not import)
 EXTRA = {"4.38.2": ("tokenizers<0.19",), "4.39.3": ("tokenizers<0.19",)}
 

@@ -40,8 +40,8 @@ RELEASE_DIFFERENCES: tuple[ReleaseDifference, ...] = (
         "inv_freq does not"),
     ReleaseDifference(
         "remote-code-model-types", ">=0", ("refused-unexplained",),
-        ("real/internlm2*", "real/minicpm*", "real/mimo*", "real/deepseek-v3.2", "real/baichuan*"),
-        "no transformers release read (4.38.0 .. 5.24.0) lists these model types in CONFIG_MAPPING_NAMES "
+        ("real/internlm2*", "real/minicpm*", "real/mimo*", "real/baichuan*"),
+        "no transformers release read (4.38.0 .. 5.25.0) lists these model types in CONFIG_MAPPING_NAMES "
         "(configuration_auto.py); their repositories ship the code (auto_map, trust_remote_code) and the corpus keeps "
         "the config only. kvtool lints them from its own tables, as vLLM serves them with its own model classes",
         error="does not recognize this architecture"),
@@ -65,11 +65,11 @@ RELEASE_DIFFERENCES: tuple[ReleaseDifference, ...] = (
         "warning (transformers 5 ignores the factor, vLLM rotates the partial dims) describes the newest releases",
         error="must match the size of tensor b"),
     ReleaseDifference(
-        "scaled-rope-none-mixtral", ">=4.57,<=5.24", ("refused-unexplained",),
+        "scaled-rope-none-mixtral", ">=4.57,<=5.25", ("refused-unexplained",),
         ("mixtral/rope_dynamic_2", "mixtral/rope_longrope", "mixtral/rope_yarn*", "mistral/rope_dynamic_2",
          "mistral/rope_longrope", "mistral/rope_yarn*", "kvtool-rope/mistral/*", "kvtool-rope/mixtral/*"),
         "measured: these releases' Mistral / Mixtral rotary init multiplies a None length by the factor for dynamic, "
-        "longrope and yarn (TypeError; 5.24 validate_rope refuses longrope) on the tiny bases, which carry "
+        "longrope and yarn (TypeError; 5.24 / 5.25 validate_rope refuse longrope; 5.25.0 measured on Mixtral) on the tiny bases, which carry "
         "sliding_window and no original_max_position_embeddings; 4.51.3 runs the same configs and vLLM serves them "
         "(get_rope reads the dict), so kvtool keeps no error", error="NoneType|validate_rope"),
     ReleaseDifference(

@@ -27,4 +27,4 @@ def test_written_config_names_the_releases_that_read_it(tmp_path, capsys) -> Non
     assert main(["rope", str(tmp_path / "src"), str(tmp_path / "dst"), "--type", "llama3", "--factor", "8"]) == 0
     out = capsys.readouterr().out
     line = next(x for x in out.splitlines() if "read as written by:" in x)
-    assert "transformers 4.45-5.24" in line and "vllm 0.5-0.33" in line
+    assert "transformers 4.45-5.25" in line and "vllm 0.5-0.33" in line
