@@ -25,8 +25,10 @@ CACHE = Path(os.environ.get("KVTOOL_ENGINE_CACHE", Path.home() / ".cache" / "kvt
 # 4.45 llama head_dim, 4.51 qwen3 / gemma3 types, 4.53 layer_types, 4.56 dtype, 5.0 rope_parameters), and the newest
 # read (the one CI installs, .ci/constraints.txt) beside the one before it.
 RELEASES = ("4.38.2", "4.40.2", "4.43.4", "4.44.2", "4.46.3", "4.51.3", "4.57.6", "5.0.0", "5.24.0", "5.25.0")
-# pins a release needs beside it (its own requirement; pip's newest tokenizers would not import)
-EXTRA = {"4.38.2": ("tokenizers<0.19",), "4.39.3": ("tokenizers<0.19",)}
+# pins a release needs beside it, from its own dependency table: pip's newest tokenizers would not import in 4.38-4.39;
+# 5.0.0 builds no model with the environment's kernels 0.19 (5.25's: "Either a revision or a version must be
+# specified"), and kernels is an optional import pip does not install into the target
+EXTRA = {"4.38.2": ("tokenizers<0.19",), "4.39.3": ("tokenizers<0.19",), "5.0.0": ("kernels>=0.10.2,<0.11",)}
 
 
 def installed_release() -> str | None:
