@@ -13,6 +13,9 @@ Interface (the layout writer calls this once per layer):
   `q_lora_rank` null, `attention_bias` false, the softmax scale qk_head_dim**-0.5 (the source's scale is folded
   into q_proj) and the RoPE of `kvtool.convert.mla.rope.mla_rope_parameters` (`rope_interleave` true).
 
+Two strategies (STRATEGIES, `--mla-solve`) give the targets; one assembly (`_assemble`) fits the latent, kv_b_proj
+and the q/o folds to them. "mqa-seed" (the default; SolveOptions.seed "mqa") starts from the aware MQA merge,
+which MLA contains exactly (kvtool.convert.mla.seed). "joint" (seed "none", `_joint_parts`) is described here.
 What each part holds:
 
 - The shared rope key (qk_rope_head_dim dims) takes the source's highest-frequency pairs (rope.rope_pairs). Per
