@@ -11,7 +11,8 @@ KLD and top-1 agreement, on the same-source text (the pydoc evaluation part) and
         [--case 128:64] [--case 192:32 ...] [--norm constant|none|identity] [--other persuasion,luke] [--no-mqa]
 
 A case is CACHED:ROPE (cached dims per token and layer, of which the shared rope key; the latent is the rest),
-optionally :KEY=VALUE,... for kvtool.convert.mla.solve.SolveOptions fields (e.g. 128:32:rotating_pairs=nope).
+optionally :KEY=VALUE,... for kvtool.convert.mla.solve.SolveOptions fields (e.g. 128:32:rotating_pairs=nope,
+128:64:seed=mqa), and nope=N for qk_nope_head_dim (default head_dim - ROPE).
 """
 
 from __future__ import annotations
@@ -84,6 +85,9 @@ def parse_case(text: str) -> tuple[int, int, dict]:
     opts = {}
     for kv in (parts[2].split(",") if len(parts) > 2 and parts[2] else []):
         k, v = kv.split("=")
+        if k == "nope":
+            opts[k] = int(v)
+            continue
         kind = {f.name: f.type for f in fields(SolveOptions)}[k]
         opts[k] = v if "str" in str(kind) else float(v) if "float" in str(kind) else int(v)
     return int(parts[0]), int(parts[1]), opts
@@ -136,9 +140,10 @@ def main() -> int:
     cands = []
     for case in a.case or ["128:64"]:
         cached, dr, opts = parse_case(case)
-        options = replace(SolveOptions(), **opts)
+        nope = opts.get("nope", hd - dr)
+        options = replace(SolveOptions(), **{k: v for k, v in opts.items() if k != "nope"})
         shape = MlaShape(hidden_size=cfg["hidden_size"], num_heads=H, kv_lora_rank=cached - dr, qk_rope_head_dim=dr,
-                         qk_nope_head_dim=hd - dr, v_head_dim=hd)
+                         qk_nope_head_dim=nope, v_head_dim=hd)
         t1 = time.perf_counter()
         attn = {}
 

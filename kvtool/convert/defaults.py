@@ -6,7 +6,10 @@ from __future__ import annotations
 
 TARGETS = ("gqa", "mqa", "mha", "mla")  # --to
 # --to mla's own options (kvtool/convert/mla/plan.py); any other target refuses them by name
-MLA_FIELDS = ("kv_rank", "rope_dim", "kv_budget", "preset")
+MLA_FIELDS = ("kv_rank", "rope_dim", "kv_budget", "preset", "mla_solve")
+# --mla-solve: how each layer becomes MLA (kvtool/convert/mla/solve.py STRATEGIES; measured in docs/convert-mla.md)
+MLA_SOLVES = ("mqa-seed", "joint")
+MLA_SOLVE = "mqa-seed"
 # --preset: (kv_lora_rank, qk_rope_head_dim) the MLA kernels fix (kvtool/convert/mla/backends.py cites them)
 MLA_PRESETS = {"flashmla": (512, 64)}
 # the aware method's declared options (kvtool/options/convert.py): any other method refuses them by name

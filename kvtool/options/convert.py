@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from kvtool.convert import defaults as aware
-from kvtool.convert.defaults import AWARE_FIELDS, GROUPINGS, MLA_PRESETS, TARGETS
+from kvtool.convert.defaults import AWARE_FIELDS, GROUPINGS, MLA_PRESETS, MLA_SOLVE, MLA_SOLVES, TARGETS
 from kvtool.options.fields import argument, operation, option
 from kvtool.progress import FLAG_HELP
 
@@ -39,6 +39,10 @@ class ConvertOptions:
                                 help="--to mla: the dimensions an MLA kernel fixes: "
                                      + ", ".join(f"{k} = kv_lora_rank {r} + rope {d}" for k, (r, d) in MLA_PRESETS.items())
                                      + " (FlashMLA, CUTLASS MLA).")
+    mla_solve: str | None = option(None, choices=MLA_SOLVES,
+                                   help="--to mla: how each layer is solved: mqa-seed (the aware MQA merge written as "
+                                        "MLA, plus per-head keys from the latent) | joint (the rope key merged per "
+                                        f"pair, keys and values in one latent); default {MLA_SOLVE}.")
     dry_run: bool = option(False, recipe=False, help="Print the plan and write nothing.")
     force: bool = option(False, recipe=False, help="Replace a non-empty DST.")
     dtype: str = option("keep", choices=DTYPES, help="keep | bf16 | fp16 | fp32 (floating tensors only).")

@@ -94,7 +94,7 @@ class MlaPlan:
         """One line of what the conversion does (a recipe's plan line)."""
         s = self.shape
         return (f"{self.source_kv_heads} KV heads -> MLA latent {s.kv_lora_rank} + rope {s.qk_rope_head_dim} "
-                f"(training-free solve)")
+                f"(training-free {self.settings['mla_solve']} solve)")
 
     def estimate(self, eval_tokens: int | None = None):
         """Peak memory and time (kvtool.model.costs): the calibration replay and the write, as the aware merge's
@@ -110,7 +110,7 @@ class MlaPlan:
 
 
 def refuse_options_for_other_targets(o) -> None:
-    """--kv-rank / --rope-dim / --kv-budget / --preset belong to --to mla."""
+    """--kv-rank / --rope-dim / --kv-budget / --preset / --mla-solve belong to --to mla."""
     for name in defaults.MLA_FIELDS:
         if o.to != "mla" and getattr(o, name) is not None:
             raise UsageError(f"only --to mla takes it (--to {o.to} converts KV heads)", option=name)
@@ -136,8 +136,21 @@ def _budget_bytes(text: str, source_bytes: float) -> float:
     return frac * source_bytes
 
 
-def resolve_shape(o, spec, source_bytes: float, elem: float, attn_layers: int) -> MlaShape:
-    """The MLA dimensions from --kv-rank / --rope-dim, --kv-budget or --preset (one of them), checked."""
+def default_rope_dim(solve: str, head_dim: int, theta: float, horizon: int) -> int:
+    """--rope-dim when not given. joint: half the head. mqa-seed: the head less its static pairs, those turning less
+    than the aware merge's STATIC_ANGLE over the served context, which the latent carries per head instead
+    (kvtool.convert.mla.seed; measured on SmolLM2 in docs/convert-mla.md)."""
+    if solve == "joint":
+        return head_dim // 2
+    from kvtool.convert.aware.method import STATIC_ANGLE
+
+    static = sum(1 for p in range(head_dim // 2) if theta ** (-2 * p / head_dim) * horizon < STATIC_ANGLE)
+    return head_dim - 2 * static
+
+
+def resolve_shape(o, spec, source_bytes: float, elem: float, attn_layers: int, default_rope: int) -> MlaShape:
+    """The MLA dimensions from --kv-rank / --rope-dim, --kv-budget or --preset (one of them), checked;
+    default_rope: --rope-dim when not given (`default_rope_dim`)."""
     H, KV, hd, hidden = int(spec.num_heads), int(spec.num_kv_heads), int(spec.head_dim), int(spec.hidden_size)
     given = [n for n in ("kv_rank", "kv_budget", "preset") if getattr(o, n) is not None]
     if not given:
@@ -152,7 +165,7 @@ def resolve_shape(o, spec, source_bytes: float, elem: float, attn_layers: int) -
             raise UsageError(f"--preset {o.preset} fixes the rope dimensions; drop --rope-dim", option="rope_dim")
         rank, rope = defaults.MLA_PRESETS[o.preset]
     else:
-        rope = rope if rope is not None else hd // 2
+        rope = rope if rope is not None else default_rope
     if o.kv_budget is not None:
         dims = int(_budget_bytes(o.kv_budget, source_bytes) // (elem * attn_layers))
         rank = dims - rope
@@ -282,11 +295,14 @@ def plan_mla(o, ckpt, *, max_shard_size: int, config: dict | None = None, tensor
 
     kv_dtype, elem, _ = kvcache.serving_kv_dtype(spec)  # --dtype keeps it: vLLM serves float32 in 16 bits
     before = kvcache.bytes_per_token(spec, elem)
-    shape = resolve_shape(o, spec, before, elem, len(layers))
     s = {k: getattr(o, k) for k in defaults.AWARE_FIELDS if k != "grouping"}
     s["refine_steps"], s["distill_steps"] = s["refine_steps"] or 0, s["distill_steps"] or 0
     s["calib_tokens"] = s["calib_tokens"] or defaults.calib_tokens(s["refine_steps"], s["distill_steps"])
     s["seq_len"] = s["seq_len"] or defaults.seq_len(s["refine_steps"], s["distill_steps"])
+    s["mla_solve"] = o.mla_solve or defaults.MLA_SOLVE
+    horizon = int(s["serve_context"] or spec.max_position or 8192)  # the static pairs' (calibrate's SolveOptions)
+    shape = resolve_shape(o, spec, before, elem, len(layers),
+                          default_rope_dim(s["mla_solve"], int(spec.head_dim), theta, horizon))
     theta_out = rope_theta(theta, shape.qk_rope_head_dim, int(spec.rotary_dim))
     out_arch = lookup("deepseek_v3")
     p = MlaPlan(src=ckpt.root or ckpt.config_path.parent, ckpt=ckpt, spec=spec, arch=arch, out_arch=out_arch,
@@ -475,7 +491,8 @@ def calibrate(p: MlaPlan, reader, device: str = "cpu") -> SolvedLayers:
                                      device=torch.device(device), note=bar.set_note)
 
         # the served context decides which slow pairs count as static (--serve-context, as the aware merge)
-        options = solve.SolveOptions(horizon=int(s["serve_context"] or p.spec.max_position or 8192))
+        options = solve.SolveOptions(horizon=int(s["serve_context"] or p.spec.max_position or 8192),
+                                     **solve.STRATEGIES[s["mla_solve"]])
 
         def convert(layer: int, stats):
             weights = {k: reader.get(n).float() for k, n in p.layers[layer].items()}
@@ -499,5 +516,6 @@ def calibrate(p: MlaPlan, reader, device: str = "cpu") -> SolvedLayers:
         solved.close()
         raise InputError(f"layer {missing[0]}: not solved (the calibration forward did not reach its attention "
                          "module)", field="architectures")
-    solved.info = {**data.provenance(), "horizon": options.horizon, **getattr(solve, "provenance", lambda: {})()}
+    solved.info = {**data.provenance(), "horizon": options.horizon, "options": dict(vars(options)),
+                   **getattr(solve, "provenance", lambda: {})()}
     return solved

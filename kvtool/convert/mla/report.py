@@ -27,7 +27,7 @@ def render_plan(p, dst, eval_tokens: int | None = None) -> console.Text:
         f"  attention    {source} -> latent {s.kv_lora_rank} + shared rope key {s.qk_rope_head_dim} per token "
         f"(q/k heads {s.qk_nope_head_dim} + {s.qk_rope_head_dim}, v heads {s.v_head_dim}); the rope part turns "
         f"with the source's fastest {len(p.rope_pairs)} pairs (rope_theta {p.rope_theta:.6g})",
-        f"  method       solved per layer from {st['calib_tokens']} calibration tokens of {calib} in sequences of "
+        f"  method       solved per layer ({st['mla_solve']}) from {st['calib_tokens']} calibration tokens of {calib} in sequences of "
         f"{st['seq_len']}{', ' + ', '.join(x for x in steps if x) if any(steps) else ', training-free'}",
         f"  KV cache     {fmt_bytes(p.kv_bytes_before)}/token -> {fmt_bytes(p.kv_bytes_after)}/token{_ratio(p)} "
         f"({p.kv_dtype}, as vLLM allocates: one {s.cached_dims}-dim latent row per layer)",

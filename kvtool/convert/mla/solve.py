@@ -13,6 +13,9 @@ Interface (the layout writer calls this once per layer):
   `q_lora_rank` null, `attention_bias` false, the softmax scale qk_head_dim**-0.5 (the source's scale is folded
   into q_proj) and the RoPE of `kvtool.convert.mla.rope.mla_rope_parameters` (`rope_interleave` true).
 
+Two strategies (STRATEGIES, `--mla-solve`) give the targets; one assembly (`_assemble`) fits the latent, kv_b_proj
+and the q/o folds to them. "mqa-seed" (the default; SolveOptions.seed "mqa") starts from the aware MQA merge,
+which MLA contains exactly (kvtool.convert.mla.seed). "joint" (seed "none", `_joint_parts`) is described here.
 What each part holds:
 
 - The shared rope key (qk_rope_head_dim dims) takes the source's highest-frequency pairs (rope.rope_pairs). Per
@@ -45,8 +48,11 @@ from kvtool.convert.mla.shape import MlaShape
 from kvtool.convert.mla.stats import MlaStats
 
 NORM_EPS = 1e-6  # DeepseekV3RMSNorm's default, which kv_a_layernorm uses (transformers DeepseekV3Attention)
-NORM_MODES = ("constant", "none", "identity")
+NORM_MODES = ("constant", "span", "none", "identity")
 ROTATING_PAIRS = ("drop", "nope")
+SEEDS = ("none", "mqa")
+# --mla-solve (kvtool.convert.defaults.MLA_SOLVES) -> the SolveOptions fields it sets (docs/convert-mla.md, Quality)
+STRATEGIES = {"mqa-seed": {"seed": "mqa", "residual_angle": 1.0}, "joint": {"seed": "none"}}
 
 
 @dataclass(frozen=True)
@@ -56,7 +62,12 @@ class SolveOptions:
     there unrotated ("nope"). key_weight: the keys' share of the latent against the values'. norm: "constant"
     (a nearly constant latent dimension carries the RMS), "none" (no workaround: kv_b_proj absorbs the mean
     scale only), "identity" (measurement only: the latent fitted as if kv_a_layernorm were the identity, which
-    DeepSeek's format cannot express). o_ridge: refit_o's ridge (0 or None: no refit)."""
+    DeepSeek's format cannot express), "span" (no dimension spent: the latent's own steadiest direction, the
+    largest mean to spread ratio inside it, is scaled up to carry the RMS). o_ridge: refit_o's ridge (0 or None:
+    no refit). seed: "none" (the rope key
+    merged per pair, every head's other key dims NoPE) or "mqa" (the aware MQA merge's head in the rope key and
+    the latent: kvtool.convert.mla.seed); residual_angle (seed "mqa"): pairs turning less than this over horizon
+    also give each head NoPE keys for what the MQA key misses of its own scores (0: none)."""
 
     horizon: int = 8192
     static_angle: float = 1.0
@@ -64,13 +75,15 @@ class SolveOptions:
     key_weight: float = 1.0
     norm: str = "constant"
     o_ridge: float | None = 2.0
+    seed: str = "none"
+    residual_angle: float = 0.0
 
 
 def solve_layer(weights: dict[str, torch.Tensor], stats: MlaStats, shape: MlaShape, rope: SourceRope,
                 options: SolveOptions = SolveOptions()) -> dict[str, torch.Tensor]:
     """The DeepSeek-layout tensors of one converted attention layer (see the module docstring)."""
-    if options.norm not in NORM_MODES or options.rotating_pairs not in ROTATING_PAIRS:
-        raise ValueError(f"norm {options.norm!r} / rotating_pairs {options.rotating_pairs!r}")
+    if options.norm not in NORM_MODES or options.rotating_pairs not in ROTATING_PAIRS or options.seed not in SEEDS:
+        raise ValueError(f"norm {options.norm!r} / rotating_pairs {options.rotating_pairs!r} / seed {options.seed!r}")
     if weights.get("o_proj.bias") is not None:
         raise ValueError("o_proj.bias: DeepSeek's o_proj has a bias only with attention_bias, which the layout omits")
     H, hd, D = shape.num_heads, rope.head_dim, shape.hidden_size
@@ -78,10 +91,37 @@ def solve_layer(weights: dict[str, torch.Tensor], stats: MlaStats, shape: MlaSha
     q = _rows(augment(weights["q_proj.weight"], weights.get("q_proj.bias")), H, hd, rope)
     k = _rows(augment(weights["k_proj.weight"], weights.get("k_proj.bias")), -1, hd, rope)
     v = augment(weights["v_proj.weight"], weights.get("v_proj.bias")).reshape(-1, hd, D + 1)
-    KV, rq = k.shape[0], H // k.shape[0]
     o = weights["o_proj.weight"].to(torch.float64).reshape(D, H, hd).permute(1, 0, 2)  # [H, hidden, hd]
     q = q * (stats.scaling / shape.qk_head_dim ** -0.5)  # DeepSeek scales scores by qk_head_dim**-0.5
 
+    if options.seed == "mqa":
+        from kvtool.convert.mla.seed import mqa_parts
+
+        parts = mqa_parts(q, k, v, o, cov, shape, rope, options)
+    else:
+        parts = _joint_parts(q, k, v, o, cov, shape, rope, options)
+    return _assemble(parts, stats, shape, rope, options)
+
+
+@dataclass
+class Parts:
+    """What the latent and the rope key must give, before the latent is chosen (float64, augmented rows [.., D+1]):
+    q_rope [H, d_r, D+1] / k_rope [d_r, D+1] in DeepSeek's interleaved pair order; qn [H, n, D+1] and kn
+    [KV, n, D+1]: the NoPE scores q_h . k_j(h) the latent must carry; v [KV, hd, D+1] the values of each KV head,
+    o [H, hidden, hd] the output map of each query head."""
+
+    q_rope: torch.Tensor
+    k_rope: torch.Tensor
+    qn: torch.Tensor
+    kn: torch.Tensor
+    v: torch.Tensor
+    o: torch.Tensor
+
+
+def _joint_parts(q, k, v, o, cov, shape: MlaShape, rope: SourceRope, options: SolveOptions) -> Parts:
+    """The source's own heads: the rope key merged per pair across KV heads, the rest of every head's key NoPE."""
+    H, hd, D = shape.num_heads, rope.head_dim, shape.hidden_size
+    KV = k.shape[0]
     P = rope.pairs
     shared = rope_pairs(rope, shape.qk_rope_head_dim)
     rest = torch.ones(P, dtype=torch.bool)
@@ -100,9 +140,18 @@ def solve_layer(weights: dict[str, torch.Tensor], stats: MlaStats, shape: MlaSha
         q_rope, k_rope = q_rope.reshape(H, 2 * m, D + 1)[:, inter], k_rope[inter]
     else:
         q_rope, k_rope = q.new_zeros(H, 0, D + 1), q.new_zeros(0, D + 1)
+    return Parts(q_rope, k_rope, q[:, nope_idx], k[:, nope_idx], v, o)
+
+
+def _assemble(parts: Parts, stats: MlaStats, shape: MlaShape, rope: SourceRope, options: SolveOptions
+              ) -> dict[str, torch.Tensor]:
+    """The latent (one principal subspace of the NoPE keys and values), kv_b_proj, the q/o folds, the o refit."""
+    cov, D = stats.cov, shape.hidden_size
+    q_rope, k_rope, qn, kn, v, o = parts.q_rope, parts.k_rope, parts.qn, parts.kn, parts.v, parts.o
+    KV, H, hd = v.shape[0], o.shape[0], v.shape[1]
+    rq = H // KV
 
     # the latent: NoPE keys and values of every KV head, one principal subspace
-    qn, kn = q[:, nope_idx], k[:, nope_idx]  # [H, n, D+1], [KV, n, D+1]
     vc = cov.clone()
     vc[:D, :D] -= torch.outer(cov[:D, D], cov[D, :D])  # centred: how much the values (and so the scores) matter
     ov = o.reshape(KV, rq, D, hd) @ v[:, None]  # [KV, rq, hidden, D+1]: each head's output through its values
@@ -121,7 +170,7 @@ def solve_layer(weights: dict[str, torch.Tensor], stats: MlaStats, shape: MlaSha
     cc = c.T @ c
     cc = cc + 1e-9 * cc.diagonal().mean() * torch.eye(cc.shape[0], dtype=cc.dtype)
     b = torch.linalg.solve(cc, c.T @ t).T.reshape(KV, -1, latent.shape[0])  # [KV, n + hd, r]
-    n = len(nope_idx)
+    n = qn.shape[1]
     ccov = cc / len(c)
     q_nope, k_up = _fit_rank(qn, b[:, :n].repeat_interleave(rq, 0), cov, ccov, shape.qk_nope_head_dim)
     o_new, v_up = _fit_rank(o, b[:, n:].repeat_interleave(rq, 0), None, ccov, shape.v_head_dim)
@@ -170,17 +219,26 @@ def _latent(y: torch.Tensor, cov: torch.Tensor, x: torch.Tensor, rank: int, norm
     u = u / (u @ cov[:D, :D] @ u.T).diagonal().clamp_min(1e-300).sqrt()[:, None]
     if len(u) < top:  # more latent room than targets: the spare dims stay zero
         u = torch.cat([u, u.new_zeros(top - len(u), D)])
-    if norm != "constant":
+    if norm not in ("constant", "span"):
         return u
-    w0 = constant_direction(cov)
     xs = x.reshape(-1, D).to(torch.float64)
-    best = None
-    for scale in (2.0, 4.0, 8.0, 16.0, 32.0, 64.0):
-        rows = torch.cat([u, scale * top ** 0.5 * w0[None]])
-        cv = rms_variation(xs @ rows.T)
-        if best is None or cv < best[0]:
-            best = (cv, rows)
-    return best[1]
+    if norm == "span":  # no dimension spent: the steadiest direction inside the latent is scaled up
+        a = constant_direction(_row_covariance(u, cov))
+        a = a / a.norm().clamp_min(1e-300)
+        along = torch.outer(a, a @ u)
+        candidates = [u + (scale * top ** 0.5 - 1) * along for scale in (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)]
+    else:
+        w0 = constant_direction(cov)
+        candidates = [torch.cat([u, scale * top ** 0.5 * w0[None]]) for scale in (2.0, 4.0, 8.0, 16.0, 32.0, 64.0)]
+    return min(candidates, key=lambda rows: rms_variation(xs @ rows.T))
+
+
+def _row_covariance(u: torch.Tensor, cov: torch.Tensor) -> torch.Tensor:
+    """The augmented covariance of the latent u x (u [r, D] bias-free rows) from the input's cov [D+1, D+1]."""
+    D = cov.shape[0] - 1
+    ua = torch.zeros(u.shape[0] + 1, D + 1, dtype=cov.dtype)
+    ua[:-1, :D], ua[-1, D] = u, 1.0
+    return ua @ cov @ ua.T
 
 
 def constant_direction(cov: torch.Tensor) -> torch.Tensor:

@@ -8,6 +8,7 @@ import pytest
 
 from kvtest import write_checkpoint
 from kvtool.cli import main
+from kvtool.convert.defaults import MLA_SOLVE
 
 SMOL = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "num_hidden_layers": 2, "hidden_size": 576,
         "num_attention_heads": 9, "num_key_value_heads": 3, "intermediate_size": 64, "vocab_size": 128,
@@ -30,8 +31,8 @@ def plan_of(path, **kw):
 def test_kv_budget_fraction_bytes_and_rank_agree(tmp_path):
     src = folder(tmp_path)
     elem, layers, source_dims = 2, 2, 2 * 3 * 64  # bfloat16 cache, 2 layers, K and V of 3 heads of 64
-    by_fraction = plan_of(src, kv_budget="33.34%")
-    by_bytes = plan_of(src, kv_budget=f"{layers * 128 * elem}B")
+    by_fraction = plan_of(src, kv_budget="33.34%", mla_solve="joint")  # joint: rope head_dim / 2 by default
+    by_bytes = plan_of(src, kv_budget=f"{layers * 128 * elem}B", mla_solve="joint")
     by_rank = plan_of(src, kv_rank=96, rope_dim=32)
     for p in (by_fraction, by_bytes, by_rank):
         s = p.shape
@@ -49,8 +50,17 @@ def test_rope_over_the_whole_head_leaves_the_latent_the_values(tmp_path):
     assert p.new_config["rope_theta"] == pytest.approx(100000.0)  # all 32 pairs: the source's theta
 
 
+def test_mqa_seed_rope_default_is_the_head_less_its_static_pairs(tmp_path):
+    # SmolLM2's pairs turn at 1e5^(-p/32) rad per position: 6 turn less than 1 rad over 8192 positions (p >= 26),
+    # 12 over 1024 (p >= 20); they go to the latent, the rest stays in the rope key
+    p = plan_of(folder(tmp_path), kv_budget="33.34%", mla_solve="mqa-seed")
+    assert (p.shape.kv_lora_rank, p.shape.qk_rope_head_dim, p.shape.qk_nope_head_dim) == (76, 52, 12)
+    assert plan_of(folder(tmp_path), kv_rank=76, serve_context=1024, mla_solve="mqa-seed").shape.qk_rope_head_dim == 40
+    assert plan_of(folder(tmp_path), kv_rank=76, mla_solve="joint").shape.qk_rope_head_dim == 32
+
+
 def test_write_plan_replaces_attention_and_unties_lm_head(tmp_path):
-    p = plan_of(folder(tmp_path), kv_rank=96)
+    p = plan_of(folder(tmp_path), kv_rank=96, mla_solve="joint")
     names = [t.name for t in p.outputs]
     assert not any(n.endswith(("k_proj.weight", "v_proj.weight")) for n in names)
     for i in range(2):
@@ -77,11 +87,12 @@ def test_qkv_biases_go_to_the_solve(tmp_path):
 
 
 def test_dry_run_shows_kv_bytes_backends_and_estimate(tmp_path, capsys):
-    assert main(["convert", str(folder(tmp_path)), "--to", "mla", "--kv-rank", "96", "--dry-run"]) == 0
+    assert main(["convert", str(folder(tmp_path)), "--to", "mla", "--kv-budget", "33.34%", "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "KV cache     1.50 KiB/token -> 512 B/token  (0.333x)" in out
     assert "backends     vLLM 0.33.0: TRITON_MLA (any); not FLASHMLA" in out
     assert "estimate     ~" in out
+    assert f"method       solved per layer ({MLA_SOLVE}) from 4096 calibration tokens" in out
     assert not (tmp_path / "dst").exists()
 
 
@@ -150,8 +161,8 @@ def test_source_refusals(tmp_path, capsys, config, extra, words):
 def test_a_recipe_step_plans_mla_and_says_so(tmp_path, capsys):
     src = folder(tmp_path)
     recipe = tmp_path / "recipe.yaml"
-    recipe.write_text("version: 1\nname: t\nsteps:\n  - convert: {to: mla, kv_rank: 96, rope_dim: 32}\n")
+    recipe.write_text("version: 1\nname: t\nsteps:\n  - convert: {to: mla, kv_rank: 96, rope_dim: 32, mla_solve: joint}\n")
     assert main(["apply", str(recipe), str(src), str(tmp_path / "out"), "--dry-run"]) == 0
     out = capsys.readouterr().out
-    assert "convert: mla: 3 KV heads -> MLA latent 96 + rope 32 (training-free solve)" in out
+    assert "convert: mla: 3 KV heads -> MLA latent 96 + rope 32 (training-free joint solve)" in out
     assert "KV heads (mean)" not in out

@@ -38,6 +38,7 @@ def test_calibration_then_one_solve_per_layer(converted):
     prov = json.loads((dst / "kvtool.json").read_text())
     assert prov["mla"]["kv_lora_rank"] == R and prov["mla"]["rope_source_pairs"] == [0, 1, 2, 3]
     assert prov["solve"]["solve"] == "tests/convert/mla/mla_helpers.py"  # the solve's own record
+    assert prov["solve"]["options"]["seed"] == "mqa"  # --mla-solve's default, mqa-seed, chose the solve
     assert (prov["solve"]["calib_tokens"], prov["solve"]["seq_len"]) == (64, 32)
 
 
@@ -143,3 +144,27 @@ def test_eval_scores_it_against_the_source(converted, capsys):
     assert r["model"] == str(dst) and r["baseline"] == str(src)
     # a random source and a stand-in solve: the figures only have to be real numbers, and the models differ
     assert math.isfinite(r["ppl_ratio"]) and math.isfinite(r["kld_mean"]) and r["kld_mean"] > 0
+
+
+def test_the_real_mqa_seed_solve_writes_what_transformers_loads(smollm2_path, tmp_path):
+    """No stand-in: the default solve (mqa-seed) on a tiny llama, written, loaded with no remote code; its default
+    rope part is the head less the pairs static over max_position_embeddings (1024 positions at theta 1e4: the
+    slowest pair), which the latent carries as per-head NoPE keys."""
+    from transformers import AutoModelForCausalLM
+
+    src = tiny_llama(tmp_path / "src", smollm2_path)
+    dst = tmp_path / "mla"
+    assert main(["convert", str(src), str(dst), "--to", "mla", "--kv-budget", "50%", "--calib-tokens", "64",
+                 "--seq-len", "32", "--calib-dataset", "pydoc", "--no-eval", "--no-progress"]) == 0
+    prov = json.loads((dst / "kvtool.json").read_text())
+    assert prov["solve"]["options"]["seed"] == "mqa" and prov["mla"]["qk_rope_head_dim"] == 14
+    model, info = AutoModelForCausalLM.from_pretrained(dst, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
+    assert (model.config.kv_lora_rank, model.config.qk_nope_head_dim) == (18, 2)
+    source = AutoModelForCausalLM.from_pretrained(src)
+    ids = torch.arange(5, 45).unsqueeze(0)
+    with torch.no_grad():
+        got, want = model(input_ids=ids).logits, source(input_ids=ids).logits
+    assert torch.isfinite(got).all()
+    kld = torch.nn.functional.kl_div(got.log_softmax(-1), want.log_softmax(-1), log_target=True, reduction="batchmean")
+    assert float(kld) / ids.shape[1] < 0.05  # a random tiny model converted at half its KV bytes stays near it
