@@ -176,10 +176,11 @@ def _assemble(parts: Parts, stats: MlaStats, shape: MlaShape, rope: SourceRope, 
     o_new, v_up = _fit_rank(o, b[:, n:].repeat_interleave(rq, 0), None, ccov, shape.v_head_dim)
 
     q_rows = torch.cat([q_nope, q_rope], dim=1).reshape(-1, D + 1)
+    gain = cached_gain(c)
     out = {"q_proj.weight": _drop_bias(q_rows, cov),
            "kv_a_proj_with_mqa.weight": torch.cat([latent, _drop_bias(k_rope, cov)]),
-           "kv_a_layernorm.weight": torch.ones(shape.kv_lora_rank, dtype=torch.float64),
-           "kv_b_proj.weight": torch.cat([k_up, v_up], dim=1).reshape(-1, shape.kv_lora_rank),
+           "kv_a_layernorm.weight": gain,
+           "kv_b_proj.weight": torch.cat([k_up, v_up], dim=1).reshape(-1, shape.kv_lora_rank) / gain,
            "o_proj.weight": o_new.permute(1, 0, 2).reshape(D, -1)}
     if options.o_ridge:
         ctx = mla_contexts(stats.x, {n: w.to(torch.float32) for n, w in out.items()}, shape, rope, norm=options.norm)
@@ -264,6 +265,18 @@ def latent_of(x: torch.Tensor, rows: torch.Tensor, norm: str) -> torch.Tensor:
     if norm == "identity":
         return c
     return c * torch.rsqrt(c.pow(2).mean(-1, keepdim=True) + NORM_EPS)
+
+
+def cached_gain(c: torch.Tensor) -> torch.Tensor:
+    """kv_a_layernorm.weight [rank] giving each dim of the cached latent (the normalised c [N, rank] times this
+    weight: what vLLM stores) unit RMS on the calibration; kv_b_proj's columns take the inverse, so the model is
+    unchanged. Unit weights cache the near-constant dimension ~500x above the others on SmolLM2 (RMS ~0.03 for
+    the rest), which under vLLM's fp8 latent cache with its default scale of 1.0 (no scale in the checkpoint) puts
+    much of them in e4m3's subnormal range (below 2^-6); at unit RMS every dimension stays in its normal range.
+    A dimension that is zero on the calibration keeps weight 1."""
+    rms = c.pow(2).mean(0).sqrt()
+    live = rms > 1e-12 * rms.max().clamp_min(1e-300)
+    return torch.where(live, 1.0 / rms.clamp_min(1e-300), torch.ones_like(rms))
 
 
 def _fit_rank(a: torch.Tensor, b: torch.Tensor, acov: torch.Tensor | None, ccov: torch.Tensor, dims: int):
