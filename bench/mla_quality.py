@@ -8,11 +8,16 @@ KLD and top-1 agreement, on the same-source text (the pydoc evaluation part) and
 `kvtool convert --to mqa --method aware` (training-free, its defaults) scored in the same run.
 
     python bench/mla_quality.py [--calib-tokens 4096] [--seq-len 512] [--eval-tokens 4096] \
-        [--case 128:64] [--case 192:32 ...] [--norm constant|none|identity] [--other persuasion,luke] [--no-mqa]
+        [--case 128:64] [--case 192:32 ...] [--norm constant|none|identity] [--other persuasion,luke] [--no-mqa] \
+        [--json ROWS.json] [--plot CURVE.png]
 
 A case is CACHED:ROPE (cached dims per token and layer, of which the shared rope key; the latent is the rest),
 optionally :KEY=VALUE,... for kvtool.convert.mla.solve.SolveOptions fields (e.g. 128:32:rotating_pairs=nope,
 128:64:seed=mqa), and nope=N for qk_nope_head_dim (default head_dim - ROPE).
+
+--json writes {"title", "date", "command", "rows"}: per conversion its label, kind ("mla", or "merge" for the
+original and aware MQA), cached dims, KV bytes per token (bf16) and per text the PPL ratio, KLD and top-1 with
+their SEs; --plot draws it (bench/mla_curve.py: PPL ratio against KV bytes, one panel per text).
 """
 
 from __future__ import annotations
@@ -108,8 +113,15 @@ def main() -> int:
                     help="every layer's statistics from the source model's stream (default: sequential, each layer "
                          "calibrated on the stream of the layers already converted)")
     ap.add_argument("--work", type=Path, default=None)
+    ap.add_argument("--source", type=Path, default=None, help="the model to convert (default: the SmolLM2 fixture)")
+    ap.add_argument("--merged", type=Path, action="append", default=[],
+                    help="a head-merged conversion of the source (kvtool convert --to gqa ...) to score as a merge "
+                         "point, at its own KV bytes")
     ap.add_argument("--json", type=Path, default=None, help="also write the rows here")
+    ap.add_argument("--plot", type=Path, default=None, help="draw the rows (bench/mla_curve.py): .png/.svg/.pdf")
     a = ap.parse_args()
+    if a.plot and a.plot.suffix.lower() not in (".png", ".svg", ".pdf"):
+        ap.error(f"--plot {a.plot}: use a .png, .svg or .pdf file name")  # before the conversions, not after
     sys.path.insert(0, str(Path(__file__).parent))
     from other_texts import write_texts
 
@@ -122,7 +134,7 @@ def main() -> int:
 
     torch.manual_seed(0)
     work = a.work or Path(tempfile.mkdtemp(prefix="kvtool-mla-"))
-    src = smollm2_dir()
+    src = a.source or smollm2_dir()
     cfg = json.loads((src / "config.json").read_text())
     rope = SourceRope.of_config(cfg)
     names = [n for n in a.other.split(",") if n]
@@ -173,6 +185,11 @@ def main() -> int:
                 raise SystemExit(f"aware MQA conversion failed ({rc})")
         cands.append(("aware MQA (training-free, kvtool's defaults)", 128,
                       Candidate(AutoModelForCausalLM.from_pretrained(dst, dtype=torch.float32).eval(), label="mqa")))
+    for m in a.merged:
+        mcfg = json.loads((m / "config.json").read_text())
+        kv = mcfg.get("num_key_value_heads", mcfg["num_attention_heads"])
+        cands.append((f"head merging to {kv} KV heads ({m.name})", 2 * kv * hd,
+                      Candidate(AutoModelForCausalLM.from_pretrained(m, dtype=torch.float32).eval(), label=m.name)))
     tok = load_tokenizer(src)
     reports = {kind: evaluate_many([c for _, _, c in cands], baseline=source, texts=t, max_tokens=a.eval_tokens,
                                    max_length=a.window, device="cpu", dtype="float32", tokenizer=tok,
@@ -183,9 +200,13 @@ def main() -> int:
           + ", ".join(f"{k} {r[0].baseline_ppl:.2f}" for k, r in reports.items()) + "\n")
     print("| conversion | cached dims / layer | " + " | ".join(f"{k}: PPL ratio | KLD | top-1" for k in texts) + " |")
     print("| --- | --- | " + " | ".join("--- | --- | ---" for _ in texts) + " |")
-    rows = []
+    per_dim = 2 * cfg["num_hidden_layers"]  # bf16 bytes per cached dim and token, all layers
+    rows = [{"conversion": "original", "kind": "merge", "cached_dims": 2 * cfg["num_key_value_heads"] * hd,
+             "kv_bytes_per_token": 2 * cfg["num_key_value_heads"] * hd * per_dim,
+             **{k: {"ppl_ratio": 1.0, "ppl_ratio_se": 0.0} for k in texts}}]
     for i, (label, cached, _) in enumerate(cands):
-        cells, row = [], {"conversion": label, "cached_dims": cached}
+        cells, row = [], {"conversion": label, "kind": "mla" if label.startswith("MLA") else "merge",
+                          "cached_dims": cached, "kv_bytes_per_token": cached * per_dim}
         for k, r in reports.items():
             m = r[i].metrics
             row[k] = {x: m[x] for x in ("ppl_ratio", "ppl_ratio_se", "kld_mean", "kld_se", "top1_agreement", "top1_se")}
@@ -193,8 +214,15 @@ def main() -> int:
                          f"{m['top1_agreement']:.3f} ± {m['top1_se']:.3f}")
         rows.append(row)
         print(f"| {label} | {cached} | {' | '.join(cells)} |")
+    data = {"title": f"{src.name}: {a.calib_tokens} calibration tokens (sequences of {a.seq_len}), first "
+                     f"{a.eval_tokens} tokens of each text, windows of {a.window}",
+            "date": time.strftime("%Y-%m-%d"), "command": " ".join(sys.argv), "rows": rows}
     if a.json:
-        a.json.write_text(json.dumps(rows, indent=1))
+        a.json.write_text(json.dumps(data, indent=1))
+    if a.plot:
+        from mla_curve import write_curve_plot
+
+        write_curve_plot(data, a.plot)
     return 0
 
 

@@ -18,7 +18,8 @@ are exact; only the values are divided by the latent's RMS per token: solve.Solv
   (original) - q'_h . k' (MQA, on those pairs in the rope part), a product the latent can carry per head because
   kv_b_proj's key rows are per head (the per-pair complex scale of MQA cannot);
 - values: the MQA value head (one per source KV head when the keys differ per head, so that the assembly's
-  weighting adds up the heads reading it), with the merge's per-head maps in o.
+  weighting adds up the heads reading it), with the merge's per-head maps in o; or, with seed_values "source",
+  the source's own value heads and o_proj (the latent's principal subspace then chooses among all of them).
 """
 
 from __future__ import annotations
@@ -59,8 +60,13 @@ def mqa_parts(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor
     resid = static_pairs(rope, options.horizon, options.residual_angle) if options.residual_angle else pairs < 0
     own, undo = rows(resid), rows(resid & (pairs < m))  # the source's own scores; the MQA part they replace
     shared = torch.cat([rows(~resid & (pairs >= m)), torch.arange(rope.rotary_dim, hd)])  # MQA's, unrotated
-    if len(own):
+    # The MQA seed's targets span about one value head plus the per-head static keys (SmolLM2: 64 + 3 x 12); a
+    # latent wider than that has nothing more to take from them, so "source" gives it every KV head's values.
+    own_values = options.seed_values == "source"
+    if len(own) or own_values:
         qn = torch.cat([q[:, own], -mq[:, undo], mq[:, shared]], dim=1)
         kn = torch.cat([k[:, own], mk[undo].expand(KV, -1, -1), mk[shared].expand(KV, -1, -1)], dim=1)
+        if own_values:
+            return Parts(q_rope, k_rope, qn, kn, v, o)
         return Parts(q_rope, k_rope, qn, kn, mv.expand(KV, -1, -1), mo)
     return Parts(q_rope, k_rope, mq[:, shared], mk[shared][None], mv[None], mo)

@@ -14,8 +14,9 @@ Interface (the layout writer calls this once per layer):
   into q_proj) and the RoPE of `kvtool.convert.mla.rope.mla_rope_parameters` (`rope_interleave` true).
 
 Two strategies (STRATEGIES, `--mla-solve`) give the targets; one assembly (`_assemble`) fits the latent, kv_b_proj
-and the q/o folds to them. "mqa-seed" (the default; SolveOptions.seed "mqa") starts from the aware MQA merge,
-which MLA contains exactly (kvtool.convert.mla.seed). "joint" (seed "none", `_joint_parts`) is described here.
+and the q/o folds to them. "mqa-seed" (the default; SolveOptions.seed "mqa", seed_values "source") starts from the
+aware MQA merge's keys, which MLA contains exactly, and the source's values (kvtool.convert.mla.seed). "joint" (seed
+"none", `_joint_parts`) is described here.
 What each part holds:
 
 - The shared rope key (qk_rope_head_dim dims) takes the source's highest-frequency pairs (rope.rope_pairs). Per
@@ -51,8 +52,11 @@ NORM_EPS = 1e-6  # DeepseekV3RMSNorm's default, which kv_a_layernorm uses (trans
 NORM_MODES = ("constant", "span", "none", "identity")
 ROTATING_PAIRS = ("drop", "nope")
 SEEDS = ("none", "mqa")
+SEED_VALUES = ("mqa", "source")
 # --mla-solve (kvtool.convert.defaults.MLA_SOLVES) -> the SolveOptions fields it sets (docs/convert-mla.md, Quality)
-STRATEGIES = {"mqa-seed": {"seed": "mqa", "residual_angle": 1.0}, "joint": {"seed": "none"}}
+# mqa-seed's values are the source's own (seed_values "source"): better than the MQA value head at every budget
+# measured, 128 to 320 cached dims on SmolLM2 (docs/convert-mla.md, "The curve")
+STRATEGIES = {"mqa-seed": {"seed": "mqa", "residual_angle": 1.0, "seed_values": "source"}, "joint": {"seed": "none"}}
 
 
 @dataclass(frozen=True)
@@ -67,7 +71,9 @@ class SolveOptions:
     no refit). seed: "none" (the rope key
     merged per pair, every head's other key dims NoPE) or "mqa" (the aware MQA merge's head in the rope key and
     the latent: kvtool.convert.mla.seed); residual_angle (seed "mqa"): pairs turning less than this over horizon
-    also give each head NoPE keys for what the MQA key misses of its own scores (0: none)."""
+    also give each head NoPE keys for what the MQA key misses of its own scores (0: none); seed_values (seed
+    "mqa"): the latent's value targets, "mqa" (the merge's one value head, o its per-head maps) or "source" (every
+    source KV head's values and o_proj: what a latent wider than the MQA seed's targets can still use)."""
 
     horizon: int = 8192
     static_angle: float = 1.0
@@ -77,13 +83,16 @@ class SolveOptions:
     o_ridge: float | None = 2.0
     seed: str = "none"
     residual_angle: float = 0.0
+    seed_values: str = "mqa"
 
 
 def solve_layer(weights: dict[str, torch.Tensor], stats: MlaStats, shape: MlaShape, rope: SourceRope,
                 options: SolveOptions = SolveOptions()) -> dict[str, torch.Tensor]:
     """The DeepSeek-layout tensors of one converted attention layer (see the module docstring)."""
-    if options.norm not in NORM_MODES or options.rotating_pairs not in ROTATING_PAIRS or options.seed not in SEEDS:
-        raise ValueError(f"norm {options.norm!r} / rotating_pairs {options.rotating_pairs!r} / seed {options.seed!r}")
+    if (options.norm not in NORM_MODES or options.rotating_pairs not in ROTATING_PAIRS or options.seed not in SEEDS
+            or options.seed_values not in SEED_VALUES):
+        raise ValueError(f"norm {options.norm!r} / rotating_pairs {options.rotating_pairs!r} / seed {options.seed!r} / "
+                         f"seed_values {options.seed_values!r}")
     if weights.get("o_proj.bias") is not None:
         raise ValueError("o_proj.bias: DeepSeek's o_proj has a bias only with attention_bias, which the layout omits")
     H, hd, D = shape.num_heads, rope.head_dim, shape.hidden_size

@@ -94,3 +94,27 @@ def test_constant_dimension_keeps_the_seed_close_under_the_latent_norm():
         errs[norm] = _rel(_deepseek(shape, ROPE, t, x), mqa)
     assert errs["constant"] < 0.5 * errs["none"]
     assert errs["span"] < 0.5 * errs["none"]
+
+
+def test_source_values_use_a_latent_wider_than_the_mqa_seed():
+    # Two KV heads with different values: the MQA seed holds one value head, so a latent with room for both
+    # (2 x head_dim) gains nothing from it; seed_values "source" gives the latent both heads' values and the
+    # block comes closer to the source. Keys are left as the seed makes them (rope = head_dim, the MQA key).
+    _, attn, rotary, x, y = _case()
+    shape = MlaShape(hidden_size=HIDDEN, num_heads=HEADS, kv_lora_rank=2 * HD, qk_rope_head_dim=HD,
+                     qk_nope_head_dim=0, v_head_dim=HD)
+    errs = {}
+    for values in ("mqa", "source"):
+        opts = SolveOptions(seed="mqa", norm="identity", o_ridge=None, horizon=HORIZON, seed_values=values)
+        t = solve_layer(_weights(attn), MlaStats.of(x, y, attn.scaling), shape, ROPE, opts)
+        errs[values] = _rel(_deepseek(shape, ROPE, t, x, identity_norm=True), y)
+    assert errs["source"] < 0.9 * errs["mqa"]
+
+
+def test_unknown_seed_values_is_refused():
+    _, attn, rotary, x, y = _case()
+    shape = MlaShape(hidden_size=HIDDEN, num_heads=HEADS, kv_lora_rank=HD, qk_rope_head_dim=HD, qk_nope_head_dim=0,
+                     v_head_dim=HD)
+    with pytest.raises(ValueError, match="seed_values 'both'"):
+        solve_layer(_weights(attn), MlaStats.of(x, y, attn.scaling), shape, ROPE,
+                    SolveOptions(seed="mqa", seed_values="both"))
