@@ -267,20 +267,16 @@ def _entry() -> None:
         rc = _interrupted()
     console.settle()
     if sys.argv[1:2] and sys.argv[1] in _NO_TEARDOWN and "torch" not in sys.modules:
-        _exit_now(rc)
+        os._exit(rc)  # console.settle() has flushed stdout and stderr
     sys.exit(rc)
 
 
-# Commands that end holding no open file, running thread, staging folder or atexit work of their own (lint and
-# kv-budget write only stdout and stderr; a convert has joined its copy thread and renamed or removed its staging
-# folder before main() returns): their exit skips the interpreter's teardown of every loaded module and object,
+# Commands that end holding no open file, running thread, staging folder or atexit work of their own (lint writes
+# only stdout and stderr; kv-budget's --plot file and a convert's staging folder are renamed or removed, and the
+# copy thread joined, before main() returns): their exit skips the interpreter's teardown of every loaded module and object,
 # ~10 ms of a ~140 ms cold lint, ~15 ms of a convert with numpy (bench/lint_bench.py, bench/convert_bench.py).
 # Not after torch loaded: the calibrated paths leave spill folders to weakref finalizers that run at exit.
 _NO_TEARDOWN = ("lint", "kv-budget", "convert")
-
-
-def _exit_now(rc: int) -> None:
-    os._exit(rc)  # console.settle() has flushed stdout and stderr
 
 
 def _sigterm(signum, frame) -> None:
