@@ -39,7 +39,7 @@ class ConvertOptions:
                                 help="--to mla: the dimensions an MLA kernel fixes: "
                                      + ", ".join(f"{k} = kv_lora_rank {r} + rope {d}" for k, (r, d) in MLA_PRESETS.items())
                                      + " (FlashMLA, CUTLASS MLA).")
-    mla_solve: str | None = option(None, choices=MLA_SOLVES,
+    mla_solve: str | None = option(None, choices=tuple(MLA_SOLVES),
                                    help="--to mla: how each layer is solved: mqa-seed (the aware MQA merge written as "
                                         "MLA, plus per-head keys from the latent) | joint (the rope key merged per "
                                         f"pair, keys and values in one latent); default {MLA_SOLVE}.")

@@ -137,15 +137,20 @@ def _budget_bytes(text: str, source_bytes: float) -> float:
 
 
 def default_rope_dim(solve: str, head_dim: int, theta: float, horizon: int) -> int:
-    """--rope-dim when not given. joint: half the head. mqa-seed: the head less its static pairs, those turning less
-    than the aware merge's STATIC_ANGLE over the served context, which the latent carries per head instead
-    (kvtool.convert.mla.seed; measured on SmolLM2 in docs/convert-mla.md)."""
-    if solve == "joint":
+    """--rope-dim when not given. joint: half the head. mqa-seed: the head less the pairs whose per-head keys the
+    latent carries instead, those turning less than the strategy's residual_angle over the served context
+    (kvtool.convert.mla.rope.static_pairs, in plain floats: the plan imports no torch; measured on SmolLM2 in
+    docs/convert-mla.md)."""
+    angle = defaults.MLA_SOLVES[solve].get("residual_angle")
+    if not angle:
         return head_dim // 2
-    from kvtool.convert.aware.method import STATIC_ANGLE
-
-    static = sum(1 for p in range(head_dim // 2) if theta ** (-2 * p / head_dim) * horizon < STATIC_ANGLE)
+    static = sum(1 for p in range(head_dim // 2) if theta ** (-2 * p / head_dim) * horizon < angle)
     return head_dim - 2 * static
+
+
+def served_horizon(settings: dict, spec) -> int:
+    """The served context the static pairs are judged over (--serve-context, as the aware merge)."""
+    return int(settings["serve_context"] or spec.max_position or 8192)
 
 
 def resolve_shape(o, spec, source_bytes: float, elem: float, attn_layers: int, default_rope: int) -> MlaShape:
@@ -300,9 +305,8 @@ def plan_mla(o, ckpt, *, max_shard_size: int, config: dict | None = None, tensor
     s["calib_tokens"] = s["calib_tokens"] or defaults.calib_tokens(s["refine_steps"], s["distill_steps"])
     s["seq_len"] = s["seq_len"] or defaults.seq_len(s["refine_steps"], s["distill_steps"])
     s["mla_solve"] = o.mla_solve or defaults.MLA_SOLVE
-    horizon = int(s["serve_context"] or spec.max_position or 8192)  # the static pairs' (calibrate's SolveOptions)
     shape = resolve_shape(o, spec, before, elem, len(layers),
-                          default_rope_dim(s["mla_solve"], int(spec.head_dim), theta, horizon))
+                          default_rope_dim(s["mla_solve"], int(spec.head_dim), theta, served_horizon(s, spec)))
     theta_out = rope_theta(theta, shape.qk_rope_head_dim, int(spec.rotary_dim))
     out_arch = lookup("deepseek_v3")
     p = MlaPlan(src=ckpt.root or ckpt.config_path.parent, ckpt=ckpt, spec=spec, arch=arch, out_arch=out_arch,
@@ -490,9 +494,7 @@ def calibrate(p: MlaPlan, reader, device: str = "cpu") -> SolvedLayers:
         data = CalibrationData.build(p.src, s["calib_text"], dataset, s["calib_tokens"], s["seq_len"],
                                      device=torch.device(device), note=bar.set_note)
 
-        # the served context decides which slow pairs count as static (--serve-context, as the aware merge)
-        options = solve.SolveOptions(horizon=int(s["serve_context"] or p.spec.max_position or 8192),
-                                     **solve.STRATEGIES[s["mla_solve"]])
+        options = solve.SolveOptions(horizon=served_horizon(s, p.spec), **defaults.MLA_SOLVES[s["mla_solve"]])
 
         def convert(layer: int, stats):
             weights = {k: reader.get(n).float() for k, n in p.layers[layer].items()}

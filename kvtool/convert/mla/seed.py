@@ -45,10 +45,6 @@ def mqa_parts(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor
                         target_kv_heads=1, head_dim=hd, rotary_dim=rope.rotary_dim, static=static,
                         angles=rope.pair_angles())
     mq, mk = mq.reshape(H, hd, D1), mk.reshape(hd, D1)
-    mv, mo = merge_values(v.reshape(KV * hd, D1), o.permute(1, 0, 2).reshape(o.shape[1], H * hd), cov,
-                          num_heads=H, num_kv_heads=KV, target_kv_heads=1, head_dim=hd)
-    mo = mo.reshape(o.shape[1], H, hd).permute(1, 0, 2)
-
     pairs = torch.arange(P)
     inter = torch.stack([pairs[:m], pairs[:m] + P], 1).flatten()  # DeepSeek's interleaved pairs (2i, 2i+1)
     q_rope, k_rope = mq[:, inter], mk[inter]
@@ -68,5 +64,16 @@ def mqa_parts(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor
         kn = torch.cat([k[:, own], mk[undo].expand(KV, -1, -1), mk[shared].expand(KV, -1, -1)], dim=1)
         if own_values:
             return Parts(q_rope, k_rope, qn, kn, v, o)
+        mv, mo = _merged_values(v, o, cov)
         return Parts(q_rope, k_rope, qn, kn, mv.expand(KV, -1, -1), mo)
+    mv, mo = _merged_values(v, o, cov)
     return Parts(q_rope, k_rope, mq[:, shared], mk[shared][None], mv[None], mo)
+
+
+def _merged_values(v: torch.Tensor, o: torch.Tensor, cov: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The aware MQA merge's value head [hd, D+1] and per-head output maps o [H, hidden, hd] (only where the seed's
+    values are the merge's: seed_values "mqa")."""
+    (KV, hd, D1), (H, hidden, _) = v.shape, o.shape
+    mv, mo = merge_values(v.reshape(KV * hd, D1), o.permute(1, 0, 2).reshape(hidden, H * hd), cov,
+                          num_heads=H, num_kv_heads=KV, target_kv_heads=1, head_dim=hd)
+    return mv, mo.reshape(hidden, H, hd).permute(1, 0, 2)

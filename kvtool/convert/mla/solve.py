@@ -13,7 +13,7 @@ Interface (the layout writer calls this once per layer):
   `q_lora_rank` null, `attention_bias` false, the softmax scale qk_head_dim**-0.5 (the source's scale is folded
   into q_proj) and the RoPE of `kvtool.convert.mla.rope.mla_rope_parameters` (`rope_interleave` true).
 
-Two strategies (STRATEGIES, `--mla-solve`) give the targets; one assembly (`_assemble`) fits the latent, kv_b_proj
+Two strategies (`--mla-solve`, kvtool.convert.defaults.MLA_SOLVES) give the targets; one assembly (`_assemble`) fits the latent, kv_b_proj
 and the q/o folds to them. "mqa-seed" (the default; SolveOptions.seed "mqa", seed_values "source") starts from the
 aware MQA merge's keys, which MLA contains exactly, and the source's values (kvtool.convert.mla.seed). "joint" (seed
 "none", `_joint_parts`) is described here.
@@ -53,10 +53,6 @@ NORM_MODES = ("constant", "span", "none", "identity")
 ROTATING_PAIRS = ("drop", "nope")
 SEEDS = ("none", "mqa")
 SEED_VALUES = ("mqa", "source")
-# --mla-solve (kvtool.convert.defaults.MLA_SOLVES) -> the SolveOptions fields it sets (docs/convert-mla.md, Quality)
-# mqa-seed's values are the source's own (seed_values "source"): better than the MQA value head at every budget
-# measured, 128 to 320 cached dims on SmolLM2 (docs/convert-mla.md, "The curve")
-STRATEGIES = {"mqa-seed": {"seed": "mqa", "residual_angle": 1.0, "seed_values": "source"}, "joint": {"seed": "none"}}
 
 
 @dataclass(frozen=True)
@@ -68,8 +64,7 @@ class SolveOptions:
     scale only), "identity" (measurement only: the latent fitted as if kv_a_layernorm were the identity, which
     DeepSeek's format cannot express), "span" (no dimension spent: the latent's own steadiest direction, the
     largest mean to spread ratio inside it, is scaled up to carry the RMS). o_ridge: refit_o's ridge (0 or None:
-    no refit). seed: "none" (the rope key
-    merged per pair, every head's other key dims NoPE) or "mqa" (the aware MQA merge's head in the rope key and
+    no refit). seed: "none" (the rope key merged per pair, every head's other key dims NoPE) or "mqa" (the aware MQA merge's head in the rope key and
     the latent: kvtool.convert.mla.seed); residual_angle (seed "mqa"): pairs turning less than this over horizon
     also give each head NoPE keys for what the MQA key misses of its own scores (0: none); seed_values (seed
     "mqa"): the latent's value targets, "mqa" (the merge's one value head, o its per-head maps) or "source" (every

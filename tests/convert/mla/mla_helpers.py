@@ -59,7 +59,6 @@ class SourceRope:
 def fake_modules(calls: list) -> dict[str, types.ModuleType]:
     solve = types.ModuleType("kvtool.convert.mla.solve")
     solve.SolveOptions = lambda horizon, **kw: types.SimpleNamespace(horizon=horizon, **kw)
-    solve.STRATEGIES = {"mqa-seed": {"seed": "mqa"}, "joint": {"seed": "none"}}
     solve.solve_layer = lambda weights, stats, shape, rope, options: (
         calls.append(("solve", sorted(weights), stats, options.horizon)) or solve_layer(weights, stats, shape, rope))
     solve.mla_output = lambda x, tensors, shape, rope: calls.append(("output", tuple(x.shape))) or x

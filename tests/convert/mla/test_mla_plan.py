@@ -166,3 +166,16 @@ def test_a_recipe_step_plans_mla_and_says_so(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "convert: mla: 3 KV heads -> MLA latent 96 + rope 32 (training-free joint solve)" in out
     assert "KV heads (mean)" not in out
+
+
+@pytest.mark.parametrize("theta,horizon", [(100000.0, 8192), (10000.0, 2048), (500000.0, 131072), (1e6, 32768)])
+def test_the_default_rope_dims_leave_out_the_pairs_the_seed_keeps_per_head(theta, horizon):
+    # the plan counts the pairs in plain floats (no torch); the solve picks them with static_pairs
+    from kvtool.convert.defaults import MLA_SOLVES
+    from kvtool.convert.mla.plan import default_rope_dim
+    from kvtool.convert.mla.rope import SourceRope, static_pairs
+
+    rope = SourceRope(theta=theta, head_dim=64, rotary_dim=64)
+    kept = int(static_pairs(rope, horizon, MLA_SOLVES["mqa-seed"]["residual_angle"]).sum())
+    assert default_rope_dim("mqa-seed", 64, theta, horizon) == 64 - 2 * kept
+    assert default_rope_dim("joint", 64, theta, horizon) == 32
