@@ -387,8 +387,8 @@ def compute(ckpt, spec, opts: BudgetOptions) -> Budget:
     if eb.dtype.platform:
         notes.append(f"{kv_dtype}: {eb.dtype.platform}")
     table_release = kvcache.kv_dtypes.release()
-    if opts.vllm_release is not None and opts.vllm_release not in known()["vllm"]:
-        k = known()["vllm"]
+    k = known()["vllm"]
+    if opts.vllm_release is not None and opts.vllm_release not in k:
         notes.append(f"vLLM {opts.vllm_release} is not a release kvtool has read ({k[0]}..{k[-1]}): its paging and "
                      "max_model_len follow the ranges of schemas/engines/facts.json as they stand")
     if opts.vllm_release is not None and opts.vllm_release != table_release and opts.kv_cache_dtype != "auto":

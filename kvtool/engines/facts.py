@@ -119,7 +119,8 @@ def effects(spec, engine: str, versions: tuple[str, ...]) -> list[Effect]:
         # the detector first: a config most facts miss never needs a range read (packaging: ~13 ms of a lint)
         found = DETECTORS[fact.detector](spec, fact.args)
         inside = tuple(v for v in versions if fact.applies_to(v)) if found else ()
-        hits += [(fact, hit, inside) for hit in found if inside]
+        if inside:
+            hits += [(fact, hit, inside) for hit in found]
     dropped = {v: {k for f, _, inside in hits if v in inside for k in f.drops} for v in versions}
     out = []
     for fact, hit, inside in hits:

@@ -595,11 +595,11 @@ def _refuse_fp8_attention_without_fp8(c: Candidate) -> None:
     safetensors headers, for a candidate given as a folder or hub id."""
     from kvtool.eval.fp8 import declares_fp8_kv
     from kvtool.eval.fp8_backends import DEFAULT
-    from kvtool.model import kv_dtypes, kv_scale_names
+    from kvtool.model import kv_scale_names
     from kvtool.model.preflight import preflight
 
-    if (c.fp8_attention == DEFAULT or c.kv_cache_dtype == "off" or c.kv_cache_dtype in kv_dtypes.emulated()
-            or not isinstance(c.kv_scales, str) or not isinstance(c.model, (str, os.PathLike))):
+    if (c.fp8_attention == DEFAULT or c.kv_cache_dtype == "off" or _fp8_by_options(c)
+            or not isinstance(c.model, (str, os.PathLike))):
         return
     ckpt = preflight(os.fspath(c.model), model_code=True, read_side_files=False)
     if declares_fp8_kv(ckpt.config, str(ckpt.config_path)):
@@ -609,11 +609,18 @@ def _refuse_fp8_attention_without_fp8(c: Candidate) -> None:
     raise _no_fp8_cache(c.fp8_attention)
 
 
+def _fp8_by_options(c: Candidate) -> bool:
+    """The candidate's own options put its K/V through FP8, whatever the checkpoint declares: a KV-cache dtype eval
+    emulates, or scales given (a mapping or KVScales)."""
+    from kvtool.model import kv_dtypes
+
+    return c.kv_cache_dtype in kv_dtypes.emulated() or not isinstance(c.kv_scales, str)
+
+
 def _emulation(c: Candidate, m: _Loaded):
     """(kvtool.eval.fp8.Fp8Attention hook, KVScales) when this candidate's K/V go through FP8, else None."""
     from kvtool.eval.fp8 import Fp8Attention, KVScales, declares_fp8_kv, read_checkpoint_scales
     from kvtool.eval.fp8_backends import DEFAULT, backend
-    from kvtool.model import kv_dtypes
 
     if c.kv_cache_dtype == "off":
         return None
@@ -622,8 +629,7 @@ def _emulation(c: Candidate, m: _Loaded):
     if c.kv_scales == "checkpoint" and m.folder is not None:
         stored = read_checkpoint_scales(m.folder)
     config_file = str(m.folder / "config.json") if m.folder is not None else None
-    wants = (c.kv_cache_dtype in kv_dtypes.emulated() or given or declares_fp8_kv(m.config, config_file)
-             or bool(stored and len(stored)))
+    wants = _fp8_by_options(c) or declares_fp8_kv(m.config, config_file) or bool(stored and len(stored))
     if not wants:
         if c.fp8_attention != DEFAULT:  # a model given loaded: _refuse_fp8_attention_without_fp8 could not read it
             raise _no_fp8_cache(c.fp8_attention)

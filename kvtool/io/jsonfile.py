@@ -110,6 +110,12 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 _SURROGATE_ESCAPE, _SURROGATE_ESCAPE_B = re.compile(r"\\u[dD]"), re.compile(rb"\\u[dD]")
 
 
+def may_hold_surrogate(text: str | bytes) -> bool:
+    """Whether a JSON text (or its UTF-8 bytes) can decode to a string holding a surrogate: only a `\\ud..` escape
+    makes one (UTF-8 cannot hold it). re finds it by its literal prefix, ~4x faster than `in` on 3.5 MB."""
+    return (_SURROGATE_ESCAPE_B if isinstance(text, bytes) else _SURROGATE_ESCAPE).search(text) is not None
+
+
 def lone_surrogate(s: str) -> str | None:
     """What is wrong with `s` if it holds a lone surrogate (from a `\\ud800` escape), else None."""
     m = _SURROGATE.search(s)
@@ -121,8 +127,7 @@ def check_unicode(data, text: str | bytes, path: Path | str) -> None:
     """Refuse a string (key or value) holding a lone surrogate (`"\\ud800"` unpaired): JSON Python reads but
     no UTF-8 writer, Rust parser (safetensors, tokenizers) or terminal takes; named by its field. `text`: the
     JSON text, or its UTF-8 bytes (searched faster)."""
-    # only a \u escape makes one (UTF-8 cannot hold it); re finds it by its literal prefix 4x faster than `in`
-    if (_SURROGATE_ESCAPE_B if isinstance(text, bytes) else _SURROGATE_ESCAPE).search(text) is None:
+    if not may_hold_surrogate(text):
         return
     stack: list[tuple[object, str]] = [(data, "")]
     while stack:

@@ -27,12 +27,13 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 import stat
 import struct
 from dataclasses import dataclass, field
 from math import prod
 from pathlib import Path
+
+from kvtool.io.jsonfile import lone_surrogate, may_hold_surrogate
 
 MAX_HEADER_BYTES = 100_000_000  # safetensors' MAX_HEADER_SIZE
 MAX_JSON_DEPTH = 127  # serde_json's recursion limit (128) as nesting depth
@@ -206,7 +207,7 @@ def _parse_json(raw: bytes):
         raise _Invalid("bad-json", f"header is not valid JSON: {exc}") from None
     except RecursionError:
         raise _Invalid("bad-json", f"header JSON nests deeper than {MAX_JSON_DEPTH} levels") from None
-    _check_tree(obj, strings=_SURROGATE_ESCAPE.search(text) is not None)
+    _check_tree(obj, strings=may_hold_surrogate(text))
     return obj
 
 
@@ -231,11 +232,8 @@ def _check_tree(obj, *, strings: bool = True) -> None:
                     stack.append((item, depth + 1))
 
 
-_SURROGATE, _SURROGATE_ESCAPE = re.compile("[\ud800-\udfff]"), re.compile(r"\\u[dD]")
-
-
 def _check_string(s: str) -> None:
-    if _SURROGATE.search(s):
+    if lone_surrogate(s):
         raise _Invalid("bad-json", "header is not valid JSON: a string holds a lone surrogate escape")
 
 
