@@ -197,7 +197,6 @@ def resolve_shape(o, spec, source_bytes: float, elem: float, attn_layers: int, d
 
 def _refuse_source(o, arch, spec, config: dict, tensors: dict, layers: dict, where: str, weights_file: str) -> float:
     """The source refusals --to mla adds to convert's own; returns the source's RoPE theta."""
-    from kvtool.model.layer_types import KV_CACHE_TYPES
     from kvtool.model.rope.params import rope_for_layer
 
     mt = arch.model_type
