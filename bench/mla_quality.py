@@ -9,11 +9,15 @@ KLD and top-1 agreement, on the same-source text (the pydoc evaluation part) and
 
     python bench/mla_quality.py [--calib-tokens 4096] [--seq-len 512] [--eval-tokens 4096] \
         [--case 128:64] [--case 192:32 ...] [--norm constant|none|identity] [--other persuasion,luke] [--no-mqa] \
-        [--json ROWS.json] [--plot CURVE.png]
+        [--converted MLA_DIR ...] [--mqa MQA_DIR] [--json ROWS.json] [--plot CURVE.png]
 
 A case is CACHED:ROPE (cached dims per token and layer, of which the shared rope key; the latent is the rest),
 optionally :KEY=VALUE,... for kvtool.convert.mla.solve.SolveOptions fields (e.g. 128:32:rotating_pairs=nope,
 128:64:seed=mqa), and nope=N for qk_nope_head_dim (default head_dim - ROPE).
+
+--converted scores checkpoints `kvtool convert --to mla` wrote (refined or distilled ones too: the label says how,
+from their kvtool.json); with --converted and no --case nothing is solved in process. --mqa and --merged likewise
+score head-merged checkpoints already made.
 
 --json writes {"title", "date", "command", "rows"}: per conversion its label, kind ("mla", or "merge" for the
 original and aware MQA), cached dims, KV bytes per token (bf16) and per text the PPL ratio, KLD and top-1 with
@@ -98,6 +102,16 @@ def parse_case(text: str) -> tuple[int, int, dict]:
     return int(parts[0]), int(parts[1]), opts
 
 
+def trained(path: Path) -> str:
+    """How a kvtool conversion was trained, from its kvtool.json: "training-free" or "refine N, distill M"."""
+    prov = json.loads((path / "kvtool.json").read_text())
+    rec = prov.get("solve") or prov.get("method_details") or {}
+    refine = rec.get("refine", {}).get("steps") if isinstance(rec.get("refine"), dict) else rec.get("refine_steps")
+    distill = rec.get("distill", {}).get("steps")
+    parts = [f"refine {refine}" if refine else "", f"distill {distill}" if distill else ""]
+    return ", ".join(p for p in parts if p) or "training-free"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--calib-tokens", type=int, default=4096)
@@ -117,6 +131,8 @@ def main() -> int:
     ap.add_argument("--merged", type=Path, action="append", default=[],
                     help="a head-merged conversion of the source (kvtool convert --to gqa ...) to score as a merge "
                          "point, at its own KV bytes")
+    ap.add_argument("--converted", type=Path, action="append", default=[],
+                    help="a `kvtool convert --to mla` output to score at its own cached dims (repeatable)")
     ap.add_argument("--json", type=Path, default=None, help="also write the rows here")
     ap.add_argument("--plot", type=Path, default=None, help="draw the rows (bench/mla_curve.py): .png/.svg/.pdf")
     a = ap.parse_args()
@@ -150,7 +166,8 @@ def main() -> int:
           f"{time.perf_counter() - t0:.1f} s", file=sys.stderr)
     hd, H = rope.head_dim, cfg["num_attention_heads"]
     cands = []
-    for case in a.case or ["128:64"]:
+    series: dict[str, str] = {}  # a converted MLA row's line in the plot (bench/mla_curve.py): how it was trained
+    for case in a.case or ([] if a.converted else ["128:64"]):
         cached, dr, opts = parse_case(case)
         nope = opts.get("nope", hd - dr)
         options = replace(SolveOptions(), **{k: v for k, v in opts.items() if k != "nope"})
@@ -183,13 +200,21 @@ def main() -> int:
                              "--no-progress", "--force"])
             if rc:
                 raise SystemExit(f"aware MQA conversion failed ({rc})")
-        cands.append(("aware MQA (training-free, kvtool's defaults)", 128,
+        cands.append((f"aware MQA ({trained(dst)})", 128,
                       Candidate(AutoModelForCausalLM.from_pretrained(dst, dtype=torch.float32).eval(), label="mqa")))
     for m in a.merged:
         mcfg = json.loads((m / "config.json").read_text())
         kv = mcfg.get("num_key_value_heads", mcfg["num_attention_heads"])
-        cands.append((f"head merging to {kv} KV heads ({m.name})", 2 * kv * hd,
+        cands.append((f"head merging to {kv} KV heads ({m.name}, {trained(m)})", 2 * kv * hd,
                       Candidate(AutoModelForCausalLM.from_pretrained(m, dtype=torch.float32).eval(), label=m.name)))
+    for m in a.converted:
+        mcfg = json.loads((m / "config.json").read_text())
+        cached = mcfg["kv_lora_rank"] + mcfg["qk_rope_head_dim"]
+        label = (f"MLA {cached} (rope {mcfg['qk_rope_head_dim']}, latent {mcfg['kv_lora_rank']}) kvtool convert, "
+                 f"{trained(m)} ({m.name})")
+        cands.append((label, cached, Candidate(AutoModelForCausalLM.from_pretrained(m, dtype=torch.float32).eval(),
+                                               label=m.name)))
+        series[label] = f"MLA, {trained(m)}"
     tok = load_tokenizer(src)
     reports = {kind: evaluate_many([c for _, _, c in cands], baseline=source, texts=t, max_tokens=a.eval_tokens,
                                    max_length=a.window, device="cpu", dtype="float32", tokenizer=tok,
@@ -206,7 +231,8 @@ def main() -> int:
              **{k: {"ppl_ratio": 1.0, "ppl_ratio_se": 0.0} for k in texts}}]
     for i, (label, cached, _) in enumerate(cands):
         cells, row = [], {"conversion": label, "kind": "mla" if label.startswith("MLA") else "merge",
-                          "cached_dims": cached, "kv_bytes_per_token": cached * per_dim}
+                          "cached_dims": cached, "kv_bytes_per_token": cached * per_dim,
+                          **({"series": series[label]} if label in series else {})}
         for k, r in reports.items():
             m = r[i].metrics
             row[k] = {x: m[x] for x in ("ppl_ratio", "ppl_ratio_se", "kld_mean", "kld_se", "top1_agreement", "top1_se")}

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU check: kvtool's eval tests on CUDA, a tokens/s bench against a plain transformers loop, then the
-# calibrated commands (convert --method aware with refinement, quantize-kv) on the GPU, with timings.
+# calibrated commands (convert --method aware with refinement, convert --to mla refined and distilled,
+# quantize-kv) on the GPU, with timings.
 #
 # Runs offline. The target machine (one H200, Python 3.12, torch 2.11, transformers 5.17, accelerate,
 # safetensors, pytest; no network; at most 64 MiB carried) lacks jsonschema and compressed-tensors and cannot
@@ -126,8 +127,8 @@ PY
 fi
 
 if [ "${KVTOOL_GPU_CHECK_BENCH:-1}" != "0" ]; then
-  if [ "$CPU" = "1" ]; then TOKENS=768 LEN=256 STRIDE=128 BATCH=4 REPEATS=1 REFINE=2 EVT=256; else
-    TOKENS=16384 LEN=1024 STRIDE=512 BATCH=8 REPEATS=3 REFINE=64 EVT=2048; fi
+  if [ "$CPU" = "1" ]; then TOKENS=768 LEN=256 STRIDE=128 BATCH=4 REPEATS=1 REFINE=2 DISTILL=2 EVT=256; else
+    TOKENS=16384 LEN=1024 STRIDE=512 BATCH=8 REPEATS=3 REFINE=64 DISTILL=48 EVT=2048; fi
   stamp "bench: kvtool eval vs plain transformers loop ($DTYPE, L=$LEN, S=$STRIDE, $TOKENS tokens)"
   timeout 180 $PY bench/eval_bench.py --device "$DEVICE" --dtype "$DTYPE" --max-length "$LEN" --stride "$STRIDE" \
     --tokens "$TOKENS" --batch-size 1 --repeats "$REPEATS" || echo "gpu_check: bench failed (rc=$?; 124: timed out)" >&2
@@ -143,6 +144,15 @@ if [ "${KVTOOL_GPU_CHECK_BENCH:-1}" != "0" ]; then
     timeout 300 $PY -m kvtool convert "$smol" /tmp/kvtool-gpu-aware --to mqa --method aware --refine-steps "$REFINE" \
       --calib-tokens 4096 --eval --eval-tokens "$EVT" --force --no-progress || rc=$((rc ? rc : $?))
     stamp "convert took $(( $(date +%s) - t0 )) s"
+    # GQA -> MLA at MQA's bytes, refined and distilled: the solve on the CPU, refinement, distillation and the
+    # calibration forward on the device; CPU reference (2 cores, real SmolLM2): docs/convert-mla.md, "Refined"
+    stamp "convert --to mla --kv-budget 7.5KiB --refine-steps $REFINE --distill-steps $DISTILL on $DEVICE (SmolLM2)"
+    t0=$(date +%s)
+    timeout 300 $PY -m kvtool convert "$smol" /tmp/kvtool-gpu-mla --to mla --kv-budget 7.5KiB --refine-steps "$REFINE" \
+      --distill-steps "$DISTILL" --calib-tokens 4096 --eval --eval-tokens "$EVT" --force --no-progress \
+      || rc=$((rc ? rc : $?))
+    stamp "convert --to mla took $(( $(date +%s) - t0 )) s"
+    $PY -m kvtool lint /tmp/kvtool-gpu-mla | tail -2 || rc=$((rc ? rc : $?))
     stamp "quantize-kv on $DEVICE (SmolLM2)"
     t0=$(date +%s)
     $PY -c "from kvtool.testing.text import calibration_text as t; open('/tmp/kvtool-calib.txt', 'w').write(t())"

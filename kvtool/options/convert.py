@@ -69,9 +69,11 @@ class ConvertOptions:
                                       help=f"--method aware: calibration tokens ({aware.CALIB_TOKENS}; "
                                            f"{aware.CALIB_TOKENS_REFINE} with --refine-steps and no --distill-steps).")
     refine_steps: int | None = option(None, minimum=0,
-                                      help="--method aware: optimizer steps per layer after the merge (0).")
+                                      help="--method aware, --to mla: optimizer steps per layer after the merge or "
+                                           "solve (0).")
     distill_steps: int | None = option(None, minimum=0,
-                                       help="--method aware: end-to-end distillation steps after the merge (0).")
+                                       help="--method aware, --to mla: end-to-end distillation steps after the "
+                                            "merge or solve (0).")
     seq_len: int | None = option(None, recipe="calibration.seq_len", minimum=aware.MIN_SEQ_LEN,
                                  help=f"--method aware: tokens per calibration sequence ({aware.SEQ_LEN_CLOSED_FORM}; "
                                       f"{aware.SEQ_LEN_REFINE} with --refine-steps or --distill-steps).")

@@ -1,8 +1,10 @@
 """Optional end-to-end distillation after the per-layer merge (`--distill-steps`).
 
-Adam on the converted layers' q/k/v/o against the original model's next-token distributions,
+Adam on the converted layers' attention tensors against the original model's next-token distributions,
 KL(original || converted) at every calibration position. Per-layer reconstruction matches each
-attention output on its own; this matches what the whole stack predicts.
+attention output on its own; this matches what the whole stack predicts. What an attention layer holds and
+how it runs is the `block`'s: `ProjBlock` (the merged q/k/v/o in transformers' own module, the aware merge) or
+kvtool.convert.mla.train.MlaBlock (the MLA solve's tensors as the module's forward).
 
 - Teacher: the original model's top-k log-probabilities at every position, with the rest of the mass as
   one more bin, from the original stream the calibration pass runs alongside (`teacher_targets`). The KL
@@ -23,7 +25,7 @@ from typing import TYPE_CHECKING, Callable
 
 import torch
 
-from kvtool.convert.aware.attention import PROJ_FIELDS, Proj
+from kvtool.convert.aware.attention import Proj
 from kvtool.convert.aware.modules import install_proj, module_layout, read_proj, trainable_params
 from kvtool.convert.aware.spill import LayerFiles
 from kvtool.runtime.kv_hooks import attention_modules
@@ -93,12 +95,40 @@ def _kl(logits: torch.Tensor, t_idx: torch.Tensor, t_logp: torch.Tensor, t_rest:
     return (term + torch.where(p_rest > 0, p_rest * (t_rest - s_rest), torch.zeros_like(p_rest))).sum()
 
 
-class Distiller:
-    """See the module docstring. get(layer): the layer's merged projections in the checkpoint's order."""
+class ProjBlock:
+    """A merged layer as the aware merge keeps it (Proj, the checkpoint's order), installed into transformers' own
+    attention module (kvtool.convert.aware.modules)."""
 
-    def __init__(self, lm: "LayerwiseModel", ids: torch.Tensor, teacher: Teacher, get: Callable[[int], Proj], *,
-                 num_heads: int, lr: float, on_progress: Callable[[str], None] | None = None) -> None:
-        self.lm, self.ids, self.teacher, self.num_heads, self.lr = lm, ids, teacher, num_heads, lr
+    def __init__(self, num_heads: int) -> None:
+        self.num_heads = num_heads
+
+    def tensors(self, value: Proj) -> dict[str, torch.Tensor]:
+        return value.tensors()
+
+    def pack(self, tensors: dict[str, torch.Tensor]) -> Proj:
+        return Proj.of(tensors)
+
+    def install(self, module, tensors: dict[str, torch.Tensor], train: bool):
+        lay = module_layout(module)
+        install_proj(module, Proj.of(tensors), self.num_heads, lay)
+        if train:
+            for p in trainable_params(module, lay):
+                p.requires_grad_(True)
+        return lay
+
+    def grads(self, module, installed) -> dict[str, torch.Tensor]:
+        return read_proj(module, installed, grads=True).tensors()
+
+
+class Distiller:
+    """See the module docstring. get(layer): the layer's converted tensors as the block keeps them (ProjBlock: the
+    merged projections in the checkpoint's order); block: ProjBlock(num_heads) unless given."""
+
+    def __init__(self, lm: "LayerwiseModel", ids: torch.Tensor, teacher: Teacher, get: Callable[[int], object], *,
+                 lr: float, num_heads: int | None = None, block=None,
+                 on_progress: Callable[[str], None] | None = None) -> None:
+        self.lm, self.ids, self.teacher, self.lr = lm, ids, teacher, lr
+        self.block = block if block is not None else ProjBlock(int(num_heads))
         self.attn = {m.layer_idx: m for m in attention_modules(lm.model)}
         self.note = on_progress or (lambda s: None)
         self.store = LayerFiles("kvtool-distill-", "the distillation state of layer {layer}")
@@ -111,16 +141,17 @@ class Distiller:
             self.store.close()
             raise
 
-    def _start(self, get: Callable[[int], Proj]) -> None:
+    def _start(self, get: Callable[[int], object]) -> None:
         for i in sorted(self.attn):
             state = {}
-            for f, t in get(i).tensors().items():  # the tensor, its Adam moments, its RMS (the step size's unit)
+            for f, t in self.block.tensors(get(i)).items():  # the tensor, its Adam moments, its RMS (the step size's unit)
                 state.update({f: t, f"{f}.m": torch.zeros_like(t), f"{f}.v": torch.zeros_like(t),
                               f"{f}.lr": t.pow(2).mean().sqrt().clamp_min(1e-8).reshape(1)})
             self.store.save(i, state)
 
-    def projections(self, layer: int) -> Proj:
-        return Proj.of(self.store.load(layer))
+    def projections(self, layer: int):
+        """The layer's tensors now, as the block keeps them."""
+        return self.block.pack(_own(self.store.load(layer)))
 
     def close(self) -> None:
         self.store.close()
@@ -131,12 +162,7 @@ class Distiller:
         if mod is None:
             return None, None
         state = layer_state if layer_state is not None else self.store.load(i, self.lm.device)
-        lay = module_layout(mod)
-        install_proj(mod, Proj.of(state), self.num_heads, lay)
-        if train:
-            for p in trainable_params(mod, lay):
-                p.requires_grad_(True)
-        return mod, lay
+        return mod, self.block.install(mod, _own(state), train)
 
     def _forward(self, rows: torch.Tensor, keep: bool) -> tuple[torch.Tensor, list, list]:
         """Student hidden states leaving the last layer for ids[rows]; with keep, each layer's input."""
@@ -179,13 +205,13 @@ class Distiller:
         """One Adam step on ids[rows]; returns the loss (mean KL per position) before the step."""
         self.t += 1
 
-        def update(i: int, state: dict, grads: Proj) -> None:
+        def update(i: int, state: dict, grads: dict[str, torch.Tensor]) -> None:
             self._adam(state, grads)
             self.store.save(i, state)
 
         return self.gradients(rows, update)
 
-    def gradients(self, rows: torch.Tensor, visit: Callable[[int, dict, Proj], None]) -> float:
+    def gradients(self, rows: torch.Tensor, visit: Callable[[int, dict, dict[str, torch.Tensor]], None]) -> float:
         """The loss (mean KL per position) on ids[rows] and its gradient: visit(layer, state, grads) for each
         attention layer, last layer first, while it is materialised (state: the layer's stored tensors)."""
         h, calls, inputs = self._forward(rows, keep=True)
@@ -193,22 +219,22 @@ class Distiller:
         for i in reversed(range(self.lm.num_layers)):
             with self.lm.materialised(i) as layer:
                 state = self.store.load(i, self.lm.device) if i in self.attn else None
-                mod, lay = self._install(i, state, train=True)
+                mod, installed = self._install(i, state, train=True)
                 x = inputs[i].detach().requires_grad_(True)
                 with torch.enable_grad():
                     run_layer(layer, x, calls[i]).backward(grad)
                 grad = x.grad
                 inputs[i] = None
                 if mod is not None:
-                    visit(i, state, read_proj(mod, lay, grads=True))
+                    visit(i, state, self.block.grads(mod, installed))
             self.note(f"backward, layer {i + 1}/{self.lm.num_layers}")
         return loss
 
-    def _adam(self, state: dict[str, torch.Tensor], g: Proj) -> None:
+    def _adam(self, state: dict[str, torch.Tensor], g: dict[str, torch.Tensor]) -> None:
         b1, b2 = BETAS
-        for f in PROJ_FIELDS:
-            grad = getattr(g, f)
-            if f not in state or grad is None:
+        for f in _own(state):
+            grad = g.get(f)
+            if grad is None:
                 continue
             m, v = state[f"{f}.m"], state[f"{f}.v"]
             m.mul_(b1).add_(grad, alpha=1 - b1)
@@ -217,17 +243,22 @@ class Distiller:
             state[f].addcdiv_(m, denom, value=-self.lr * float(state[f"{f}.lr"]) / (1 - b1 ** self.t))
 
 
-def distill(lm: "LayerwiseModel", ids: torch.Tensor, teacher: Teacher, get: Callable[[int], Proj],
-            put: Callable[[int, Proj], None], *, num_heads: int, steps: int, lr: float,
+def _own(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The layer's tensors of a stored state, without their Adam moments and step units (NAME.m / .v / .lr)."""
+    return {f: t for f, t in state.items() if f"{f}.m" in state}
+
+
+def distill(lm: "LayerwiseModel", ids: torch.Tensor, teacher: Teacher, get: Callable[[int], object],
+            put: Callable[[int, object], None], *, steps: int, lr: float, num_heads: int | None = None, block=None,
             on_note: Callable[[str], None] | None = None, on_step: Callable[[], None] | None = None) -> dict:
-    """`steps` Adam steps, one calibration sequence each in turn, on the projections get(layer) returns;
-    put(layer, projections) receives the result. The start is kept if the KL over all calibration
+    """`steps` Adam steps, one calibration sequence each in turn, on the tensors get(layer) returns (block:
+    Distiller's); put(layer, tensors) receives the result. The start is kept if the KL over all calibration
     sequences is not lower after. on_note(what): progress within a pass; on_step(): after each step.
     Returns what provenance records."""
     note = on_note or (lambda s: None)
     d = None
     try:
-        d = Distiller(lm, ids, teacher, get, num_heads=num_heads, lr=lr,
+        d = Distiller(lm, ids, teacher, get, num_heads=num_heads, block=block, lr=lr,
                       on_progress=lambda s: note(f"measuring the start: {s}"))
         start = d.kl()
         losses = []

@@ -92,9 +92,11 @@ class MlaPlan:
     @property
     def headline(self) -> str:
         """One line of what the conversion does (a recipe's plan line)."""
-        s = self.shape
+        s, st = self.shape, self.settings
+        trained = ", ".join(f"{st[k]} {what}" for k, what in (("refine_steps", "refinement steps per layer"),
+                                                              ("distill_steps", "distillation steps")) if st[k])
         return (f"{self.source_kv_heads} KV heads -> MLA latent {s.kv_lora_rank} + rope {s.qk_rope_head_dim} "
-                f"(training-free {self.settings['mla_solve']} solve)")
+                f"({st['mla_solve']} solve, {trained or 'training-free'})")
 
     def estimate(self, eval_tokens: int | None = None):
         """Peak memory and time (kvtool.model.costs): the calibration replay and the write, as the aware merge's
@@ -208,10 +210,6 @@ def _refuse_source(o, arch, spec, config: dict, tensors: dict, layers: dict, whe
         which = "groups" if o.groups is not None else "grouping" if o.grouping is not None else "method"
         raise UsageError("--to mla solves each layer from calibration (kvtool.convert.mla.solve); it takes no merge "
                          "method, grouping or KV-head count", option=which)
-    for name in ("refine_steps", "distill_steps"):
-        if getattr(o, name):
-            raise UsageError("--to mla is training-free: its solve has no refinement or distillation yet",
-                             option=name)
     if spec.number("num_experts"):
         raise UsageError("mixture-of-experts MLP: --to mla copies dense MLPs only", file=where,
                          field=spec.key("num_experts") or "num_experts")
@@ -457,6 +455,10 @@ class SolvedLayers:
         self._files.save(layer, tensors)
         self.layers.add(layer)
 
+    def peek(self, layer: int) -> dict:
+        """The layer's tensors, left in place."""
+        return self._files.load(layer)
+
     def take(self, layer: int) -> dict:
         out = self._files.load(layer)
         self._files.path(layer).unlink()
@@ -470,11 +472,13 @@ class SolvedLayers:
 def calibrate(p: MlaPlan, reader, device: str = "cpu") -> SolvedLayers:
     """The calibration ids (kvtool.convert.aware.calibration_data: --calib-text / --calib-dataset, the aware
     merge's default mix), then one forward of the source model (kvtool.convert.mla.stats.collect_stats) that
-    solves each attention layer as it reaches it and goes on with the converted layer's output."""
+    solves each attention layer as it reaches it (and refines it, --refine-steps) and goes on with the converted
+    layer's output; then --distill-steps (kvtool.convert.mla.train)."""
     import torch
 
     from kvtool import progress as kv_progress
     from kvtool.convert.aware.calibration_data import CalibrationData
+    from kvtool.convert.aware.method import DISTILL_LR, REFINE_TARGETS
     from kvtool.convert.mla import solve
     from kvtool.convert.mla.layout import check_solved
     from kvtool.convert.mla.rope import SourceRope
@@ -488,7 +492,15 @@ def calibrate(p: MlaPlan, reader, device: str = "cpu") -> SolvedLayers:
     dataset = s["calib_dataset"] or (None if s["calib_text"] else MERGE_CALIBRATION)
     rope = SourceRope.of_config(p.spec.config)
     solved = SolvedLayers()
+    refine_steps, distill_steps = s["refine_steps"], s["distill_steps"]
+    if refine_steps or distill_steps:
+        from kvtool.convert.mla import train
+    # refinement fits the source attention on the converted stream: the aware merge's `layer` target and step
+    refine_lr = REFINE_TARGETS["layer"]
+    per_layer = 1 + refine_steps  # one unit per layer: its solve and each refinement step equal parts
     bar = kv_progress.task("calibrate", total=len(p.layers), unit="layers")
+    refined: dict[int, dict] = {}
+    distilled: dict = {}
     try:
         data = CalibrationData.build(p.src, s["calib_text"], dataset, s["calib_tokens"], s["seq_len"],
                                      device=torch.device(device), note=bar.set_note)
@@ -498,15 +510,35 @@ def calibrate(p: MlaPlan, reader, device: str = "cpu") -> SolvedLayers:
         def convert(layer: int, stats):
             weights = {k: reader.get(n).float() for k, n in p.layers[layer].items()}
             tensors = solve.solve_layer(weights, stats, p.shape, rope, options)
+            bar.update(1 / per_layer, note=f"layer {layer} solved")
+            if refine_steps:
+                step = [0]
+
+                def on_step():
+                    step[0] += 1
+                    bar.update(1 / per_layer, note=f"layer {layer}, refinement step {step[0]}/{refine_steps}")
+
+                tensors, refined[layer] = train.refine_layer(
+                    tensors, stats, p.shape, rope, steps=refine_steps, lr=refine_lr, norm=options.norm,
+                    o_ridge=options.o_ridge, device=device, on_step=on_step)
             check_solved(tensors, p.shape, layer)
             solved.put(layer, tensors)
-            bar.update(1, note=f"layer {layer} solved")
             return lambda x: solve.mla_output(x, tensors, p.shape, rope)
 
-        bar.set_note(f"the source model over {data.ids.numel()} calibration tokens")
         with sigterm_as_interrupt(), open_layerwise(p.src, device=device, dtype=torch.float32, reader=reader,
                                                      layerwise=False) as lm:
+            teacher = None
+            if distill_steps:
+                from kvtool.convert.aware.distill import teacher_targets
+
+                bar.set_note("the source model's next-token distributions")
+                teacher = teacher_targets(lm, train.source_hidden(lm, data.ids))
+            bar.set_note(f"the source model over {data.ids.numel()} calibration tokens")
             collect_stats(lm.model, data.ids, convert=convert)
+            if distill_steps:
+                bar.close()
+                distilled = _distill(lm, data.ids, teacher, solved, train.MlaBlock(p.shape, rope, options.norm),
+                                     steps=distill_steps, lr=DISTILL_LR)
     except BaseException:
         solved.close()
         raise
@@ -519,4 +551,25 @@ def calibrate(p: MlaPlan, reader, device: str = "cpu") -> SolvedLayers:
                          "module)", field="architectures")
     solved.info = {**data.provenance(), "horizon": options.horizon, "options": dict(vars(options)),
                    **getattr(solve, "provenance", lambda: {})()}
+    if refine_steps:
+        solved.info["refine"] = {"steps": refine_steps, "lr": refine_lr, "target": "layer",
+                                 "loss_start": [round(refined[i]["loss_start"], 6) for i in sorted(refined)],
+                                 "loss_end": [round(refined[i]["loss_end"], 6) for i in sorted(refined)]}
+    if distilled:
+        solved.info["distill"] = {"steps": distill_steps, "lr": DISTILL_LR, **distilled}
     return solved
+
+
+def _distill(lm, ids, teacher, solved: SolvedLayers, block, *, steps: int, lr: float) -> dict:
+    """--distill-steps on the solved layers (kvtool.convert.aware.distill with the MLA block), with a progress bar
+    of its own; the layers kept in `solved` are replaced when the KL fell."""
+    from kvtool import progress as kv_progress
+    from kvtool.convert.aware.distill import TOP_K, distill
+
+    bar = kv_progress.task("distill", total=steps, unit="steps")
+    try:
+        out = distill(lm, ids, teacher, solved.peek, solved.put, block=block, steps=steps, lr=lr,
+                      on_note=bar.set_note, on_step=bar.update)
+    finally:
+        bar.close()
+    return {"top_k": TOP_K, **out}
