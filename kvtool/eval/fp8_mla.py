@@ -8,9 +8,10 @@ layer, `kv_c_normed = kv_a_layernorm(kv_c)` (the RMSNorm's weight included) and 
 scale, the layer's k_scale, for the latent and the rope key (skip_scale when it is 1.0: the same values). The
 cast is the cache kernels' saturating e4m3 conversion (kvtool.eval.fp8.fp8_roundtrip: clamp to +-448).
 
-Reading it back: TRITON_MLA (the only dense MLA backend for kv_lora_rank + rope != 576, i.e. kvtool's
-conversions below the FlashMLA preset) dequantizes in the kernel as `(k.to(float32) * k_scale).to(q.dtype)` for
-the latent, the rope key and the values (the latent again, `v_scale=layer._k_scale`:
+Reading it back: TRITON_MLA (the only dense MLA backend for a cached row other than 320, 512 or 576 values,
+so for kvtool's conversions below the FlashMLA preset) dequantizes in the kernel as
+`(k.to(float32) * k_scale).to(q.dtype)` for the latent, the rope key and the values (the latent again,
+`v_scale=layer._k_scale`:
 vllm/v1/attention/backends/mla/triton_mla.py `TritonMLAImpl.forward_mqa`,
 vllm/v1/attention/ops/triton_decode_attention.py) and keeps the query in the model dtype
 (`TritonMLAImpl.__init__` sets supports_quant_query_input = False for an FP8 cache). FlashMLA, FlashInfer-MLA and
