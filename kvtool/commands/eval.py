@@ -64,6 +64,8 @@ def render_text(r) -> console.Text:
             kv += " emulated, scale 1.0 in every layer (vLLM's default without scales)"
         else:
             kv += f" emulated, {s['source']} scales for {s['layers']} layers ({s['min_scale']:.4g}..{s['max_scale']:.4g})"
+        if s.get("cache") == "mla_latent":
+            kv += "; MLA: the cached latent (kv_c_normed) and rotated k_pe, one scale per layer (vLLM TRITON_MLA)"
     lines.append(f"device    {r.device}, {r.dtype}, KV cache {kv}")
     fa = getattr(r, "fp8_attention", None)
     if fa and fa["name"] != "cache-only":

@@ -598,10 +598,18 @@ def _refuse_fp8_attention_without_fp8(c: Candidate) -> None:
     from kvtool.model import kv_scale_names
     from kvtool.model.preflight import preflight
 
-    if (c.fp8_attention == DEFAULT or c.kv_cache_dtype == "off" or _fp8_by_options(c)
-            or not isinstance(c.model, (str, os.PathLike))):
+    if c.fp8_attention == DEFAULT or c.kv_cache_dtype == "off" or not isinstance(c.model, (str, os.PathLike)):
+        return
+    by_options = _fp8_by_options(c)
+    if by_options and not Path(c.model).is_dir():  # a hub id: _mla_emulation refuses MLA once it is loaded
         return
     ckpt = preflight(os.fspath(c.model), model_code=True, read_side_files=False)
+    if isinstance(ckpt.config.get("kv_lora_rank"), int):  # MLA (the load-time check: _mla_emulation)
+        from kvtool.eval.fp8_mla import refuse_fp8_attention
+
+        raise refuse_fp8_attention(c.fp8_attention)
+    if by_options:
+        return
     if declares_fp8_kv(ckpt.config, str(ckpt.config_path)):
         return
     if c.kv_scales == "checkpoint" and any(kv_scale_names.is_kv_scale(n) for h in ckpt.headers for n in h.tensors):
@@ -634,6 +642,10 @@ def _emulation(c: Candidate, m: _Loaded):
         if c.fp8_attention != DEFAULT:  # a model given loaded: _refuse_fp8_attention_without_fp8 could not read it
             raise _no_fp8_cache(c.fp8_attention)
         return None
+    from kvtool.runtime.kv_hooks import mla_modules
+
+    if mla_modules(m.model):
+        return _mla_emulation(c, m)
     if isinstance(c.kv_scales, KVScales):
         scales = c.kv_scales
     elif given:
@@ -643,6 +655,27 @@ def _emulation(c: Candidate, m: _Loaded):
     else:
         scales = stored
     return Fp8Attention(scales, backend(c.fp8_attention)), scales
+
+
+def _mla_emulation(c: Candidate, m: _Loaded):
+    """(kvtool.eval.fp8_mla.Fp8Latent, MLAScales): vLLM's FP8 latent cache, one k_scale per layer."""
+    from kvtool.eval.fp8_backends import DEFAULT
+    from kvtool.eval.fp8_mla import Fp8Latent, MLAScales, read_mla_scales, refuse_fp8_attention
+
+    if c.fp8_attention != DEFAULT:
+        raise refuse_fp8_attention(c.fp8_attention)
+    if "index_topk" in m.config:  # DeepSeek-V3.2: the sparse backends' fp8_ds_mla, per-tile scales
+        raise UsageError("the sparse MLA backends store fp8_ds_mla (per-tile scales), which eval does not emulate",
+                         option="kv_cache_dtype")
+    if not isinstance(c.kv_scales, str):
+        scales = MLAScales.from_given(c.kv_scales)
+    elif c.kv_scales == "checkpoint" and m.folder is not None:
+        scales = read_mla_scales(m.folder)
+        if not len(scales):
+            scales = MLAScales(source="one")
+    else:
+        scales = MLAScales(source="one")
+    return Fp8Latent(scales), scales
 
 
 @contextlib.contextmanager

@@ -66,7 +66,8 @@ class EvalOptions:
     fp8_attention: str = option("cache-only", choices=FP8_ATTENTION,
                                 help="With an FP8 KV cache, what else vLLM 0.33's backend rounds to e4m3: cache-only "
                                      "(K/V only) | flash-attn (FA3 on Hopper: + queries) | flashinfer (+ queries) | "
-                                     "triton (+ queries and probabilities). docs/eval.md#fp8-attention")
+                                     "triton (+ queries and probabilities); an MLA checkpoint: cache-only (the latent "
+                                     "cache, TRITON_MLA). docs/eval.md#fp8-attention")
     max_ppl_increase: str = option("2%", recipe="thresholds.max_ppl_increase", schema=PERCENT,
                                    help="Gate: PPL ratio - 1 (with --baseline; 'off' disables).")
     max_kld: float | None = option(None, recipe="thresholds.max_kld", minimum=0,

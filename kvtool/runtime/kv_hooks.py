@@ -7,6 +7,11 @@ the base implementation (sdpa or eager) unchanged. FP8 KV emulation (eval) and s
 (quantize-kv) both use this one hook. A function with a `query` attribute (fn.query(layer, query, key)
 -> query) also sees the query (post-RoPE, [batch, heads, seq, head_dim]); one with an `attention`
 attribute runs that instead of the base implementation (kvtool.eval.fp8.Fp8Attention).
+
+MLA (DeepSeek layout) caches no K/V: a function with a `latent` attribute (fn.latent(layer, kv_c_normed, k_pe)
+-> (kv_c_normed, k_pe), kvtool.eval.fp8_mla.Fp8Latent) sees what vLLM caches instead, the latent after
+kv_a_layernorm (weight included) and the rotated shared rope key, both [batch, 1, seq, dims]: the arguments of
+transformers' `expand_kv`, which decompresses them into per-head K/V (`latent_hook`).
 """
 
 from __future__ import annotations
@@ -65,9 +70,46 @@ def attention_modules(model) -> list:
             if type(m).__name__.endswith("Attention") and isinstance(getattr(m, "layer_idx", None), int)]
 
 
+def mla_modules(model) -> list:
+    """The MLA attention modules: transformers' DeepseekV2/V3Attention (expand_kv decompresses the cached
+    latent and rope key into per-head K/V)."""
+    return [m for m in attention_modules(model) if callable(getattr(m, "expand_kv", None))
+            and hasattr(m, "kv_a_layernorm")]
+
+
+@contextlib.contextmanager
+def latent_hook(model, fn) -> Iterator[None]:
+    """Within the block, fn(layer_idx, kv_c_normed, k_pe) -> (kv_c_normed, k_pe) runs on each MLA layer's
+    cached tensors, where transformers' forward hands them to expand_kv (after its cache update)."""
+    mods = mla_modules(model)
+    if not mods:
+        raise RuntimeError(f"{type(model).__name__}: no MLA attention modules (expand_kv) found")
+    if any("expand_kv" in vars(m) for m in mods):
+        raise RuntimeError("latent_hook is already active on this model")
+
+    def wrap(base, layer: int):
+        def expand_kv(kv_nope, k_rot):
+            return base(*fn(layer, kv_nope, k_rot))
+        return expand_kv
+
+    for m in mods:
+        m.expand_kv = wrap(m.expand_kv, m.layer_idx)  # an instance attribute over the class's method
+    try:
+        yield
+    finally:
+        for m in mods:
+            vars(m).pop("expand_kv", None)
+
+
 @contextlib.contextmanager
 def kv_hook(model, fn: KVFn) -> Iterator[None]:
-    """Within the block, fn(layer_idx, key, value) -> (key, value) runs in every attention layer."""
+    """Within the block, fn(layer_idx, key, value) -> (key, value) runs in every attention layer; a fn with a
+    `latent` attribute runs that on MLA's cached latent instead (latent_hook)."""
+    latent = getattr(fn, "latent", None)
+    if latent is not None:
+        with latent_hook(model, latent):
+            yield
+        return
     config = model.config
     base = config._attn_implementation or "sdpa"
     if base.startswith(_PREFIX):

@@ -52,3 +52,10 @@ def tiny_llama_path(tmp_path_factory, smollm2_path, smollm2_tokenizer):
     from eval_helpers import tiny_llama
 
     return tiny_llama(tmp_path_factory.mktemp("tiny") / "tiny-llama", smollm2_path, len(smollm2_tokenizer))
+
+
+@pytest.fixture(scope="session")
+def tiny_deepseek_path(tmp_path_factory, smollm2_path, smollm2_tokenizer):
+    from eval_helpers import tiny_deepseek
+
+    return tiny_deepseek(tmp_path_factory.mktemp("tiny") / "tiny-deepseek", smollm2_path, len(smollm2_tokenizer))

@@ -33,6 +33,29 @@ def tiny_llama(folder: Path, tokenizer_from: Path, vocab_size: int, seed: int = 
     return folder
 
 
+def tiny_deepseek(folder: Path, tokenizer_from: Path, vocab_size: int, seed: int = 0) -> Path:
+    """A 2-layer random DeepSeek-V3 MLA model (dense MLPs, q_lora_rank null as `convert --to mla` writes it;
+    latent 16 + rope 8) that shares tokenizer_from's tokenizer. kv_a_layernorm's weights are spread (0.5..4) so
+    the latent dims differ in scale, as a conversion's do."""
+    import torch
+    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = DeepseekV3Config(vocab_size=vocab_size, hidden_size=32, intermediate_size=64, moe_intermediate_size=16,
+                           num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4, q_lora_rank=None,
+                           kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8,
+                           first_k_dense_replace=2, n_routed_experts=4, num_experts_per_tok=2, n_group=1,
+                           topk_group=1, max_position_embeddings=1024, tie_word_embeddings=False,
+                           bos_token_id=1, eos_token_id=2)
+    model = DeepseekV3ForCausalLM(cfg)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.kv_a_layernorm.weight.copy_(torch.linspace(0.5, 4.0, cfg.kv_lora_rank))
+    model.save_pretrained(folder)
+    copy_tokenizer(tokenizer_from, folder)
+    return folder
+
+
 def mean_pooled_mqa(src: Path, dst: Path) -> Path:
     """A copy of a llama checkpoint with K/V heads mean-pooled into one (num_key_value_heads=1)."""
     import torch
