@@ -171,4 +171,4 @@ def test_smollm2_layer_by_layer_equals_the_whole_model(smollm2_path):
     whole = evaluate_many(cands, smollm2_path, layerwise=False, **kw)[0]
     assert layered.memory["mode"] == "layerwise" and layered.tokens == 767
     assert 0 < layered.kld_mean < 0.05
-    _same(layered, whole, rel=1e-5)
+    _same(layered, whole, rel=1e-5 if DEVICE == "cpu" else 1e-4)  # CUDA sums in another order (H200: 6e-5 on KLD)

@@ -147,7 +147,7 @@ def default_rope_dim(solve: str, head_dim: int, theta: float, horizon: int) -> i
     if not angle:
         return head_dim // 2
     static = sum(1 for p in range(head_dim // 2) if theta ** (-2 * p / head_dim) * horizon < angle)
-    return head_dim - 2 * static
+    return head_dim - 2 * max(static, 1)  # qk_nope_head_dim >= 1 (resolve_shape)
 
 
 def served_horizon(settings: dict, spec) -> int:
@@ -188,9 +188,11 @@ def resolve_shape(o, spec, source_bytes: float, elem: float, attn_layers: int, d
         raise UsageError(f"{what}{rank} latent + {rope} rope dimensions per layer cache no less than the source's "
                          f"{source_dims} (2 x {KV} KV heads x head_dim {hd}); MLA would save nothing",
                          option="preset" if o.preset else ("kv_budget" if o.kv_budget else "kv_rank"))
-    if rope % 2 or rope > hd:
-        raise UsageError(f"{rope} must be even and at most head_dim {hd} (the rope part keeps the fastest rope / 2 of "
-                         f"the source's {hd // 2} pairs; the rest of each key head comes from the latent)",
+    if rope % 2 or rope > hd - 2:
+        # qk_nope_head_dim 0 is what lint's KV401 refuses (MLA needs positive dimensions): never write it
+        raise UsageError(f"{rope} must be even and at most head_dim - 2 = {hd - 2} (the rope part keeps the fastest "
+                         f"rope / 2 of the source's {hd // 2} pairs; qk_nope_head_dim, the rest of each key head, comes "
+                         "from the latent and must be at least 1: lint's KV401)",
                          option="preset" if o.preset else "rope_dim")
     # q/k heads keep the source's width (nope + rope = head_dim: the softmax scale is unchanged), v heads theirs
     return MlaShape(hidden_size=hidden, num_heads=H, kv_lora_rank=rank, qk_rope_head_dim=rope,

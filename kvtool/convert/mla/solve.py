@@ -313,7 +313,7 @@ def mla_contexts(x: torch.Tensor, t: dict[str, torch.Tensor], shape: MlaShape, r
     c = latent_of(ckv[..., :r], torch.eye(r, dtype=x.dtype), norm) * t["kv_a_layernorm.weight"].to(x.dtype)
     kv = (c @ t["kv_b_proj.weight"].to(x.dtype).T).view(B, T, H, dn + dv).transpose(1, 2)
     theta = torch.arange(T, dtype=torch.float64)[:, None] * rope.pair_angles()[rope_pairs(rope, dr)][None]
-    cos, sin = theta.cos().to(x.dtype), theta.sin().to(x.dtype)
+    cos, sin = theta.cos().to(x.device, x.dtype), theta.sin().to(x.device, x.dtype)  # the tables on x's device (CUDA)
 
     def turn(z):  # interleaved pairs (2i, 2i+1), as apply_rotary_pos_emb_interleave (de-interleaved out)
         a, b = z[..., 0::2], z[..., 1::2]

@@ -44,10 +44,10 @@ def test_kv_budget_fraction_bytes_and_rank_agree(tmp_path):
     assert by_rank.new_config["rope_theta"] == pytest.approx(100000.0 ** 0.5)
 
 
-def test_rope_over_the_whole_head_leaves_the_latent_the_values(tmp_path):
-    p = plan_of(folder(tmp_path), kv_rank=64, rope_dim=64)
-    assert (p.shape.qk_nope_head_dim, p.shape.qk_rope_head_dim, p.shape.v_head_dim) == (0, 64, 64)
-    assert p.new_config["rope_theta"] == pytest.approx(100000.0)  # all 32 pairs: the source's theta
+def test_rope_over_all_but_one_pair(tmp_path):
+    p = plan_of(folder(tmp_path), kv_rank=64, rope_dim=62)
+    assert (p.shape.qk_nope_head_dim, p.shape.qk_rope_head_dim, p.shape.v_head_dim) == (2, 62, 64)
+    assert p.new_config["rope_theta"] == pytest.approx(100000.0 ** (62 / 64))  # the fastest 31 pairs
 
 
 def test_mqa_seed_rope_default_is_the_head_less_its_static_pairs(tmp_path):
@@ -120,8 +120,9 @@ def refused(capsys, argv) -> str:
     (["--to", "mla"], "--kv-rank: --to mla needs the latent size"),
     (["--to", "gqa", "--groups", "1", "--kv-rank", "8"], "--kv-rank: only --to mla takes it"),
     (["--to", "mla", "--kv-rank", "8", "--kv-budget", "50%"], "give one of --kv-rank, --kv-budget, --preset"),
-    (["--to", "mla", "--kv-rank", "8", "--rope-dim", "7"], "--rope-dim: 7 must be even and at most head_dim 64"),
-    (["--to", "mla", "--kv-rank", "8", "--rope-dim", "66"], "--rope-dim: 66 must be even and at most head_dim 64"),
+    (["--to", "mla", "--kv-rank", "8", "--rope-dim", "7"], "--rope-dim: 7 must be even and at most head_dim - 2 = 62"),
+    (["--to", "mla", "--kv-rank", "8", "--rope-dim", "66"], "--rope-dim: 66 must be even and at most head_dim - 2"),
+    (["--to", "mla", "--kv-rank", "8", "--rope-dim", "64"], "qk_nope_head_dim, the rest of each key head"),
     (["--to", "mla", "--kv-rank", "400"], "cache no less than the source's 384"),
     (["--to", "mla", "--preset", "flashmla"], "--preset: flashmla: 512 latent + 64 rope"),
     (["--to", "mla", "--preset", "flashmla", "--rope-dim", "32"], "--rope-dim: --preset flashmla fixes"),

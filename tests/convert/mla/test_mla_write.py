@@ -89,20 +89,21 @@ def assert_layer_computes_mla(src, model, rank, rope, eps):
     assert torch.allclose(got, want, atol=1e-4, rtol=1e-4), (got - want).abs().max()
 
 
-def test_rope_over_the_whole_head(smollm2_path, tmp_path, monkeypatch):
-    """--rope-dim head_dim: qk_nope_head_dim 0, every key the shared rope key, the latent the values alone."""
+def test_rope_over_all_but_one_pair(smollm2_path, tmp_path, monkeypatch):
+    """--rope-dim head_dim - 2 (the most allowed: qk_nope_head_dim 0 is lint's KV401): nearly every key the shared
+    rope key."""
     from transformers import AutoModelForCausalLM
 
     install_fake_solve(monkeypatch)
     src = tiny_llama(tmp_path / "src", smollm2_path)
     dst = tmp_path / "mla"
-    assert main(["convert", str(src), str(dst), "--to", "mla", "--kv-rank", "16", "--rope-dim", "16",
+    assert main(["convert", str(src), str(dst), "--to", "mla", "--kv-rank", "16", "--rope-dim", "14",
                  "--calib-tokens", "64", "--seq-len", "32", "--calib-dataset", "pydoc", "--no-eval",
                  "--no-progress"]) == 0
     model, info = AutoModelForCausalLM.from_pretrained(dst, output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
-    assert model.config.qk_nope_head_dim == 0
-    assert_layer_computes_mla(src, model, 16, 16, model.config.rms_norm_eps)
+    assert model.config.qk_nope_head_dim == 2
+    assert_layer_computes_mla(src, model, 16, 14, model.config.rms_norm_eps)
 
 
 def test_lint_and_kv_budget_read_the_output(converted, capsys):
