@@ -30,7 +30,7 @@ class ConvertOptions:
                                  help="--to mla: latent dimensions cached per token and layer (kv_lora_rank).")
     rope_dim: int | None = option(None, minimum=2,
                                   help="--to mla: dimensions of the shared RoPE key cached beside the latent "
-                                       "(qk_rope_head_dim; even, at most head_dim; default head_dim / 2).")
+                                       "(qk_rope_head_dim; even, at most head_dim - 2; default: docs/convert-mla.md).")
     kv_budget: str | None = option(None, choices=("BYTES (7.5KiB, 7680B)", "FRACTION (0.33, 33%)"),
                                    pattern=KV_BUDGET_PATTERN, metavar="BYTES|FRACTION",
                                    help="--to mla: KV cache per token instead of --kv-rank, as bytes (7.5KiB, 7680B) "

@@ -310,7 +310,7 @@ def mla_contexts(x: torch.Tensor, t: dict[str, torch.Tensor], shape: MlaShape, r
     H, r, dr, dn, dv = shape.num_heads, shape.kv_lora_rank, shape.qk_rope_head_dim, shape.qk_nope_head_dim, shape.v_head_dim
     qs = (x @ t["q_proj.weight"].to(x.dtype).T).view(B, T, H, dn + dr).transpose(1, 2)
     ckv = x @ t["kv_a_proj_with_mqa.weight"].to(x.dtype).T
-    c = latent_of(ckv[..., :r], torch.eye(r, dtype=x.dtype), norm) * t["kv_a_layernorm.weight"].to(x.dtype)
+    c = latent_of(ckv[..., :r], torch.eye(r, dtype=x.dtype, device=x.device), norm) * t["kv_a_layernorm.weight"].to(x.dtype)
     kv = (c @ t["kv_b_proj.weight"].to(x.dtype).T).view(B, T, H, dn + dv).transpose(1, 2)
     theta = torch.arange(T, dtype=torch.float64)[:, None] * rope.pair_angles()[rope_pairs(rope, dr)][None]
     cos, sin = theta.cos().to(x.device, x.dtype), theta.sin().to(x.device, x.dtype)  # the tables on x's device (CUDA)

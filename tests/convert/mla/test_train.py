@@ -149,3 +149,4 @@ def test_distillation_gradients_are_those_of_the_written_model(trained):
         for name, g in got[i].items():
             ref = attn.get_parameter(name).grad
             torch.testing.assert_close(g, ref, rtol=2e-3, atol=1e-8 + 1e-3 * float(ref.abs().max()))
+
