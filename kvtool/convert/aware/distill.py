@@ -278,3 +278,19 @@ def distill(lm: "LayerwiseModel", ids: torch.Tensor, teacher: Teacher, get: Call
     finally:
         if d is not None:
             d.close()
+
+
+def distill_with_progress(lm: "LayerwiseModel", ids: torch.Tensor, teacher: Teacher, get: Callable[[int], object],
+                          put: Callable[[int, object], None], *, steps: int, lr: float, num_heads: int | None = None,
+                          block=None) -> dict:
+    """`distill` with a progress bar of its own on stderr (one unit per step: the calibration's has finished its
+    layers); returns its record with the teacher's top_k, what kvtool.json keeps."""
+    from kvtool import progress as kv_progress
+
+    bar = kv_progress.task("distill", total=steps, unit="steps")
+    try:
+        out = distill(lm, ids, teacher, get, put, steps=steps, lr=lr, num_heads=num_heads, block=block,
+                      on_note=bar.set_note, on_step=bar.update)
+    finally:
+        bar.close()
+    return {"top_k": TOP_K, **out}

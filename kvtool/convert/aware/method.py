@@ -230,17 +230,11 @@ class AwareMerge(MergeMethod):
     def _distill(self, lm, ids, teacher, num_heads: int) -> dict:
         """--distill-steps after the per-layer merge (kvtool/convert/aware/distill.py), with a progress bar of
         its own (the calibration's has finished its layers)."""
-        from kvtool.convert.aware.distill import TOP_K, distill
+        from kvtool.convert.aware.distill import distill_with_progress
 
         s = self.settings
-        steps = kv_progress.task("distill", total=s["distill_steps"], unit="steps")
-        try:
-            out = distill(lm, ids, teacher, self._merged.get, self._merged.put, num_heads=num_heads,
-                          steps=s["distill_steps"], lr=float(s["distill_lr"]), on_note=steps.set_note,
-                          on_step=steps.update)
-        finally:
-            steps.close()
-        return {"top_k": TOP_K, **out}
+        return distill_with_progress(lm, ids, teacher, self._merged.get, self._merged.put, num_heads=num_heads,
+                                     steps=s["distill_steps"], lr=float(s["distill_lr"]))
 
     def summary(self) -> str:
         from kvtool.datasets import CALIBRATION_MIXES

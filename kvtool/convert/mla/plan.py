@@ -539,8 +539,12 @@ def calibrate(p: MlaPlan, reader, device: str = "cpu") -> SolvedLayers:
             collect_stats(lm.model, data.ids, convert=convert)
             if distill_steps:
                 bar.close()
-                distilled = _distill(lm, data.ids, teacher, solved, train.MlaBlock(p.shape, rope, options.norm),
-                                     steps=distill_steps, lr=DISTILL_LR)
+                from kvtool.convert.aware.distill import distill_with_progress
+
+                # the layers kept in `solved` are replaced when the KL fell
+                distilled = distill_with_progress(lm, data.ids, teacher, solved.peek, solved.put,
+                                                  block=train.MlaBlock(p.shape, rope, options.norm),
+                                                  steps=distill_steps, lr=DISTILL_LR)
     except BaseException:
         solved.close()
         raise
@@ -560,18 +564,3 @@ def calibrate(p: MlaPlan, reader, device: str = "cpu") -> SolvedLayers:
     if distilled:
         solved.info["distill"] = {"steps": distill_steps, "lr": DISTILL_LR, **distilled}
     return solved
-
-
-def _distill(lm, ids, teacher, solved: SolvedLayers, block, *, steps: int, lr: float) -> dict:
-    """--distill-steps on the solved layers (kvtool.convert.aware.distill with the MLA block), with a progress bar
-    of its own; the layers kept in `solved` are replaced when the KL fell."""
-    from kvtool import progress as kv_progress
-    from kvtool.convert.aware.distill import TOP_K, distill
-
-    bar = kv_progress.task("distill", total=steps, unit="steps")
-    try:
-        out = distill(lm, ids, teacher, solved.peek, solved.put, block=block, steps=steps, lr=lr,
-                      on_note=bar.set_note, on_step=bar.update)
-    finally:
-        bar.close()
-    return {"top_k": TOP_K, **out}

@@ -265,7 +265,11 @@ def rms_variation(c: torch.Tensor) -> float:
 
 def latent_of(x: torch.Tensor, rows: torch.Tensor, norm: str) -> torch.Tensor:
     """The latent kv_b_proj reads, [N, rank]: kv_a_layernorm (unit weight) of x rows^T, or without it ("identity")."""
-    c = x @ rows.T
+    return normalised(x @ rows.T, norm)
+
+
+def normalised(c: torch.Tensor, norm: str) -> torch.Tensor:
+    """kv_a_layernorm with unit weight of the latent c [..., rank] (norm "identity": c as it is)."""
     if norm == "identity":
         return c
     return c * torch.rsqrt(c.pow(2).mean(-1, keepdim=True) + NORM_EPS)
@@ -310,7 +314,7 @@ def mla_contexts(x: torch.Tensor, t: dict[str, torch.Tensor], shape: MlaShape, r
     H, r, dr, dn, dv = shape.num_heads, shape.kv_lora_rank, shape.qk_rope_head_dim, shape.qk_nope_head_dim, shape.v_head_dim
     qs = (x @ t["q_proj.weight"].to(x.dtype).T).view(B, T, H, dn + dr).transpose(1, 2)
     ckv = x @ t["kv_a_proj_with_mqa.weight"].to(x.dtype).T
-    c = latent_of(ckv[..., :r], torch.eye(r, dtype=x.dtype, device=x.device), norm) * t["kv_a_layernorm.weight"].to(x.dtype)
+    c = normalised(ckv[..., :r], norm) * t["kv_a_layernorm.weight"].to(x.dtype)
     kv = (c @ t["kv_b_proj.weight"].to(x.dtype).T).view(B, T, H, dn + dv).transpose(1, 2)
     theta = torch.arange(T, dtype=torch.float64)[:, None] * rope.pair_angles()[rope_pairs(rope, dr)][None]
     cos, sin = theta.cos().to(x.device, x.dtype), theta.sin().to(x.device, x.dtype)  # the tables on x's device (CUDA)
