@@ -16,13 +16,12 @@ from kvtool.model import kvcache
 from kvtool.budget.estimate import estimate
 from kvtool.budget.gpus import Gpu
 from kvtool.budget.paging import Paging, mixed_kinds
-from kvtool.budget import recurrent
+from kvtool.budget import batch, recurrent
 from kvtool.engines.releases import known
 from kvtool.budget.variants import Variant
 from kvtool.errors import InputError, UsageError
 from kvtool.units import fmt_bytes
 
-SMALL_STEP, LARGE_STEP = 2048, 8192  # vLLM's default max_num_batched_tokens for `vllm serve`
 
 
 @dataclass(frozen=True)
@@ -37,6 +36,7 @@ class BudgetOptions:
     gpu_memory_utilization: float = 0.9
     reserve_bytes: int = 0
     max_num_batched_tokens: int | None = None
+    entrypoint: str = "serve"  # whose batch defaults: `vllm serve` (serve) or the offline LLM class (llm)
     hybrid_kv_cache: bool = True  # False: vLLM's --disable-hybrid-kv-cache-manager (windows not exploited)
     what_if: tuple[Variant, ...] = ()
     # --engine vllm==X: the release whose max_model_len derivation sizes the default sequence, and its switches
@@ -118,6 +118,7 @@ class Budget:
     max_model_len: int
     max_model_len_source: str
     batched_tokens: int
+    batch_defaults: batch.BatchDefaults  # vLLM's default step and sequence cap on this GPU at this release
     weight_bytes: int | None
     weight_source: str | None  # "safetensors" | "estimate" | None
     weight_params: int | None
@@ -332,6 +333,23 @@ def _state_notes(f: Figures, opts: BudgetOptions, missing: list[str]) -> list[st
     return out
 
 
+def _batch_notes(d: batch.BatchDefaults, opts: BudgetOptions, f: Figures, windowed: bool, step: int) -> list[str]:
+    """Where the scheduler step sliding layers are sized with comes from, and vLLM's default sequence cap when the
+    pool holds more sequences than it runs."""
+    who = "`vllm serve`" if opts.entrypoint == "serve" else "the LLM class"
+    gpu = f"{opts.gpu.name}: " if opts.gpu is not None else "no --gpu-memory: "
+    out = []
+    if windowed and opts.max_num_batched_tokens is None:
+        unread = "" if d.read else f" (a release before {batch.OLDEST_READ}, not read: its rules as there)"
+        out.append(f"max_num_batched_tokens {step:,}: vLLM {d.release}'s {who} default for {gpu}{d.tier}{unread} "
+                   f"({d.citation}); --max-num-batched-tokens sets it")
+    if f.max_concurrent_sequences is not None and f.max_concurrent_sequences > d.max_num_seqs:
+        out.append(f"vLLM {d.release} runs at most {d.max_num_seqs:,} sequences at once by default (max_num_seqs, "
+                   f"{who} on this GPU; --max-num-seqs raises it), though the pool holds "
+                   f"{f.max_concurrent_sequences:,}")
+    return out
+
+
 def _require_head_size(spec, where: str) -> None:
     """Refuse a config whose attention layers have no KV head count or head size kvtool can tell (a null
     head_dim with hidden_size not a multiple of the heads): their KV bytes would be 0, not a figure."""
@@ -373,9 +391,9 @@ def compute(ckpt, spec, opts: BudgetOptions) -> Budget:
             if what is not None:
                 raise InputError(what, file=where, field=key)
             missing.append(key)
-    step = opts.max_num_batched_tokens
-    if step is None:
-        step = LARGE_STEP if opts.gpu is not None and opts.gpu.large_scheduler_defaults else SMALL_STEP
+    defaults = batch.defaults(opts.gpu, opts.vllm_release or known()["vllm"][-1], opts.entrypoint,
+                              opts.tensor_parallel_size)
+    step = opts.max_num_batched_tokens or batch.step(defaults, seq_len)
     kv_dtype, eb, dnote = kv_elem(spec, opts.kv_cache_dtype)
     if dnote:
         notes.append(dnote)
@@ -433,6 +451,7 @@ def compute(ckpt, spec, opts: BudgetOptions) -> Budget:
         notes.append(f"kvtool has no architecture table for model_type {spec.model_type!r}: read with generic "
                      "field names, so per-layer differences the config encodes its own way are not seen")
     windowed = {r.layer.layer_type for r in current.layers if r.layer.window is not None}
+    notes.extend(_batch_notes(defaults, opts, current, bool(windowed), step))
     mixed = mixed_kinds([r.layer for r in current.layers])
     if windowed and opts.vllm_release is not None:
         notes.extend(_paging_notes(opts, Paging(opts.vllm_switches, opts.hybrid_kv_cache).shaping(mixed)))
@@ -450,7 +469,7 @@ def compute(ckpt, spec, opts: BudgetOptions) -> Budget:
         notes.append("per-GPU figures for a refused tensor-parallel size assume the heads are split as evenly as possible")
     return Budget(
         model=ckpt.source, model_type=spec.model_type, position=spec.position, options=opts, max_model_len=seq_len,
-        max_model_len_source=source, batched_tokens=step, weight_bytes=weight_bytes, weight_source=weight_source,
+        max_model_len_source=source, batched_tokens=step, batch_defaults=defaults, weight_bytes=weight_bytes, weight_source=weight_source,
         weight_params=weight_params, kv_budget_per_gpu=budget, kv_pool_per_gpu=pool, current=current,
         variants=variants, notes=notes,
     )

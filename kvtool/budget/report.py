@@ -78,6 +78,7 @@ def as_dict(b: Budget) -> dict:
         "model": b.model, "model_type": b.model_type, "position_encoding": b.position,
         "max_model_len": b.max_model_len, "max_model_len_source": b.max_model_len_source,
         "batch": o.batch, "block_size": o.block_size, "max_num_batched_tokens": b.batched_tokens,
+        "max_num_seqs_default": b.batch_defaults.max_num_seqs, "entrypoint": o.entrypoint,
         "tensor_parallel_size": o.tensor_parallel_size,
         "weight_bytes": b.weight_bytes, "weight_bytes_per_gpu": b.weight_bytes_per_gpu,
         "weight_source": b.weight_source, "weight_params_estimate": b.weight_params,

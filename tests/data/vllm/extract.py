@@ -201,6 +201,16 @@ for _file, _names in STATE_EXCERPTS.items():
     EXCERPTS[_file] = EXCERPTS.get(_file, ()) + _names
 
 
+# vLLM's default scheduler step and sequence cap per GPU tier and usage context (kvtool/budget/batch_defaults.json,
+# tests/budget/test_batch_defaults.py), for every release that has the function (0.12.0 on):
+#     python tests/data/vllm/extract.py /tmp/vllm/src 0.28.0 --batch
+BATCH_EXCERPTS: dict[str, tuple[str, ...]] = {
+    "vllm/engine/arg_utils.py": ("EngineArgs.get_batch_defaults",
+                                 "EngineArgs._set_default_max_num_seqs_and_batched_tokens_args"),
+}
+BATCH_DIR = HERE / "batch"
+
+
 def _find(tree: ast.Module, qualname: str) -> ast.AST:
     parts = qualname.split(".")
     nodes = tree.body
@@ -224,10 +234,11 @@ def excerpt_name(source: str) -> str:
     return source.replace("/", "__") + ".txt"
 
 
-def extract(src_root: Path, version: str) -> None:
-    out_dir = HERE / version
+def extract(src_root: Path, version: str, excerpts: dict[str, tuple[str, ...]] = EXCERPTS,
+            out_dir: Path | None = None) -> None:
+    out_dir = out_dir or HERE / version
     out_dir.mkdir(parents=True, exist_ok=True)
-    for rel, names in EXCERPTS.items():
+    for rel, names in excerpts.items():
         text = (src_root / rel).read_text(encoding="utf-8")
         tree = ast.parse(text)
         lines = text.splitlines()
@@ -289,5 +300,7 @@ def extract_release(src_root: Path, version: str) -> None:
 if __name__ == "__main__":
     if sys.argv[3:] == ["--releases"]:
         extract_release(Path(sys.argv[1]), sys.argv[2])
+    elif sys.argv[3:] == ["--batch"]:
+        extract(Path(sys.argv[1]), sys.argv[2], BATCH_EXCERPTS, BATCH_DIR / sys.argv[2])
     else:
         extract(Path(sys.argv[1]), sys.argv[2])
