@@ -209,6 +209,16 @@ BATCH_EXCERPTS: dict[str, tuple[str, ...]] = {
                                  "EngineArgs._set_default_max_num_seqs_and_batched_tokens_args"),
 }
 BATCH_DIR = HERE / "batch"
+# The caches vLLM keeps beside K/V (kvtool/budget/aux_caches.json, tests/budget/test_aux_caches.py), 0.33.0:
+#     python tests/data/vllm/extract.py /tmp/vllm/src 0.33.0 --aux
+AUX_EXCERPTS: dict[str, tuple[str, ...]] = {
+    "vllm/models/deepseek_v32/attention.py": ("DeepseekV32Indexer.__init__", "DeepseekV32Attention.__init__"),
+    "vllm/model_executor/models/deepseek_v2.py": ("DeepseekV32IndexerCache.get_kv_cache_spec",),
+    "vllm/v1/kv_cache_interface.py": ("AttentionSpec.state_content_size_bytes", "MLAAttentionSpec.head_size_v",
+                                      "UniformTypeKVCacheSpecs.page_size_bytes"),
+    "vllm/model_executor/models/registry.py": ("_TEXT_GENERATION_MODELS",),
+}
+AUX_DIR = HERE / "aux"
 
 
 def _find(tree: ast.Module, qualname: str) -> ast.AST:
@@ -302,5 +312,7 @@ if __name__ == "__main__":
         extract_release(Path(sys.argv[1]), sys.argv[2])
     elif sys.argv[3:] == ["--batch"]:
         extract(Path(sys.argv[1]), sys.argv[2], BATCH_EXCERPTS, BATCH_DIR / sys.argv[2])
+    elif sys.argv[3:] == ["--aux"]:
+        extract(Path(sys.argv[1]), sys.argv[2], AUX_EXCERPTS, AUX_DIR / sys.argv[2])
     else:
         extract(Path(sys.argv[1]), sys.argv[2])
