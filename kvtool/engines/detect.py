@@ -225,3 +225,65 @@ def kv_scales_declared(spec, args) -> list[Hit]:
     if not isinstance(scheme, dict) or scheme.get("dynamic") not in (False, None):
         return []
     return [Hit("quantization_config.kv_cache_scheme", {"model_type": spec.model_type or outer})]
+
+
+def _rope_dicts(spec):
+    """(path, rope dict as written, rope type) of each RoPE parameter set the config writes ({} for plain RoPE)."""
+    from kvtool.model.rope.params import raw_dict
+
+    out = []
+    for key, rp in spec.rope.items():
+        raw = raw_dict(spec, rp, key)
+        out.append((rp.path, raw if isinstance(raw, dict) else {}, rp.rope_type or "default"))
+    return out
+
+
+@DETECTORS.register("partial_rotary_forward")
+def partial_rotary_forward(spec, args) -> list[Hit]:
+    """partial_rotary_factor < 1 read by the release's shared RoPE init (frequencies for head_dim x factor dims)
+    on a class whose attention rotates the whole head: the first forward fails on the shape. args: model_types;
+    where: "top" (only the top-level key: 4.x reads the config attribute) or "any" (also inside the rope dict: 5.x
+    moves it there); rope_types: "any", "scaled" (not default: 5.x's default init ignores the factor) or
+    "default"."""
+    if spec.model_type not in args["model_types"] or spec.position != "rope":
+        return []
+    hd = spec.head_dim
+    for path, raw, rope_type in _rope_dicts(spec) or [("rope_scaling", {}, "default")]:
+        scaled = rope_type not in ("default", "mrope")
+        if args["rope_types"] == "scaled" and not scaled or args["rope_types"] == "default" and scaled:
+            continue
+        prf, where = _top(spec, "partial_rotary_factor"), spec.prefixed("partial_rotary_factor")
+        if args["where"] == "any" and raw.get("partial_rotary_factor") is not None:
+            prf, where = raw["partial_rotary_factor"], f"{path}.partial_rotary_factor"
+        if not is_number(prf) or not 0 < prf < 1:
+            continue
+        dims = f"{int(hd * prf)} of {hd}" if hd else f"{prf:g} of the head"
+        return [Hit(where, {"factor": f"{prf:g}", "dims": dims, "rope_type": rope_type})]
+    return []
+
+
+@DETECTORS.register("rope_required_keys")
+def rope_required_keys(spec, args) -> list[Hit]:
+    """A release's rope validation (transformers 5: _check_received_keys) after its own filling-in
+    (standardize_rope_params): rope_theta from the top level, original_max_position_embeddings from the top level
+    (else max_position_embeddings) only for the types written as one of args["fill_original"]; a written alias
+    (args["aliases"], the config class's own mapping) is renamed after that. A hit names the required keys
+    (args["required"][type]) still missing."""
+    if spec.model_type not in args.get("model_types", [spec.model_type]):
+        return []
+    for path, raw, _ in _rope_dicts(spec):
+        if not raw:
+            continue
+        written = raw.get("rope_type", raw.get("type", "default"))
+        if not isinstance(written, str):
+            continue
+        have = set(raw) | {"rope_type"}
+        if _top(spec, "rope_theta") is not None:
+            have.add("rope_theta")
+        if written in args["fill_original"]:
+            have.add("original_max_position_embeddings")
+        canonical = args["aliases"].get(written, written)
+        missing = sorted(set(args["required"].get(canonical, ())) - have)
+        if missing:
+            return [Hit(path, {"rope_type": canonical, "written": written, "missing": ", ".join(missing)})]
+    return []
