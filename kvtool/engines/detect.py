@@ -287,3 +287,51 @@ def rope_required_keys(spec, args) -> list[Hit]:
         if missing:
             return [Hit(path, {"rope_type": canonical, "written": written, "missing": ", ".join(missing)})]
     return []
+
+
+@DETECTORS.register("yarn_mscale_ignored")
+def yarn_mscale_ignored(spec, args) -> list[Hit]:
+    """yarn with mscale / mscale_all_dim and no attention_factor, on a release whose yarn init scales attention by
+    0.1 ln(factor) + 1 without reading them: a hit where that differs from what the dict says."""
+    import math
+
+    from kvtool.model.rope.freqs import yarn_attention_factor
+    from kvtool.model.rope.params import rope_dict
+
+    for rp in spec.rope.values():
+        if rp.rope_type != "yarn":
+            continue
+        p = rope_dict(rp, spec)
+        factor = p.get("factor")
+        if p.get("attention_factor") is not None or not ({"mscale", "mscale_all_dim"} & set(p)) \
+                or not is_number(factor) or factor <= 0:
+            continue
+        try:
+            written = yarn_attention_factor(p, float(factor))
+        except (TypeError, ValueError):
+            continue
+        plain = 0.1 * math.log(factor) + 1.0
+        if not math.isclose(plain, written, rel_tol=1e-9):
+            return [Hit(rp.path, {"plain": f"{plain:.6g}", "written": f"{written:.6g}"})]
+    return []
+
+
+@DETECTORS.register("rotary_dim_ignored")
+def rotary_dim_ignored(spec, args) -> list[Hit]:
+    """rotary_dim below head_dim on a release whose class of args["model_types"] does not read it yet."""
+    if spec.model_type not in args["model_types"]:
+        return []
+    rd, hd = _top(spec, "rotary_dim"), spec.head_dim
+    if not isinstance(rd, int) or isinstance(rd, bool) or not hd or not 0 < rd < hd:
+        return []
+    return [Hit(spec.prefixed("rotary_dim"), {"rotary_dim": rd, "head_dim": hd})]
+
+
+@DETECTORS.register("key_absent")
+def key_absent(spec, args) -> list[Hit]:
+    """A config of args["model_types"] without one of args["keys"], which the release's model reads off its config
+    class while the class declares no default for it."""
+    if spec.model_type not in args["model_types"] or not isinstance(spec.config, dict):
+        return []
+    missing = [k for k in args["keys"] if k not in spec.config]
+    return [Hit(spec.prefixed(missing[0]), {"key": missing[0]})] if missing else []

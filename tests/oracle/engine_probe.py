@@ -46,6 +46,7 @@ _LAYER_KEYS = ("num_hidden_layers",)
 _MLP = ("intermediate_size", "moe_intermediate_size", "shared_expert_intermediate_size", "ffn_hidden_size")
 _EXPERTS = ("num_local_experts", "n_routed_experts", "num_experts")
 _TOP_K = ("num_experts_per_tok", "moe_topk")
+_OTHER_KV_KEYS = ("num_kv_heads", "n_head_kv", "multi_query_group_num", "multi_query")
 
 
 def _tiny(cfg: dict) -> dict | None:
@@ -54,6 +55,8 @@ def _tiny(cfg: dict) -> dict | None:
         return None
     n, heads, hidden = cfg.get("num_hidden_layers"), cfg.get("num_attention_heads"), cfg.get("hidden_size")
     if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (n, heads, hidden)):
+        return None
+    if any(k in cfg for k in _OTHER_KV_KEYS):  # KV heads under another name (falcon...): not shrunk
         return None
     kv = cfg.get("num_key_value_heads")
     kv = kv if isinstance(kv, int) and not isinstance(kv, bool) and 0 < kv <= heads and heads % kv == 0 else heads
@@ -171,9 +174,9 @@ def probe(case: dict, folder: Path) -> dict:
         model = AutoModelForCausalLM.from_config(conf).float()
         out["head_dim"] = _head_dim(model)
         rot = _rotary(model)
-        if rot is not None:
-            out["inv_freq"] = [float(x) for x in rot.inv_freq.detach().double().flatten()]
+        if rot is not None:  # its own forward first: releases that set inv_freq there (4.4x's Phi-3 LongRoPE)
             out["attention_scaling"] = _attention_scaling(rot, torch.float32)
+            out["inv_freq"] = [float(x) for x in rot.inv_freq.detach().double().flatten()]
         with torch.no_grad():
             model(torch.tensor([[1, 2, 3, 4]]))
         out["forward"] = True

@@ -136,6 +136,10 @@ def disagreements(case: dict, version: str, r: dict) -> list[tuple[str, str]]:
     # the factor cos / sin are multiplied by (the longrope / yarn / deepseek attention factors), as the release's
     # rotary embedding applies it in its own forward: every rope type's formula, release by release
     got = r.get("attention_scaling")
+    if "yarn_mscale_ignored" in detectors:  # the release's own formula: 0.1 ln(factor) + 1
+        scaling = 0.1 * np.log(float(cfg["rope_scaling"]["factor"])) + 1.0
+    elif "yarn_factor_from_context" in numeric:  # the release derives its own factor: other numbers, checked above
+        scaling = None
     if got is not None and scaling is not None and not np.isclose(got, scaling, rtol=1e-5):
         out.append(("scaling-differs", f"the release scales cos / sin by {got:.6g}, kvtool {scaling:.6g} "
                                        f"(facts: {sorted(detectors)})"))
