@@ -24,7 +24,8 @@ DETECTORS: Registry[Callable] = Registry("engine fact detector")
 # Detectors about what a release does with a key: where another fact says that release does not read the key at
 # all (its `drops`), they do not hold there (a class that ignores rope_scaling never meets an unknown rope type).
 READS = {"rope_type_unknown": "rope_scaling", "yarn_original_ignored": "rope_scaling",
-         "yarn_factor_from_context": "rope_scaling", "yarn_context": "rope_scaling"}
+         "yarn_factor_from_context": "rope_scaling", "yarn_context": "rope_scaling",
+         "yarn_mscale_ignored": "rope_scaling"}
 
 
 def _top(spec, key: str):
