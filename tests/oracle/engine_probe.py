@@ -171,7 +171,9 @@ def probe(case: dict, folder: Path) -> dict:
         out["shrunk"] = True
     try:
         torch.manual_seed(0)
-        model = AutoModelForCausalLM.from_config(conf).float()
+        # trust_remote_code=False: a config with auto_map builds the release's own class, never prompts (4.38's
+        # prompt leaves a 15 s SIGALRM behind that fails a later case)
+        model = AutoModelForCausalLM.from_config(conf, trust_remote_code=False).float()
         out["head_dim"] = _head_dim(model)
         rot = _rotary(model)
         if rot is not None:  # its own forward first: releases that set inv_freq there (4.4x's Phi-3 LongRoPE)
