@@ -16,7 +16,7 @@ in schemas/wrappers.json: the inner table to use and the weight-name prefixes th
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 
