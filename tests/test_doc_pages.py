@@ -91,7 +91,8 @@ def test_every_command_has_a_page_with_its_options_markers(cmd: str) -> None:
 
 def test_the_readme_is_short_and_keeps_the_quick_start() -> None:
     text = (REPO / "README.md").read_text(encoding="utf-8")
-    assert len(text.splitlines()) < 300
+    # one example per command, and one per feature a command grew (MLA, engine releases, served eval, KV dtypes)
+    assert len(text.splitlines()) < 350
     quick = text[text.index("## Quick start"):text.index("## Commands")]
     assert "pip install -e . && kvtool lint examples/*/" in quick and "\nbash .ci/run " in quick
     assert "torch==2.13.0" in quick
