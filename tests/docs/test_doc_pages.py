@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), REPO / "bench" / "README.md"]
 COMMANDS = ["lint", "kv-budget", "convert", "rope", "quantize-kv", "eval", "apply"]
 LINK = re.compile(r"!?\[([^\]]*)\]\(([^)\s]+)\)")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 NEEDS_MODELS = re.compile(r"\b(smollm2|gemma3|apply|fixtures|eval|quantize-kv)\b|^\$ (printf|sed|python)")
 
