@@ -213,7 +213,8 @@ def figures(spec, name: str, kv_heads: int | None, kv_dtype: str, eb: "float | k
     tokens_aux = sum(a.bytes_per_token for a in aux)
     f.kv_bytes_per_token = per_token + tokens_aux  # replicated, like the MLA latent: counted once
     f.kv_bytes_per_token_per_gpu = sum(r.bytes_per_token_per_gpu for r in rows) + tokens_aux
-    own, own_gpu = (state.bytes_per_sequence, state.bytes_per_sequence_per_gpu) if state else (0, 0)
+    own: float = state.bytes_per_sequence if state else 0
+    own_gpu: float = state.bytes_per_sequence_per_gpu if state else 0
     own += sum(a.bytes_per_sequence for a in aux)
     own_gpu += sum(a.bytes_per_sequence_per_gpu for a in aux)
     f.kv_bytes_per_sequence = (sum(r.bytes_per_sequence for r in rows) + own

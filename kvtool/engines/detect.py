@@ -296,19 +296,21 @@ def yarn_mscale_ignored(spec, args) -> list[Hit]:
     0.1 ln(factor) + 1 without reading them: a hit where that differs from what the dict says."""
     import math
 
-    from kvtool.model.rope.freqs import yarn_attention_factor
     from kvtool.model.rope.params import rope_dict
 
     for rp in spec.rope.values():
         if rp.rope_type != "yarn":
             continue
+        from kvtool.model.rope.freqs import yarn_attention_factor  # numpy: only for a yarn config
+
         p = rope_dict(rp, spec)
-        factor = p.get("factor")
+        raw = p.get("factor")
         if p.get("attention_factor") is not None or not ({"mscale", "mscale_all_dim"} & set(p)) \
-                or not is_number(factor) or factor <= 0:
+                or not isinstance(raw, (int, float)) or not is_number(raw) or raw <= 0:
             continue
+        factor = float(raw)
         try:
-            written = yarn_attention_factor(p, float(factor))
+            written = yarn_attention_factor(p, factor)
         except (TypeError, ValueError):
             continue
         plain = 0.1 * math.log(factor) + 1.0
