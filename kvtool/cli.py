@@ -76,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     # kvtool never reads stdin: a library prompt (transformers' "run the custom code? [y/N]") gets EOF
     # at once, never an answer piped in by `yes y |`, and never stalls on an open pipe
     saved, sys.stdin = sys.stdin, _ClosedStdin()
+    console.FAILED.clear()  # what this run could not write (main() may run several times in one process: tests)
     try:
         return _main(argv)
     finally:
@@ -95,8 +96,8 @@ def _main(argv: list[str] | None) -> int:
         return _error(f"kvtool: error: {exc.line()}", exc.exit_code)
     except (KeyboardInterrupt, _CommandInterrupted):  # Ctrl-C, or SIGTERM (kvtool.io.staging.Interrupted)
         return _interrupted()
-    except BrokenPipeError:
-        return 0
+    except (BrokenPipeError, _PipeClosed):  # the reader of stdout went away: the shell's SIGPIPE status, no line
+        return console.EXIT_PIPE
     except Exception if SIGNALS_RECEIVED else ():  # an interrupt a library turned into its own error
         return _interrupted()
     except ModuleNotFoundError as exc:
@@ -130,12 +131,19 @@ def _typer_main(argv: list[str] | None) -> int:
     for sub in getattr(cmd, "commands", {}).values():
         sub.callback = _carry_interrupts(sub.callback)
     _plain_help(cmd)
+    streams = console.standard_streams()
     try:
         rv = cmd.main(args=argv, prog_name="kvtool", standalone_mode=False)
         if rv == 130:  # typer's silent exit for a Ctrl-C outside a command's body (while parsing arguments)
             return _interrupted()
     except click.exceptions.Exit as exc:
         return exc.exit_code
+    except SystemExit:
+        if console.standard_streams() == streams:
+            raise
+        # click ends a broken pipe (its help, a usage line) with exit 1 over its own stream wrappers: kvtool's
+        console.restore_streams(streams)
+        return console.EXIT_PIPE
     except click.exceptions.Abort:
         console.out("kvtool: aborted", err=True)
         return 130
@@ -152,6 +160,10 @@ class _CommandInterrupted(BaseException):
     """Ctrl-C / SIGTERM in a command, carried past typer (which turns KeyboardInterrupt into a silent 130)."""
 
 
+class _PipeClosed(BaseException):
+    """stdout's reader went away in a command, carried past click (which turns EPIPE into exit 1)."""
+
+
 def _carry_interrupts(callback):
     if callback is None or getattr(callback, "_kvtool_carries", False):
         return callback
@@ -162,6 +174,8 @@ def _carry_interrupts(callback):
             return callback(*args, **kwargs)
         except KeyboardInterrupt as exc:
             raise _CommandInterrupted() from exc
+        except BrokenPipeError as exc:
+            raise _PipeClosed() from exc
 
     run._kvtool_carries = True
     return run
@@ -253,6 +267,7 @@ def _plain_help(cmd) -> None:
 
 
 def _entry() -> None:
+    console.claim_standard_streams()  # first: a closed stdout / stderr never lends its number to a file
     # fd 0 too, so no library (or child process) can read the caller's stdin
     fd = os.open(os.devnull, os.O_RDONLY)
     os.dup2(fd, 0)
@@ -265,7 +280,7 @@ def _entry() -> None:
         rc = main()
     except KeyboardInterrupt:  # between main's own handler and the exit
         rc = _interrupted()
-    console.settle()
+    rc = console.settle(rc)  # output that could not be delivered never ends in success
     if sys.argv[1:2] and sys.argv[1] in _NO_TEARDOWN and "torch" not in sys.modules:
         os._exit(rc)  # console.settle() has flushed stdout and stderr
     sys.exit(rc)
