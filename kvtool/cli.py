@@ -17,6 +17,7 @@ import sys
 
 from kvtool import console
 from kvtool.errors import EXIT_INPUT, SIGNALS_RECEIVED, KvtoolError, one_line
+from kvtool.units import ValueRefused
 
 
 @functools.cache
@@ -117,6 +118,8 @@ def _main(argv: list[str] | None) -> int:
     except OSError as exc:  # the system refused (a name too long, a read-only or vanished place): not a kvtool bug
         where = f"{exc.filename}: " if exc.filename else ""
         return _error(f"kvtool: error: {one_line(where + (exc.strerror or str(exc)))}", EXIT_INPUT)
+    except ValueRefused as exc:  # a parser of an untrusted value no caller named the field of: still one line
+        return _error(f"kvtool: error: {one_line(str(exc))}", EXIT_INPUT)
     except Exception as exc:  # noqa: BLE001 - the contract is one line, not a traceback
         return _internal(exc)
     return rv if isinstance(rv, int) else 0
