@@ -273,8 +273,9 @@ def _entry() -> None:
     console.claim_standard_streams()  # first: a closed stdout / stderr never lends its number to a file
     # fd 0 too, so no library (or child process) can read the caller's stdin
     fd = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(fd, 0)
-    os.close(fd)
+    if fd != 0:  # with stdin closed (`<&-`) /dev/null is opened as fd 0 itself: keep it there
+        os.dup2(fd, 0)
+        os.close(fd)
     signal.signal(signal.SIGTERM, _sigterm)
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not where the caller ignores Ctrl-C
         signal.signal(signal.SIGINT, _sigint)

@@ -9,7 +9,7 @@ import inspect
 from typing import TYPE_CHECKING, Any, Callable, List, Optional
 
 from kvtool.errors import KvtoolError
-from kvtool.options.fields import Field, field_named, fields_of
+from kvtool.options.fields import Field, check_paths, field_named, fields_of
 
 if TYPE_CHECKING:
     import typer
@@ -91,6 +91,7 @@ def command(app: typer.Typer, options, help: str, **command_kw) -> Callable:
         @functools.wraps(body)
         def callback(**kwargs: Any) -> int:
             try:
+                check_paths(options, kwargs)
                 return body(options(**kwargs))  # the options check themselves (kvtool.options.fields.check)
             except KvtoolError as exc:
                 if exc.option and not exc.field:

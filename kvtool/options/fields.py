@@ -160,6 +160,21 @@ def check_value(f: Field, value: Any) -> None:
             raise UsageError(f"must be {words} {_number(bound)}, got {_number(value)}", option=f.name)
 
 
+def check_paths(cls, values: dict[str, Any]) -> None:
+    """A command line's MODEL / SRC / DST: an empty or blank one is no path (Path("") is the working folder, which
+    no one names this way: `kvtool lint ""` linted it, `kvtool rope m ""` staged a write into it). A recipe's
+    planner fills these with "" itself, so the CLI asks this, not `check`."""
+    from kvtool.errors import UsageError
+
+    for f in fields_of(cls):
+        value = values.get(f.name)
+        if not f.spec.positional or value is None:
+            continue
+        for item in value if isinstance(value, (list, tuple)) else [value]:
+            if isinstance(item, str) and not item.strip():
+                raise UsageError(f"{item!r} is not a path or model id (an empty name)", option=f.name)
+
+
 def check_fields(cls, **values: Any) -> None:
     """Values a library call takes as keywords (kvtool.eval.evaluate's max_length...) against the fields of the same
     name in `cls`'s declaration: the line the options object, the CLI and a recipe print."""
