@@ -277,6 +277,8 @@ def _entry() -> None:
         os.dup2(fd, 0)
         os.close(fd)
     signal.signal(signal.SIGTERM, _sigterm)
+    if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:  # a closed terminal: SIGTERM's cleanup; nohup's stands
+        signal.signal(signal.SIGHUP, _sigterm)
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not where the caller ignores Ctrl-C
         signal.signal(signal.SIGINT, _sigint)
     console.guard_streams()  # a library's own log lines are escaped too

@@ -309,5 +309,5 @@ def claim_standard_streams() -> None:
         if null != fd:
             os.dup2(null, fd)
             os.close(null)
-        if getattr(sys, name) is None:
-            setattr(sys, name, open(fd, "w", encoding="utf-8", closefd=False))
+        if getattr(sys, name) is None:  # a stream on the descriptor just held (no file is created or opened)
+            setattr(sys, name, io.TextIOWrapper(io.FileIO(fd, "w", closefd=False), encoding="utf-8"))
