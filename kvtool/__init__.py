@@ -12,7 +12,7 @@ def _leave_working_folder() -> None:
     is lost. Runs before any other import of the package (this is its first statement); docs/safety.md."""
     import os  # loaded by the interpreter before any user code: never shadowed
 
-    if _sys.argv[:1] == ["-m"] and not _sys.flags.safe_path and _sys.path:
+    if _sys.argv[:1] == ["-m"] and not getattr(_sys.flags, "safe_path", False) and _sys.path:  # -P: 3.11+
         del _sys.path[0]  # the working folder `-m` inserted (argv[0] is "-m" while the package is being found)
     try:
         here = os.path.realpath(os.getcwd())

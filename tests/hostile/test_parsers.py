@@ -12,7 +12,6 @@ through the harness itself.
 from __future__ import annotations
 
 import json
-import unicodedata
 from pathlib import Path
 
 import pytest
