@@ -1,7 +1,8 @@
 """Errors that end a command with a documented exit code (ruff's contract).
 
 Exit codes: 0 success / nothing at failing severity, 1 findings or a failed quality gate,
-2 usage error, unreadable or invalid input, or internal error.
+2 usage error, unreadable or invalid input, internal error, or stdout that could not be written;
+141 (kvtool.console.EXIT_PIPE) stdout's reader went away (docs/exit-codes.md).
 """
 
 from __future__ import annotations

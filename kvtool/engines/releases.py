@@ -51,6 +51,10 @@ def newest(engine: str) -> str:
     return known()[engine][-1]
 
 
+MAX_SEGMENT_DIGITS = 18  # no release number anywhere has a longer segment; int64-safe for every comparison
+_LONG_NUMBER = re.compile(r"[0-9]{%d,}" % (MAX_SEGMENT_DIGITS + 1))
+
+
 def parse(requirement: str, *, option: str | None = None, file: str | None = None, field: str | None = None):
     """'transformers>=4.45,<5' -> ('transformers', SpecifierSet('>=4.45,<5')); one-line UsageError otherwise."""
     from packaging.specifiers import InvalidSpecifier, SpecifierSet
@@ -64,9 +68,14 @@ def parse(requirement: str, *, option: str | None = None, file: str | None = Non
     name = m.group(1).lower().replace("_", "-")
     if name not in ENGINES:
         raise bad(f"unknown engine {m.group(1)!r}; choose from {', '.join(ENGINES)}")
+    text = m.group(2).strip()
+    if not text.isascii():  # packaging's patterns are ASCII; say so before it does, in one message
+        raise bad("a version specifier is written in ASCII (digits 0-9)")
+    if _LONG_NUMBER.search(text):  # packaging reads each release segment with int(): Python's 4300-digit limit
+        raise bad(f"a release number segment has more than {MAX_SEGMENT_DIGITS} digits")
     try:
-        spec = SpecifierSet(m.group(2).strip())
-    except InvalidSpecifier as exc:
+        spec = SpecifierSet(text)
+    except (InvalidSpecifier, ValueError) as exc:
         raise bad(f"invalid version specifier: {exc}") from None
     return name, spec
 
@@ -133,13 +142,15 @@ def installed(engine: str) -> str | None:
     from kvtool.engines.installed import PLAIN_RELEASE, version
 
     v = version(engine)
+    if v is not None and _LONG_NUMBER.search(v):
+        return None  # not a release kvtool can compare (packaging's int() of every segment)
     if v is None or PLAIN_RELEASE.fullmatch(v):  # a plain release number is a valid version: no packaging import
         return v
     from packaging.version import InvalidVersion, Version
 
     try:
         Version(v)
-    except InvalidVersion:
+    except (InvalidVersion, ValueError):
         return None
     return v
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvtool.units import fmt_bytes
+from kvtool.units import fmt_bytes, plain_int
 
 MAGIC = b"version https://git-lfs.github.com/spec/v1"
 MAX_POINTER_BYTES = 1024
@@ -39,7 +39,7 @@ def read_pointer(path: Path, name: str | None = None) -> LfsPointer | None:
     size = oid = None
     for line in head.decode("utf-8", "replace").splitlines():
         key, _, value = line.partition(" ")
-        if key == "size" and value.strip().isdigit():
+        if key == "size" and plain_int(value.strip(), max_digits=30) is not None:
             size = int(value.strip())
         elif key == "oid":
             oid = value.strip()

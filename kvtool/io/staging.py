@@ -117,15 +117,23 @@ def sigterm_as_interrupt() -> Iterator[None]:
         SIGNALS_RECEIVED.append(signum)
         raise Interrupted()
 
+    # SIGHUP too (the terminal closed, an ssh session dropped): the same cleanup, unless the caller ignores it
+    # (nohup), whose choice stands
+    sigs = [signal.SIGTERM] + ([signal.SIGHUP] if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN else [])
+    olds = []
     try:
-        old = signal.signal(signal.SIGTERM, _raise)
+        for sig in sigs:
+            olds.append((sig, signal.signal(sig, _raise)))
     except (ValueError, OSError):
+        for sig, old in olds:
+            signal.signal(sig, old)
         yield
         return
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, old)
+        for sig, old in olds:
+            signal.signal(sig, old)
 
 
 def os_error_file(exc: OSError, default: str | Path) -> str:

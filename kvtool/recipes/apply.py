@@ -174,14 +174,12 @@ def _device(ctx: RunContext) -> str:
 
 # --- the run --------------------------------------------------------------------------------------
 def _versions() -> dict:
-    from importlib.metadata import PackageNotFoundError, version
+    from kvtool.engines.installed import version
 
     out = {"kvtool": __version__, "python": platform.python_version()}
     for dist in ("torch", "transformers", "safetensors"):
-        try:
-            out[dist] = version(dist)  # from the installed metadata: a rope-only recipe never imports torch
-        except PackageNotFoundError:
-            out[dist] = None
+        # from the installed metadata (a rope-only recipe never imports torch), never the working folder's
+        out[dist] = version(dist)
     return out
 
 

@@ -120,22 +120,13 @@ def refuse_options_for_other_targets(o) -> None:
 
 def _budget_bytes(text: str, source_bytes: float) -> float:
     """--kv-budget: bytes with a unit (7.5KiB, 7680B), or a fraction of the source's KV bytes (0.33, 33%)."""
-    from kvtool.units import parse_size
+    from kvtool.units import ValueRefused, parse_kv_budget
 
-    t = text.strip()
-    if t.endswith("%"):
-        frac = float(t[:-1]) / 100
-    elif t[-1:] in "Bb":
-        return float(parse_size(t))
-    else:
-        frac = float(t)
-        if frac > 1:
-            raise UsageError(f"{text!r}: give bytes with a unit (e.g. {int(frac)}B) or a fraction of the source's "
-                             "KV cache (0.33, 33%)", option="kv_budget")
-    if not 0 < frac <= 1:
-        raise UsageError(f"{text!r}: a fraction of the source's KV cache must be above 0 and at most 1",
-                         option="kv_budget")
-    return frac * source_bytes
+    try:
+        kind, value = parse_kv_budget(text)
+    except ValueRefused as exc:
+        raise UsageError(str(exc), option="kv_budget") from None
+    return value if kind == "bytes" else value * source_bytes
 
 
 def default_rope_dim(solve: str, head_dim: int, theta: float, horizon: int) -> int:
