@@ -31,7 +31,7 @@ import socket
 import threading
 import uuid
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 from kvtool.console import out
 from kvtool.errors import SIGNALS_RECEIVED, InputError, KvtoolError, UsageError
@@ -219,14 +219,20 @@ def sweep_stale(parent: Path, dst_name: str) -> None:
 
 
 @contextlib.contextmanager
-def staged_output(dst: str | Path, *, force: bool = False, protect: Iterable[Path] = ()) -> Iterator[Path]:
-    """Yield a temporary folder next to `dst`; rename it to `dst` only if the block succeeds."""
+def staged_output(dst: str | Path, *, force: bool = False, protect: Iterable[Path] = (),
+                  verify: Callable[[Path], None] | None) -> Iterator[Path]:
+    """Yield a temporary folder next to `dst`; rename it to `dst` only if the block succeeds and `verify(tmp)`
+    (kvtool's own checks of the finished output, passed in by the operation: kvtool.rules.output_check) raises
+    nothing. `verify` has no default: every writer says which check it publishes under (None only for outputs
+    that are no model, and tests)."""
     dst = Path(dst)
     check_destination(dst, force=force, protect=protect)
     tmp = staging_dir_for(dst)
     try:
         with sigterm_as_interrupt():
             yield tmp
+            if verify is not None:
+                verify(tmp)
             _commit(tmp, dst, force)
             COMPLETED.append(dst)
     except BaseException as exc:

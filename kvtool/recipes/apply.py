@@ -72,8 +72,11 @@ def _texts(ctx: RunContext, section: dict, purpose: str) -> list[str]:
 
 # --- step runners ---------------------------------------------------------------------------------
 def run_convert_step(ctx: RunContext, step: Step) -> StepResult:
+    from functools import partial
+
     from kvtool.convert.run import apply, plan
     from kvtool.recipes.plan import calibrated, convert_options
+    from kvtool.rules.output_check import verify_output
 
     out = ctx.new_folder(step)
     o = convert_options(step.options, src=str(ctx.current), dst=str(out))
@@ -84,7 +87,8 @@ def run_convert_step(ctx: RunContext, step: Step) -> StepResult:
         files = _texts(ctx, section, "calibration")
         o.calib_text, o.calib_dataset = (files if len(files) > 1 else files[0]), None
     p = plan(o)  # `kvtool convert`'s plan and apply: the same refusals, now on the written model
-    res = apply(p, out, progress=ctx.progress, device=_device(ctx))
+    res = apply(p, out, progress=ctx.progress, device=_device(ctx),
+                verify=partial(verify_output, source=ctx.current))
     return StepResult(step.index, step.kind, dict(step.options), str(out),
                       details={"kv_heads": f"{p.source_kv_heads}->{p.target_kv_heads}", "method": o.method,
                                "files": res.files})
@@ -331,7 +335,11 @@ def _finish(ctx: RunContext, dst: Path, report: dict, *, force: bool) -> None:
     from kvtool.io.staging import staged_output
     from kvtool.recipes.report import render_markdown
 
-    with staged_output(dst, force=force, protect=[ctx.src]) as tmp:
+    from functools import partial
+
+    from kvtool.rules.output_check import verify_output
+
+    with staged_output(dst, force=force, protect=[ctx.src], verify=partial(verify_output, source=ctx.src)) as tmp:
         final = ctx.current
         if final == ctx.src:
             _copy_tree(final, tmp, ctx.validated)
