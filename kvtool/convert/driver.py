@@ -23,7 +23,7 @@ from kvtool.model.architectures import Architecture
 from kvtool.model.checkpoint import Checkpoint
 from kvtool.convert.config_edit import dump_config, kv_field_is_boolean, rewrite_config
 from kvtool.convert.methods import MergeMethod
-from kvtool.errors import InputError, UsageError
+from kvtool.errors import InputError, UsageError, listed
 from kvtool.io.writer import PlannedTensor
 from kvtool.io.jsonfile import load_json_object
 from kvtool.model.spec import ModelSpec, build_spec, get_path
@@ -337,7 +337,7 @@ def _check_merged(before, after, plan: ConvertPlan) -> None:
             problems.append(f"{f} does not have {target_kv_heads}*{hd} rows")
     if problems:
         raise RuntimeError(f"merge method {plan.method.name!r} returned bad tensors for layer {before.layer}: "
-                           + "; ".join(problems))
+                           + listed(problems, sep="; "))
 
 
 # --- running -----------------------------------------------------------------------------------

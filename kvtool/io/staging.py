@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
 from kvtool.console import out
-from kvtool.errors import SIGNALS_RECEIVED, InputError, KvtoolError, UsageError
+from kvtool.errors import SIGNALS_RECEIVED, InputError, KvtoolError, UsageError, listed
 from kvtool.io.outputfile import copy_source, make_dir, make_parents, move, write_new
 
 TMP_MARK = ".kvtool-tmp-"
@@ -212,10 +212,10 @@ def sweep_stale(parent: Path, dst_name: str) -> None:
             gone.append(p.name)
     if gone:
         out(f"kvtool: removed {len(gone)} staging folder(s) left by an interrupted kvtool run: "
-                    f"{', '.join(gone)}", err=True)
+                    f"{listed(gone)}", err=True)
     if foreign:
         out(f"kvtool: note: left alone {len(foreign)} folder(s) named like kvtool staging but without its "
-                    f"marker (or from another host): {', '.join(str(p) for p in foreign)}", err=True)
+                    f"marker (or from another host): {listed(str(p) for p in foreign)}", err=True)
 
 
 @contextlib.contextmanager

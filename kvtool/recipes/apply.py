@@ -225,9 +225,10 @@ def apply_recipe(recipe_path: str | Path, src: str | Path, dst: str | Path, *, d
                     outputfile.check_files_unchanged(src, ctx.validated)
                 with scratch_outputs():  # a step's folder is scratch: an interrupted run has not written it
                     res = RUNNERS[step.kind](ctx, step)
-            except KvtoolError as exc:  # name DST, not the hidden work folder the steps write into
-                for s in recipe.steps:
-                    exc.relocate(str(ctx.new_folder(s)), str(dst))
+            except KvtoolError as exc:  # name DST, not the hidden work folder the steps write into; an earlier
+                for s in recipe.steps:  # step's output (this step's input) by what it is, never as DST or SRC
+                    exc.relocate(str(ctx.new_folder(s)), str(dst) if s.index >= step.index else
+                                 f"step {s.index}'s output")
                 _name_step_key(exc, step)
                 raise
             res.seconds = round(time.perf_counter() - t0, 3)
