@@ -33,12 +33,29 @@ def layer_types_problems(cfg: dict, key: str):
     if not isinstance(lt, list):
         yield "KV305", key, f"is a {type(lt).__name__}; it must be a list of layer-type names"
         return
-    bad = [(i, v) for i, v in enumerate(lt) if not isinstance(v, str) or v not in KNOWN_LAYER_TYPES]
+    # 5.25.0 checks layer_types against ALLOWED_ATTN_LAYER_TYPES: the MLP names (sparse, dense) are refused there
+    bad = [(i, v) for i, v in enumerate(lt) if not isinstance(v, str) or v not in KNOWN_LAYER_TYPES
+           or v in MLP_LAYER_TYPES]
     if bad:
         yield "KV305", f"{key}[{bad[0][0]}]", f"has unknown values: {_shown(bad)}"
     n = cfg.get("num_hidden_layers")
     if isinstance(n, int) and not isinstance(n, bool) and n >= 0 and len(lt) != n:
         yield "KV304", key, f"has {len(lt)} entries but num_hidden_layers is {n}"
+    # mlp_layer_types: PreTrainedConfig.validate_layer_type (5.25.0) checks it after layer_types, in the same loop,
+    # which returns at the first list that is None: only a config with layer_types has it checked
+    mlt = cfg.get("mlp_layer_types")
+    if mlt is None:
+        return
+    mkey = key.rsplit(".", 1)[0] + ".mlp_layer_types" if "." in key else "mlp_layer_types"
+    if not isinstance(mlt, list):
+        yield "KV305", mkey, f"is a {type(mlt).__name__}; it must be a list of {', '.join(MLP_LAYER_TYPES)}"
+        return
+    bad = [(i, v) for i, v in enumerate(mlt) if not isinstance(v, str) or v not in MLP_LAYER_TYPES]
+    if bad:
+        yield "KV305", f"{mkey}[{bad[0][0]}]", f"has values transformers refuses: {_shown(bad)} (it takes " \
+                                               f"{', '.join(MLP_LAYER_TYPES)})"
+    elif isinstance(n, int) and not isinstance(n, bool) and n >= 0 and len(mlt) != n:
+        yield "KV304", mkey, f"has {len(mlt)} entries but num_hidden_layers is {n}"
 
 # nemotron_h: hybrid_override_pattern letters -> transformers' layer type (configuration_nemotron_h.py,
 # NemotronHConfig._pattern_to_list, 5.25.0: `pattern_mapping[char]`, a KeyError on any other letter) and the
@@ -143,6 +160,9 @@ def pattern_problems(spec):
     if "sliding_window_pattern" in resolvers:
         yield from sliding_pattern_problems(cfg, key)
 
+
+# configuration_utils.ALLOWED_MLP_LAYER_TYPES (transformers 5.25.0)
+MLP_LAYER_TYPES = ("sparse", "dense")
 
 KV_CACHE_TYPES = ("full_attention", "sliding_attention", "chunked_attention")
 KNOWN_TYPES = KV_CACHE_TYPES + ("linear_attention", "mamba", "none", "mlp", "moe")

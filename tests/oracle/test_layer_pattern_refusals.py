@@ -52,7 +52,11 @@ CASES = (
                                       "hybrid_override_pattern": "Q"})]  # transformers ignores the pattern then
     + [("layer_types", {**LLAMA, "layer_types": lt}) for lt in (
         ["full_attention"] * 4, ["full_attention"] * 3, ["full_attention", "sliding", "full_attention",
-                                                          "full_attention"], ["sliding_attention"] * 4)]
+                                                          "full_attention"], ["sliding_attention"] * 4,
+        ["dense"] * 4, ["mamba", "attention", "moe", "conv"])]
+    + [("mlp_layer_types", {**LLAMA, "layer_types": ["full_attention"] * 4, "mlp_layer_types": m}) for m in (
+        ["dense"] * 4, ["sparse", "dense", "dense", "dense"], ["dense"] * 3, ["dense", "moe", "dense", "dense"])]
+    + [("mlp_layer_types-unchecked", {**LLAMA, "mlp_layer_types": ["moe"]})]  # no layer_types: never checked
     + [("sliding_window_pattern", {**GEMMA3, "sliding_window_pattern": p}) for p in (6, 1, 2, 0, "6", 2.5)]
 )
 
