@@ -178,7 +178,7 @@ def _scale_params(root: Path, names=()) -> dict:
     from kvtool.model.spec import build_spec
 
     if not (root / "config.json").is_file():
-        layers = {layer_index(n) for n in names} - {None}
+        layers = {i for n in names if (i := layer_index(n)) is not None}
         return kv_scale_names.scale_params([f"model.layers.{i}.self_attn" for i in sorted(layers)], "mha")
     return kv_scale_names.model_params(build_spec(open_checkpoint(str(root), read_side_files=False).config))
 

@@ -165,15 +165,15 @@ def check_kv_scales(ctx) -> None:
                    file=ctx.file_of(tensors[dropped[0]].file))
     per_head = isinstance(scheme_value, dict) and scheme_value.get("strategy") == "attn_head"
     heads, kv_heads = spec.num_heads or 0, spec.num_kv_heads or 0
-    for (p, role), ns in sorted(loaded.items()):
+    for (_prefix, role), ns in sorted(loaded.items()):
         for n in ns:
             numel = 1
             for d in tensors[n].shape:
                 numel *= d
-            why = ksn.shape_problem(role, numel, attention=attention, per_head=per_head, heads=heads,
-                                    kv_heads=kv_heads)
-            if why:
-                ctx.report("KV807", f"{n} has shape {list(tensors[n].shape)}: {why}", path=n,
+            problem = ksn.shape_problem(role, numel, attention=attention, per_head=per_head, heads=heads,
+                                        kv_heads=kv_heads)
+            if problem:
+                ctx.report("KV807", f"{n} has shape {list(tensors[n].shape)}: {problem}", path=n,
                            file=ctx.file_of(tensors[n].file))
                 return
 

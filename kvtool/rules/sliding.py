@@ -127,6 +127,5 @@ def check_window_vs_context(ctx) -> None:
 
 @checker("sliding")
 def check_layer_types(ctx) -> None:
-    spec, cfg = ctx.spec, ctx.config
-    for code, path, what in pattern_problems(spec):
+    for code, path, what in pattern_problems(ctx.spec):
         ctx.report(code, pattern_message(path, what), path=path)

@@ -191,9 +191,9 @@ def resolve_shape(o, spec, source_bytes: float, elem: float, attn_layers: int, d
     if rope % 2 or not 2 <= rope <= hd - 2:
         # qk_rope_head_dim 0 or qk_nope_head_dim 0 is what lint's KV401 refuses (MLA needs positive dimensions)
         # named as the user gave it: the option (the line's field), a preset, or the value kvtool derived
-        given = "" if o.rope_dim is not None else (f"{o.preset}'s rope dimensions " if o.preset else
+        named = "" if o.rope_dim is not None else (f"{o.preset}'s rope dimensions " if o.preset else
                                                    "the rope dimensions derived from the model (no --rope-dim given) ")
-        raise UsageError(f"{given}{rope} must be even, at least 2 and at most head_dim - 2 = {hd - 2} (the rope "
+        raise UsageError(f"{named}{rope} must be even, at least 2 and at most head_dim - 2 = {hd - 2} (the rope "
                          f"part keeps the fastest rope / 2 of the source's {hd // 2} pairs; qk_nope_head_dim, the rest "
                          "of each key head, comes from the latent and must be at least 1: lint's KV401)",
                          option="preset" if o.preset else "rope_dim" if o.rope_dim is not None else None)
