@@ -169,9 +169,24 @@ def one_release(requirement: str | None, engine: str, *, option: str) -> Checked
     return Checked(engine, versions, "--engine", requirement)
 
 
-def vllm_max_len_switches(requirement: str | None, *, option: str = "engine") -> tuple[Checked, frozenset[str]]:
-    """(the vLLM release, the arithmetic switches of schemas/engines/facts.json that hold there)."""
+def one_release_of(requirements, engine: str, *, option: str) -> Checked:
+    """The one release of `engine` a command follows, from `--engine` as every command declares it (a list of
+    requirements, kvtool.options.fields.engine_option; a lone string from the Python API counts as one). Two
+    requirements for this engine are refused by name, never the last kept; one for another engine is refused
+    by `one_release` (this command follows `engine` only)."""
+    reqs = [requirements] if isinstance(requirements, str) else [r for r in (requirements or ()) if r is not None]
+    if len(reqs) > 1:
+        from kvtool.errors import listed
+
+        raise UsageError(f"given {len(reqs)} times ({listed(repr(r) for r in reqs)}); this command follows one "
+                         f"{engine} release: give --engine once", option=option)
+    return one_release(reqs[0] if reqs else None, engine, option=option)
+
+
+def vllm_max_len_switches(requirement, *, option: str = "engine") -> tuple[Checked, frozenset[str]]:
+    """(the vLLM release, the arithmetic switches of schemas/engines/facts.json that hold there); `requirement`:
+    --engine's requirements (none: the installed or newest known release)."""
     from kvtool.engines.facts import arithmetic
 
-    release = one_release(requirement, "vllm", option=option)
+    release = one_release_of(requirement, "vllm", option=option)
     return release, arithmetic("vllm", release.versions[0])

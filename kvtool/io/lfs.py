@@ -49,7 +49,9 @@ def read_pointer(path: Path, name: str | None = None) -> LfsPointer | None:
 def not_pulled_message(pointers: list[LfsPointer]) -> str:
     """One sentence naming every pointer and the size it stands for."""
     total = sum(p.size or 0 for p in pointers)
-    files = ", ".join(f"{p.file} ({fmt_bytes(p.size) if p.size is not None else 'size unknown'})" for p in pointers)
+    from kvtool.errors import listed
+
+    files = listed(f"{p.file} ({fmt_bytes(p.size) if p.size is not None else 'size unknown'})" for p in pointers)
     return f"the weights were not pulled: {len(pointers)} file(s) are Git LFS pointers ({fmt_bytes(total)} in all): {files}"
 
 

@@ -125,6 +125,19 @@ def option(default: Any = MISSING, *, default_factory: Any = MISSING, **spec: An
     return dataclasses.field(default=default, default_factory=default_factory, metadata={_KEY: Spec(**spec)})
 
 
+ENGINE_HELP = ("Engine release kvtool answers for, as a requirement (e.g. vllm==0.28.0, transformers==4.44.2); "
+               "repeatable, one meaning in every command (docs/lint.md#engine-versions): ")
+
+
+def engine_option(purpose: str, *, recipe: Any = False):
+    """`--engine REQ`, declared once for every command that takes it: a repeatable list of requirements.
+    `purpose` ends the help: what this command does with them. A command that follows one release (kv-budget,
+    rope --show) refuses two requirements for that engine by name (kvtool.engines.releases.one_release_of),
+    never keeping the last silently."""
+    return option(default_factory=list, repeatable=True, recipe=recipe, metavar="REQ",
+                  schema={"type": "array", "items": {"type": "string", "minLength": 1}}, help=ENGINE_HELP + purpose)
+
+
 def argument(default: Any = MISSING, **spec: Any):
     """A positional CLI argument (SRC, DST, MODEL): never a recipe key."""
     return dataclasses.field(default=default, metadata={_KEY: Spec(positional=True, recipe=False, **spec)})
