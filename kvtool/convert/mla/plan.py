@@ -124,8 +124,8 @@ class MlaPlan:
 
         s = self.shape
         prov = {"kvtool_version": __version__, "command": "convert", "source": str(self.src),
-                "source_hash": self.source_hash, "model_type": self.arch.model_type, "to": "mla", "from_kv_heads": self.source_kv_heads,
-                "num_heads": self.num_heads,
+                "source_hash": self.source_hash, "model_type": self.arch.model_type, "to": "mla",
+                "from_kv_heads": self.source_kv_heads, "num_heads": self.num_heads,
                 "mla": {"kv_lora_rank": s.kv_lora_rank, "qk_rope_head_dim": s.qk_rope_head_dim,
                         "qk_nope_head_dim": s.qk_nope_head_dim, "v_head_dim": s.v_head_dim,
                         "rope_source_pairs": list(self.rope_pairs), "rope_theta": self.rope_theta},

@@ -43,7 +43,7 @@ def write_mla(p: MlaPlan, dst: str | Path, *, force: bool = False, progress: boo
     dst = Path(dst)
     check_destination(dst, force=force, protect=[p.src])
     with CheckpointReader(p.src, expect=identities(p.ckpt.headers)) as reader:
-        solved = calibrate(p, reader, device)
+        solved, solve_info = calibrate(p, reader, device)
 
         out_dtypes = {t.name: t.dtype for t in p.outputs}
         layer_of = {names["q_proj.weight"]: i for i, names in p.layers.items()}
@@ -81,51 +81,24 @@ def write_mla(p: MlaPlan, dst: str | Path, *, force: bool = False, progress: boo
                 solved.close()
             write_new(tmp / "config.json", dump_config(p.new_config))
             side = copy_side_files(p.src, tmp)
-            prov = p.provenance(solved.info)
+            prov = p.provenance(solve_info)
             prov["files"] = result.files
             write_new(tmp / "kvtool.json", json.dumps(prov, indent=2) + "\n")
     return MlaResult(plan=p, dst=dst, files=result.files, side_files=side, provenance=prov)
 
 
-class SolvedLayers:
-    """The solved MLA blocks waiting on disk for the writer (kvtool.convert.aware.spill: all layers' attention in
-    float32 can exceed a decoder layer many times over); each is read back once. info: kvtool.json's record."""
-
-    def __init__(self) -> None:
-        from kvtool.convert.aware.spill import LayerFiles
-
-        self._files = LayerFiles("kvtool-mla-", "the solved layer {layer}")
-        self.layers: set[int] = set()
-        self.info: dict = {}
-
-    def put(self, layer: int, tensors: dict) -> None:
-        self._files.save(layer, tensors)
-        self.layers.add(layer)
-
-    def peek(self, layer: int) -> dict:
-        """The layer's tensors, left in place."""
-        return self._files.load(layer)
-
-    def take(self, layer: int) -> dict:
-        out = self._files.load(layer)
-        self._files.path(layer).unlink()
-        self.layers.discard(layer)
-        return out
-
-    def close(self) -> None:
-        self._files.close()
-
-
-def calibrate(p: MlaPlan, reader, device: str = "cpu") -> SolvedLayers:
+def calibrate(p: MlaPlan, reader, device: str = "cpu") -> tuple:
     """The calibration ids (kvtool.convert.aware.calibration_data: --calib-text / --calib-dataset, the aware
     merge's default mix), then one forward of the source model (kvtool.convert.mla.stats.collect_stats) that
     solves each attention layer as it reaches it (and refines it, --refine-steps) and goes on with the converted
-    layer's output; then --distill-steps (kvtool.convert.mla.train)."""
+    layer's output; then --distill-steps (kvtool.convert.mla.train). Returns (the solved layers, waiting on disk
+    in a kvtool.convert.aware.spill.LayerStore, and kvtool.json's record of the solve)."""
     import torch
 
     from kvtool import progress as kv_progress
     from kvtool.convert.aware.calibration_data import CalibrationData
     from kvtool.convert.aware.method import DISTILL_LR, REFINE_TARGETS
+    from kvtool.convert.aware.spill import LayerStore
     from kvtool.convert.mla import solve
     from kvtool.convert.mla.layout import check_solved
     from kvtool.convert.mla.rope import SourceRope
@@ -138,7 +111,7 @@ def calibrate(p: MlaPlan, reader, device: str = "cpu") -> SolvedLayers:
     check_calibration_source(s["calib_text"], s["calib_dataset"])
     dataset = s["calib_dataset"] or (None if s["calib_text"] else MERGE_CALIBRATION)
     rope = SourceRope.of_config(p.spec.config)
-    solved = SolvedLayers()
+    solved = LayerStore("kvtool-mla-", "the solved layer {layer}")  # each read back once, by the writer
     refine_steps, distill_steps = s["refine_steps"], s["distill_steps"]
     if refine_steps or distill_steps:
         from kvtool.convert.mla import train
@@ -200,12 +173,12 @@ def calibrate(p: MlaPlan, reader, device: str = "cpu") -> SolvedLayers:
         solved.close()
         raise InputError(f"layer {missing[0]}: not solved (the calibration forward did not reach its attention "
                          "module)", field="architectures")
-    solved.info = {**data.provenance(), "horizon": options.horizon, "options": dict(vars(options)),
+    info = {**data.provenance(), "horizon": options.horizon, "options": dict(vars(options)),
                    **getattr(solve, "provenance", lambda: {})()}
     if refine_steps:
-        solved.info["refine"] = {"steps": refine_steps, "lr": refine_lr, "target": "layer",
+        info["refine"] = {"steps": refine_steps, "lr": refine_lr, "target": "layer",
                                  "loss_start": [round(refined[i]["loss_start"], 6) for i in sorted(refined)],
                                  "loss_end": [round(refined[i]["loss_end"], 6) for i in sorted(refined)]}
     if distilled:
-        solved.info["distill"] = {"steps": distill_steps, "lr": DISTILL_LR, **distilled}
-    return solved
+        info["distill"] = {"steps": distill_steps, "lr": DISTILL_LR, **distilled}
+    return solved, info
