@@ -21,11 +21,12 @@ from kvtool.model.architectures import Architecture
 from kvtool.model.checkpoint import Checkpoint
 from kvtool.convert.config_edit import dump_config, kv_field_is_boolean, rewrite_config
 from kvtool.convert.methods import MergeMethod
+from kvtool.convert.targets import ConversionResult
 from kvtool.errors import InputError, UsageError
 from kvtool.io.writer import PlannedTensor
 from kvtool.model.spec import ModelSpec, build_spec
 from kvtool.convert.source import (CONFIG_DTYPE_NAMES, FLOAT_DTYPES, OUT_DTYPES, jsonable, refuse_unsupported,
-                                   source_fingerprint, source_provenance, template_of, weights_file)
+                                   source_fingerprint, weights_file, with_source_provenance)
 
 # Per-layer roles: (AttentionWeights field, table role, tensor suffix).
 ROLES = (
@@ -97,28 +98,19 @@ class ConvertPlan:
         return "--method " + self.method.name if self.method.array_api == "torch" else None
 
     def write(self, dst: str | Path, *, force: bool = False, progress: bool | None = None,
-              device: str = "cpu") -> "ConvertResult":
+              device: str = "cpu") -> ConversionResult:
         return write(self, dst, force=force, progress=progress, device=device)
+
+    def render_result(self, result):
+        from kvtool.convert.report import render_result
+
+        return render_result(result)
 
     def provenance(self) -> dict:
         return provenance(self)
 
     def details(self) -> dict:
         return {"kv_heads": f"{self.source_kv_heads}->{self.target_kv_heads}", "method": self.method.name}
-
-
-@dataclass
-class ConvertResult:
-    plan: ConvertPlan
-    dst: Path
-    files: list[str]
-    side_files: list[str]
-    provenance: dict
-
-    def render(self):
-        from kvtool.convert.report import render_result
-
-        return render_result(self)
 
 
 # --- planning ----------------------------------------------------------------------------------
@@ -329,10 +321,7 @@ def provenance(plan: ConvertPlan) -> dict:
     extra = method.provenance()
     if extra:
         prov["method_details"] = extra
-    previous = source_provenance(plan.src)
-    if previous is not None:
-        prov["source_provenance"] = previous
-    return prov
+    return with_source_provenance(prov, plan.src)
 
 
 def _torch_dtype(st: str):
@@ -342,7 +331,7 @@ def _torch_dtype(st: str):
 
 
 def write(plan: ConvertPlan, dst: str | Path, *, force: bool = False, progress: bool | None = None,
-          device: str = "cpu") -> ConvertResult:
+          device: str = "cpu") -> ConversionResult:
     """Write the converted checkpoint to `dst` (staged; the source is only read)."""
     from kvtool.convert.methods import MergeJob
     from kvtool.io.reader import CheckpointReader
@@ -417,7 +406,7 @@ def write(plan: ConvertPlan, dst: str | Path, *, force: bool = False, progress: 
 
             prov["engines_read_as_written"] = read_as_written(plan.new_config)  # `kvtool lint --compat DST`: why
             write_new(tmp / "kvtool.json", json.dumps(prov, indent=2) + "\n")
-    return ConvertResult(plan=plan, dst=dst, files=result.files, side_files=side, provenance=prov)
+    return ConversionResult(plan=plan, dst=dst, files=result.files, side_files=side, provenance=prov)
 
 
 _FUSED_PARTS = {"qkv": ("q", "k", "v"), "qkv_bias": ("q_bias", "k_bias", "v_bias")}

@@ -1,5 +1,5 @@
 """Human-readable plan (--dry-run) and result of `kvtool convert --to gqa | mqa | mha` (the heads targets;
---to mla's: kvtool/convert/mla/report.py): what ConvertPlan.render and ConvertResult.render return."""
+--to mla's: kvtool/convert/mla/report.py): what ConvertPlan.render and .render_result return."""
 
 from __future__ import annotations
 

@@ -86,6 +86,14 @@ def source_provenance(src: Path) -> dict | None:
     return None
 
 
+def with_source_provenance(prov: dict, src: Path) -> dict:
+    """kvtool.json's record `prov`, with the source's own record (an earlier kvtool step) under source_provenance."""
+    previous = source_provenance(src)
+    if previous is not None:
+        prov["source_provenance"] = previous
+    return prov
+
+
 def jsonable(v) -> bool:
     try:
         json.dumps(v)

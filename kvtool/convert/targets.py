@@ -46,6 +46,21 @@ class Calibration:
     required: bool
 
 
+@dataclass
+class ConversionResult:
+    """What a plan's `write` returns: the plan, the folder written, its weight files, the side files copied and
+    kvtool.json's record. `render()`: the command's last lines, in the plan's words."""
+
+    plan: "ConversionPlan"
+    dst: Path
+    files: list[str]
+    side_files: list[str]
+    provenance: dict
+
+    def render(self) -> "console.Text":
+        return self.plan.render_result(self)
+
+
 class ConversionPlan(Protocol):
     """What every target's plan answers (kvtool.convert.driver.ConvertPlan, kvtool.convert.mla.plan.MlaPlan)."""
 
@@ -64,7 +79,10 @@ class ConversionPlan(Protocol):
     @property
     def needs_torch(self) -> str | None: ...  # what needs torch to run ("--to mla"), None: nothing does
 
-    def write(self, dst, *, force: bool = False, progress: bool | None = None, device: str = "cpu") -> Any: ...
+    def write(self, dst, *, force: bool = False, progress: bool | None = None,
+              device: str = "cpu") -> ConversionResult: ...
+
+    def render_result(self, result: ConversionResult) -> "console.Text": ...  # the command's last lines
 
     def provenance(self, extra: dict | None = None) -> dict: ...  # kvtool.json
 
@@ -100,15 +118,7 @@ class Target:
 
 def register_target(name: str):
     """Class decorator: make a Target available as `--to name`."""
-
-    def deco(cls: type[Target]) -> type[Target]:
-        if not (isinstance(cls, type) and issubclass(cls, Target)):
-            raise TypeError(f"@register_target({name!r}) must decorate a Target subclass")
-        TARGETS.add(name, cls)
-        cls.name = name
-        return cls
-
-    return deco
+    return TARGETS.register_subclass(name, Target)
 
 
 def target_of(o) -> type[Target]:

@@ -32,7 +32,7 @@ def _named(node: ast.AST) -> bool:
             and len(node.args) > 1 and isinstance(node.args[1], ast.Constant) and node.args[1].value in NAMED)
 
 
-PLAN_CLASSES = {"ConvertPlan", "MlaPlan", "ConvertResult", "MlaResult"}
+PLAN_CLASSES = {"ConvertPlan", "MlaPlan"}
 EQUALITY = (ast.Eq, ast.NotEq, ast.In, ast.NotIn)
 
 

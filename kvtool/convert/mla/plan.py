@@ -117,10 +117,15 @@ class MlaPlan:
 
         return write_mla(self, dst, force=force, progress=progress, device=device)
 
+    def render_result(self, result):
+        from kvtool.convert.mla.report import render_result
+
+        return render_result(result)
+
     def provenance(self, solve_info: dict | None = None) -> dict:
         """kvtool.json's record; solve_info: what the calibration measured (MlaPlan.write adds it)."""
         from kvtool import __version__
-        from kvtool.convert.source import jsonable, source_provenance
+        from kvtool.convert.source import jsonable, with_source_provenance
 
         s = self.shape
         prov = {"kvtool_version": __version__, "command": "convert", "source": str(self.src),
@@ -133,10 +138,7 @@ class MlaPlan:
                 "dtype": self.new_config.get("dtype", self.new_config.get("torch_dtype", "keep")), "exact": False}
         if solve_info:
             prov["solve"] = solve_info
-        previous = source_provenance(self.src)
-        if previous is not None:
-            prov["source_provenance"] = previous
-        return prov
+        return with_source_provenance(prov, self.src)
 
     def details(self) -> dict:
         """A recipe report's step details: the latent, not a KV-head count."""

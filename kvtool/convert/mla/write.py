@@ -6,30 +6,16 @@ layer's MLA block where its q_proj was, every other tensor copied file to file."
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 
 from kvtool.convert import defaults
 from kvtool.convert.mla.plan import MlaPlan, served_horizon
+from kvtool.convert.targets import ConversionResult
 from kvtool.errors import InputError
 
 
-@dataclass
-class MlaResult:
-    plan: MlaPlan
-    dst: Path
-    files: list[str]
-    side_files: list[str]
-    provenance: dict
-
-    def render(self):
-        from kvtool.convert.mla.report import render_result
-
-        return render_result(self)
-
-
 def write_mla(p: MlaPlan, dst: str | Path, *, force: bool = False, progress: bool | None = None,
-              device: str = "cpu") -> MlaResult:
+              device: str = "cpu") -> ConversionResult:
     """Calibrate, then stream the source once: each attention layer solved into its MLA block, every other tensor
     copied file to file (cast when --dtype asks), written to a staged folder renamed to `dst` when complete."""
     from kvtool import __version__
@@ -84,7 +70,7 @@ def write_mla(p: MlaPlan, dst: str | Path, *, force: bool = False, progress: boo
             prov = p.provenance(solve_info)
             prov["files"] = result.files
             write_new(tmp / "kvtool.json", json.dumps(prov, indent=2) + "\n")
-    return MlaResult(plan=p, dst=dst, files=result.files, side_files=side, provenance=prov)
+    return ConversionResult(plan=p, dst=dst, files=result.files, side_files=side, provenance=prov)
 
 
 def calibrate(p: MlaPlan, reader, device: str = "cpu") -> tuple:
