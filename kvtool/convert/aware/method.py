@@ -16,6 +16,7 @@ from kvtool.io.staging import sigterm_as_interrupt
 if TYPE_CHECKING:
     from kvtool.convert.layout import AttentionWeights
     from kvtool.convert.methods import MergeJob
+    from kvtool.convert.aware.spill import LayerStore
 
 # What --refine-steps fits each layer to (kvtool/convert/aware/merge.py): the original layer's output on the
 # original model's own hidden states, or on the converted model's (the inputs the layer sees once converted).
@@ -104,7 +105,7 @@ class AwareMerge(MergeMethod):
             raise UsageError(f"layerwise must be true or false, got {s['layerwise']!r}", option="method_opt")
         # refinement fits the original model's own stream, which then runs alongside the calibration
         self.original_stream = bool(s["refine_steps"]) and s["refine_target"] == "original"
-        self._merged = None  # kvtool.convert.aware.spill.LayerStore of Proj, while calibrated layers wait
+        self._merged: LayerStore | None = None  # the calibrated layers (Proj) waiting for the writer
         self._info: dict = {}
 
     def estimate(self, plan, shape):
