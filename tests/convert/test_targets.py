@@ -125,3 +125,13 @@ def test_another_target_s_option_is_refused_by_name(tmp_path):
         with pytest.raises(UsageError) as exc:
             plan(o)
         assert exc.value.option == f and exc.value.message == "only --to mla takes it (--to mqa converts KV heads)"
+
+
+@pytest.mark.parametrize("name", TARGETS.names())
+def test_a_target_s_own_options_are_labelled_for_it_in_help(name):
+    """The options a target claims (Target.fields) sit in its section of `convert --help` (Spec.applies)."""
+    from kvtool.options.convert import ConvertOptions
+    from kvtool.options.fields import field_named
+
+    for f in TARGETS.get(name).fields:
+        assert field_named(ConvertOptions, f).spec.applies == (f"--to {name}",), f
