@@ -12,6 +12,7 @@ headers (no tensor read), `apply(plan, dst)` writes. `kvtool convert`, a recipe'
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
 from kvtool.convert.targets import ConversionPlan, target_of
 from kvtool.errors import InputError, UsageError
@@ -48,7 +49,9 @@ def plan(o, *, ckpt=None, config: dict | None = None, tensors: dict | None = Non
     return p
 
 
-def apply(p: ConversionPlan, dst: str | Path, *, force: bool = False, progress: bool | None = None,
-          device: str = "cpu"):
-    """Write the planned conversion to `dst` (staged, then renamed; the source is only read)."""
-    return p.write(dst, force=force, progress=progress, device=device)
+def apply(p: ConversionPlan, dst: str | Path, *, verify: Callable[[Path], None] | None, force: bool = False,
+          progress: bool | None = None, device: str = "cpu"):
+    """Write the planned conversion to `dst` (staged, then renamed; the source is only read). `verify`: the
+    check the staged output must pass before it is published (`partial(kvtool.rules.output_check.verify_output,
+    source=SRC)`: convert cannot import lint, so its callers pass it; kvtool.io.staging.staged_output)."""
+    return p.write(dst, force=force, progress=progress, device=device, verify=verify)

@@ -79,8 +79,8 @@ class ConversionPlan(Protocol):
     @property
     def needs_torch(self) -> str | None: ...  # what needs torch to run ("--to mla"), None: nothing does
 
-    def write(self, dst, *, force: bool = False, progress: bool | None = None,
-              device: str = "cpu") -> ConversionResult: ...
+    def write(self, dst, *, verify=None, force: bool = False, progress: bool | None = None,
+              device: str = "cpu") -> ConversionResult: ...  # verify: the staged output's check before publish
 
     def render_result(self, result: ConversionResult) -> "console.Text": ...  # the command's last lines
 

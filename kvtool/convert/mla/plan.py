@@ -112,10 +112,10 @@ class MlaPlan:
 
     needs_torch = "--to mla"  # the calibrated solve runs the source model
 
-    def write(self, dst, *, force: bool = False, progress: bool | None = None, device: str = "cpu"):
+    def write(self, dst, *, verify=None, force: bool = False, progress: bool | None = None, device: str = "cpu"):
         from kvtool.convert.mla.write import write_mla
 
-        return write_mla(self, dst, force=force, progress=progress, device=device)
+        return write_mla(self, dst, verify=verify, force=force, progress=progress, device=device)
 
     def render_result(self, result):
         from kvtool.convert.mla.report import render_result
@@ -149,22 +149,13 @@ class MlaPlan:
 
 def _budget_bytes(text: str, source_bytes: float) -> float:
     """--kv-budget: bytes with a unit (7.5KiB, 7680B), or a fraction of the source's KV bytes (0.33, 33%)."""
-    from kvtool.units import parse_size
+    from kvtool.units import ValueRefused, parse_kv_budget
 
-    t = text.strip()
-    if t.endswith("%"):
-        frac = float(t[:-1]) / 100
-    elif t[-1:] in "Bb":
-        return float(parse_size(t))
-    else:
-        frac = float(t)
-        if frac > 1:
-            raise UsageError(f"{text!r}: give bytes with a unit (e.g. {int(frac)}B) or a fraction of the source's "
-                             "KV cache (0.33, 33%)", option="kv_budget")
-    if not 0 < frac <= 1:
-        raise UsageError(f"{text!r}: a fraction of the source's KV cache must be above 0 and at most 1",
-                         option="kv_budget")
-    return frac * source_bytes
+    try:
+        kind, value = parse_kv_budget(text)
+    except ValueRefused as exc:
+        raise UsageError(str(exc), option="kv_budget") from None
+    return value if kind == "bytes" else value * source_bytes
 
 
 def default_rope_dim(solve: str, head_dim: int, theta: float, horizon: int) -> int:
@@ -217,12 +208,15 @@ def resolve_shape(o, spec, source_bytes: float, elem: float, attn_layers: int, d
         raise UsageError(f"{what}{rank} latent + {rope} rope dimensions per layer cache no less than the source's "
                          f"{source_dims} (2 x {KV} KV heads x head_dim {hd}); MLA would save nothing",
                          option="preset" if o.preset else ("kv_budget" if o.kv_budget else "kv_rank"))
-    if rope % 2 or rope > hd - 2:
-        # qk_nope_head_dim 0 is what lint's KV401 refuses (MLA needs positive dimensions): never write it
-        raise UsageError(f"{rope} must be even and at most head_dim - 2 = {hd - 2} (the rope part keeps the fastest "
-                         f"rope / 2 of the source's {hd // 2} pairs; qk_nope_head_dim, the rest of each key head, comes "
-                         "from the latent and must be at least 1: lint's KV401)",
-                         option="preset" if o.preset else "rope_dim")
+    if rope % 2 or not 2 <= rope <= hd - 2:
+        # qk_rope_head_dim 0 or qk_nope_head_dim 0 is what lint's KV401 refuses (MLA needs positive dimensions)
+        # named as the user gave it: the option (the line's field), a preset, or the value kvtool derived
+        named = "" if o.rope_dim is not None else (f"{o.preset}'s rope dimensions " if o.preset else
+                                                   "the rope dimensions derived from the model (no --rope-dim given) ")
+        raise UsageError(f"{named}{rope} must be even, at least 2 and at most head_dim - 2 = {hd - 2} (the rope "
+                         f"part keeps the fastest rope / 2 of the source's {hd // 2} pairs; qk_nope_head_dim, the rest "
+                         "of each key head, comes from the latent and must be at least 1: lint's KV401)",
+                         option="preset" if o.preset else "rope_dim" if o.rope_dim is not None else None)
     # q/k heads keep the source's width (nope + rope = head_dim: the softmax scale is unchanged), v heads theirs
     return MlaShape(hidden_size=hidden, num_heads=H, kv_lora_rank=rank, qk_rope_head_dim=rope,
                     qk_nope_head_dim=hd - rope, v_head_dim=hd)
@@ -322,6 +316,12 @@ def plan_mla(o, ckpt, *, max_shard_size: int, config: dict | None = None, tensor
         val = getattr(spec, name)
         if not val or val <= 0:
             raise InputError(f"cannot read {name} from the config", file=where, field=spec.key(name))
+    if spec.head_dim < 4:
+        # qk_rope_head_dim and qk_nope_head_dim must both be positive (lint's KV401) and the rope part even (KV402):
+        # a key head of fewer than two pairs cannot be split, whatever the options say
+        raise UsageError(f"{spec.head_dim} is too small for --to mla: the rope part (qk_rope_head_dim, even) and the "
+                         "latent's part of each key head (qk_nope_head_dim) need at least one pair each, so head_dim "
+                         "must be at least 4 (lint's KV401)", file=where, field=spec.key("head_dim") or "head_dim")
     weights_path = weights_file(ckpt)
     layers = _source_layers(arch, spec, tensors, weights_path)
     theta = _refuse_source(o, arch, spec, config, tensors, layers, where, weights_path)

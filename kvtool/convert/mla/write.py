@@ -14,7 +14,7 @@ from kvtool.convert.targets import ConversionResult
 from kvtool.errors import InputError
 
 
-def write_mla(p: MlaPlan, dst: str | Path, *, force: bool = False, progress: bool | None = None,
+def write_mla(p: MlaPlan, dst: str | Path, *, verify, force: bool = False, progress: bool | None = None,
               device: str = "cpu") -> ConversionResult:
     """Calibrate, then stream the source once: each attention layer solved into its MLA block, every other tensor
     copied file to file (cast when --dtype asks), written to a staged folder renamed to `dst` when complete."""
@@ -36,7 +36,7 @@ def write_mla(p: MlaPlan, dst: str | Path, *, force: bool = False, progress: boo
         attn = {n for names in p.layers.values() for n in names.values()}
         meta = {"kvtool_version": __version__, "kvtool_source_hash": p.source_hash, "kvtool_method": "mla",
                 "kvtool_kv_heads": f"{p.source_kv_heads}->mla{p.shape.kv_lora_rank}+{p.shape.qk_rope_head_dim}"}
-        with staged_output(dst, force=force, protect=[p.src]) as tmp:
+        with staged_output(dst, force=force, protect=[p.src], verify=verify) as tmp:
             bar = kv_progress.task("convert", total=len(p.outputs), unit="tensors", enabled=progress)
             try:
                 with ShardWriter(tmp, p.max_shard_size, meta, plan=p.outputs, background_copies=True,
