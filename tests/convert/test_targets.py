@@ -18,6 +18,8 @@ NOT_TARGETS = {
     ("model/architectures.py", 'attn.get("kind") == "mla"'),
     ("model/spec.py", 'self.arch.attention["kind"] == "mla"'),
     ("convert/mla/solve.py", 'options.seed == "mqa"'),  # the MLA solve's seed: the aware MQA merge
+    ("model/kv_scale_names.py", 'attention == "mla"'),  # a checkpoint's attention kind (its KV scales)
+    ("rules/quantization.py", 'attention == "mla"'),
     ("budget/variants.py", 'change == "mqa"'),  # kv-budget's what-if variants, not a conversion
     ("budget/variants.py", 'change == "mha"'),
 }
