@@ -6,12 +6,12 @@ from __future__ import annotations
 
 TARGETS = ("gqa", "mqa", "mha", "mla")  # --to
 # --to mla's own options (kvtool/convert/mla/plan.py); any other target refuses them by name
-MLA_FIELDS = ("kv_rank", "rope_dim", "kv_budget", "preset", "mla_solve")
+MLA_FIELDS = ("kv_rank", "rope_dim", "kv_budget", "preset", "mla_solve", "engine")
 # --mla-solve -> the kvtool.convert.mla.solve.SolveOptions fields it sets (measured in docs/convert-mla.md, Quality and
 # "The curve": mqa-seed's values are the source's own, better than the MQA value head at every budget measured)
 MLA_SOLVES = {"mqa-seed": {"seed": "mqa", "residual_angle": 1.0, "seed_values": "source"}, "joint": {"seed": "none"}}
 MLA_SOLVE = "mqa-seed"
-# --preset: (kv_lora_rank, qk_rope_head_dim) the MLA kernels fix (kvtool/convert/mla/backends.py cites them)
+# --preset: (kv_lora_rank, qk_rope_head_dim) the MLA kernels fix (schemas/engines/mla_backends.json cites them)
 MLA_PRESETS = {"flashmla": (512, 64)}
 # the aware method's declared options (kvtool/options/convert.py): any other method refuses them by name
 AWARE_FIELDS = ("calib_text", "calib_dataset", "calib_tokens", "refine_steps", "distill_steps", "seq_len", "grouping",

@@ -43,6 +43,10 @@ class ConvertOptions:
                                    help="--to mla: how each layer is solved: mqa-seed (the aware MQA merge written as "
                                         "MLA, plus per-head keys from the latent) | joint (the rope key merged per "
                                         f"pair, keys and values in one latent); default {MLA_SOLVE}.")
+    engine: str | None = option(None, metavar="REQ",
+                                help="--to mla: the engine that will serve the result: vllm==X writes only the MLA rows "
+                                     "(kv_lora_rank + qk_rope_head_dim) that release serves; transformers writes any "
+                                     "size (vLLM refuses the others). Default: the newest vLLM release kvtool has read.")
     dry_run: bool = option(False, recipe=False, help="Print the plan and write nothing.")
     force: bool = option(False, recipe=False, help="Replace a non-empty DST.")
     dtype: str = option("keep", choices=DTYPES, help="keep | bf16 | fp16 | fp32 (floating tensors only).")

@@ -20,7 +20,10 @@ from kvtool.engines.facts import arithmetic, facts
 from kvtool.model.rope.types import served_context
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "vllm"
-RELEASES = sorted((p.name for p in DATA.iterdir() if p.is_dir() and p.name[:1].isdigit()), key=lambda v: tuple(int(x) for x in v.split(".")))
+# the releases whose paging / max_model_len functions were copied (a release folder holding only mla/, the MLA
+# backends' excerpts, is read by tests/oracle/test_vllm_mla_backends.py alone)
+RELEASES = sorted((p.name for p in DATA.iterdir() if p.is_dir() and p.name[:1].isdigit() and any(p.glob("*.txt"))),
+                  key=lambda v: tuple(int(x) for x in v.split(".")))
 
 
 def _excerpt(version: str, name: str) -> str:

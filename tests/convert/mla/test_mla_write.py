@@ -21,7 +21,7 @@ def converted(smollm2_path, tmp_path, monkeypatch):
     src = tiny_llama(tmp_path / "src", smollm2_path)
     dst = tmp_path / "mla"
     rc = main(["convert", str(src), str(dst), "--to", "mla", "--kv-rank", str(R), "--rope-dim", str(ROPE),
-               "--calib-tokens", "64", "--seq-len", "32", "--calib-dataset", "pydoc", "--no-eval", "--no-progress"])
+               "--engine", "transformers", "--calib-tokens", "64", "--seq-len", "32", "--calib-dataset", "pydoc", "--no-eval", "--no-progress"])
     assert rc == 0
     return src, dst, calls
 
@@ -98,7 +98,7 @@ def test_rope_over_all_but_one_pair(smollm2_path, tmp_path, monkeypatch):
     src = tiny_llama(tmp_path / "src", smollm2_path)
     dst = tmp_path / "mla"
     assert main(["convert", str(src), str(dst), "--to", "mla", "--kv-rank", "16", "--rope-dim", "14",
-                 "--calib-tokens", "64", "--seq-len", "32", "--calib-dataset", "pydoc", "--no-eval",
+                 "--engine", "transformers", "--calib-tokens", "64", "--seq-len", "32", "--calib-dataset", "pydoc", "--no-eval",
                  "--no-progress"]) == 0
     model, info = AutoModelForCausalLM.from_pretrained(dst, output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
@@ -155,7 +155,7 @@ def test_the_real_mqa_seed_solve_writes_what_transformers_loads(smollm2_path, tm
 
     src = tiny_llama(tmp_path / "src", smollm2_path)
     dst = tmp_path / "mla"
-    assert main(["convert", str(src), str(dst), "--to", "mla", "--kv-budget", "50%", "--calib-tokens", "64",
+    assert main(["convert", str(src), str(dst), "--to", "mla", "--kv-budget", "50%", "--engine", "transformers", "--calib-tokens", "64",
                  "--seq-len", "32", "--calib-dataset", "pydoc", "--no-eval", "--no-progress"]) == 0
     prov = json.loads((dst / "kvtool.json").read_text())
     assert prov["solve"]["options"]["seed"] == "mqa" and prov["mla"]["qk_rope_head_dim"] == 14
