@@ -159,3 +159,21 @@ def test_servable_is_what_triton_mla_serves():
 
 def test_cpu_backend_serves_576_only():
     assert [b.sizes(mla.rows("0.32.0").head_sizes) for b in mla.backends("0.32.0") if b.name == "CPU_MLA"] == [(576,)]
+
+
+def _excerpt_033(source: str, name: str) -> str:
+    text = (DATA / "0.33.0" / (source.replace("/", "__") + ".txt")).read_text(encoding="utf-8")
+    body = text.split(f"\n# --- {name} (lines", 1)[1].split("\n", 1)[1]
+    return body.split("\n# --- ", 1)[0]
+
+
+def test_deepseek_mla_layers_take_no_sliding_window():
+    """KV405's citation: the wrapper builds MLAAttention without sliding_window (so it stays None: full attention),
+    and TRITON_MLA refuses one outright."""
+    wrapper = _excerpt_033("vllm/model_executor/layers/mla.py", "MultiHeadLatentAttentionWrapper.__init__")
+    call = wrapper[wrapper.index("self.mla_attn = MLAAttention("):]
+    call = call[:call.index("\n        )")]
+    assert "num_heads=self.num_heads" in call and "sliding_window" not in call
+    triton = _excerpt_033("vllm/v1/attention/backends/mla/triton_mla.py", "TritonMLAImpl.__init__")
+    assert "unsupported_features = [alibi_slopes, sliding_window, logits_soft_cap]" in triton
+    assert "raise NotImplementedError" in triton
