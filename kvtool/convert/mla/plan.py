@@ -184,7 +184,7 @@ def mla_target(o) -> tuple[str | None, tuple[int, ...] | None]:
 
 def _kv_bytes(values: int, elem: float, layers: int) -> str:
     b = values * elem * layers
-    return f"{b / 1024:g}KiB" if b % 1024 == 0 else f"{int(b)}B"
+    return f"{b / 1024:g}KiB" if (b * 100) % 1024 == 0 else f"{int(b)}B"  # 18.75KiB, else exact bytes
 
 
 def resolve_shape(o, spec, source_bytes: float, elem: float, attn_layers: int, default_rope: int,

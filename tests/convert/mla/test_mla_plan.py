@@ -134,7 +134,7 @@ def refused(capsys, argv) -> str:
     (["--to", "mla", "--kv-budget", "64B", "--engine", "transformers"], "--kv-budget: '64B' gives 16 cached dimensions"),
     (["--to", "mla", "--kv-budget", "64B"], "--kv-budget: '64B' gives 16 cached values per layer (2 layers, 2 bytes "
      "each); vllm 0.33.0 serves MLA rows of 320, 512 or 576 cached values per token and layer (kv_lora_rank + "
-     "qk_rope_head_dim): the smallest that saves, 320, needs --kv-budget 1280B"),
+     "qk_rope_head_dim): the smallest that saves, 320, needs --kv-budget 1.25KiB"),
     (["--to", "mla", "--kv-rank", "96", "--rope-dim", "32"], "--kv-rank: vllm 0.33.0 serves MLA rows of 320, 512 or "
      "576 cached values per token and layer (kv_lora_rank + qk_rope_head_dim); 96 + 32 = 128 is not one of them: "
      "--kv-rank 288 with 32 rope dimensions writes 320 (--engine transformers writes any size"),
