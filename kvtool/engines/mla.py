@@ -133,7 +133,8 @@ def summary(version: str, dims) -> str:
     r = rows(version)
     if r is None:
         return f"vLLM {version}: MLA backends not read by kvtool"
-    ok, why_not = [], {}
+    ok: list[str] = []
+    why_not: dict[str, list[str]] = {}
     names = [b.name for b in backends(version)]
     for b in backends(version):
         why = b.refusal(dims, r.head_sizes)

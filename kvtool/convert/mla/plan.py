@@ -245,7 +245,7 @@ def resolve_shape(o, spec, source_bytes: float, elem: float, attn_layers: int, d
                          f"the fastest rope / 2 of the source's {hd // 2} pairs; qk_nope_head_dim, the rest of each key "
                          "head, comes from the latent and must be at least 1: lint's KV401)",
                          option="preset" if o.preset else "rope_dim")
-    if saving is not None and rank + rope not in sizes:
+    if sizes is not None and saving is not None and rank + rope not in sizes:
         ranks = " / ".join(str(s - rope) for s in saving)
         raise UsageError(f"{served}; {rank} + {rope} = {rank + rope} is not one of them: --kv-rank {ranks} with "
                          f"{rope} rope dimensions writes {or_list(saving)} (--engine transformers writes any size, "
@@ -401,7 +401,8 @@ def plan_mla(o, ckpt, *, max_shard_size: int, config: dict | None = None, tensor
     p.kv_bytes_before, p.kv_bytes_after = before, kvcache.bytes_per_token(out_spec, elem)
     if target[0] is None:
         newest = engine_mla.read_releases()[-1]
-        served = engine_mla.rows(newest).head_sizes
+        rows = engine_mla.rows(newest)
+        served = rows.head_sizes if rows is not None else ()
         if shape.cached_dims not in served:
             p.warnings.append(f"written for transformers (--engine transformers): "
                               f"{engine_mla.sizes_text(newest, served)}, so vLLM refuses this {shape.cached_dims} at "
