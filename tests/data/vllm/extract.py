@@ -224,24 +224,38 @@ def excerpt_name(source: str) -> str:
     return source.replace("/", "__") + ".txt"
 
 
+def _first_file(src_root: Path, name: str, candidates: tuple[str, ...]) -> str | None:
+    """The first candidate file of the release that defines `name`."""
+    for c in candidates:
+        if (src_root / c).is_file():
+            try:
+                _find(ast.parse((src_root / c).read_text(encoding="utf-8")), name)
+            except LookupError:
+                continue
+            return c
+    return None
+
+
+def _write_excerpts(src_root: Path, version: str, rel: str, names: list[str], target: Path) -> None:
+    text = (src_root / rel).read_text(encoding="utf-8")
+    tree, lines = ast.parse(text), text.splitlines()
+    parts = [f"# vLLM {version}, {rel} (Apache-2.0, https://github.com/vllm-project/vllm); verbatim excerpts"]
+    for name in names:
+        node = _find(tree, name)
+        start = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
+        parts.append(f"# --- {name} (lines {start}-{node.end_lineno})")
+        body = lines[start - 1:node.end_lineno]
+        indent = len(body[0]) - len(body[0].lstrip())  # class members dedented, so each excerpt parses
+        parts.append("\n".join(line[indent:] for line in body))
+    target.write_text("\n".join(parts) + "\n", encoding="utf-8")
+    print(f"wrote {target}")
+
+
 def extract(src_root: Path, version: str) -> None:
     out_dir = HERE / version
     out_dir.mkdir(parents=True, exist_ok=True)
     for rel, names in EXCERPTS.items():
-        text = (src_root / rel).read_text(encoding="utf-8")
-        tree = ast.parse(text)
-        lines = text.splitlines()
-        parts = [f"# vLLM {version}, {rel} (Apache-2.0, https://github.com/vllm-project/vllm); verbatim excerpts"]
-        for name in names:
-            node = _find(tree, name)
-            start = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
-            parts.append(f"# --- {name} (lines {start}-{node.end_lineno})")
-            # dedent class members to module level so each excerpt parses on its own
-            body = lines[start - 1:node.end_lineno]
-            indent = len(body[0]) - len(body[0].lstrip())
-            parts.append("\n".join(line[indent:] for line in body))
-        (out_dir / excerpt_name(rel)).write_text("\n".join(parts) + "\n", encoding="utf-8")
-        print(f"wrote {out_dir / excerpt_name(rel)}")
+        _write_excerpts(src_root, version, rel, list(names), out_dir / excerpt_name(rel))
 
 
 def extract_release(src_root: Path, version: str) -> None:
@@ -254,14 +268,9 @@ def extract_release(src_root: Path, version: str) -> None:
             raise LookupError(f"{name}: in none of {candidates}")
         by_file.setdefault(rel, []).append(name)
     for name, candidates in OPTIONAL_RELEASE_EXCERPTS.items():
-        for c in candidates:
-            if (src_root / c).is_file():
-                try:
-                    _find(ast.parse((src_root / c).read_text(encoding="utf-8")), name)
-                except LookupError:
-                    continue
-                by_file.setdefault(c, []).append(name)
-                break
+        found = _first_file(src_root, name, candidates)
+        if found is not None:
+            by_file.setdefault(found, []).append(name)
     out_dir = HERE / version
     out_dir.mkdir(parents=True, exist_ok=True)
     for rel, names in by_file.items():
@@ -272,18 +281,7 @@ def extract_release(src_root: Path, version: str) -> None:
             if not names:
                 continue
             target = target.with_name(target.name.replace(".txt", ".release.txt"))
-        text = (src_root / rel).read_text(encoding="utf-8")
-        tree, lines = ast.parse(text), text.splitlines()
-        parts = [f"# vLLM {version}, {rel} (Apache-2.0, https://github.com/vllm-project/vllm); verbatim excerpts"]
-        for name in names:
-            node = _find(tree, name)
-            start = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
-            parts.append(f"# --- {name} (lines {start}-{node.end_lineno})")
-            body = lines[start - 1:node.end_lineno]
-            indent = len(body[0]) - len(body[0].lstrip())  # class members dedented, so each excerpt parses
-            parts.append("\n".join(line[indent:] for line in body))
-        target.write_text("\n".join(parts) + "\n", encoding="utf-8")
-        print(f"wrote {target}")
+        _write_excerpts(src_root, version, rel, names, target)
 
 
 # The MLA cache rows each release serves (schemas/engines/mla_backends.json, tests/oracle/test_vllm_mla_backends.py):
@@ -325,33 +323,15 @@ def extract_mla(src_root: Path, version: str, backends: bool = False) -> None:
     wanted = {**MLA_EXCERPTS, **(MLA_BACKEND_EXCERPTS if backends else {})}
     by_file: dict[str, list[str]] = {}
     for name, candidates in wanted.items():
-        for c in candidates:
-            if (src_root / c).is_file():
-                try:
-                    _find(ast.parse((src_root / c).read_text(encoding="utf-8")), name)
-                except LookupError:
-                    continue
-                by_file.setdefault(c, []).append(name)
-                break
-        else:
-            if name not in _MLA_OPTIONAL:
-                raise LookupError(f"{name}: in none of {candidates}")
+        found = _first_file(src_root, name, candidates)
+        if found is None and name not in _MLA_OPTIONAL:
+            raise LookupError(f"{name}: in none of {candidates}")
+        if found is not None:
+            by_file.setdefault(found, []).append(name)
     out_dir = HERE / version / "mla"
     out_dir.mkdir(parents=True, exist_ok=True)
     for rel, names in by_file.items():
-        text = (src_root / rel).read_text(encoding="utf-8")
-        tree, lines = ast.parse(text), text.splitlines()
-        parts = [f"# vLLM {version}, {rel} (Apache-2.0, https://github.com/vllm-project/vllm); verbatim excerpts"]
-        for name in names:
-            node = _find(tree, name)
-            start = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
-            parts.append(f"# --- {name} (lines {start}-{node.end_lineno})")
-            body = lines[start - 1:node.end_lineno]
-            indent = len(body[0]) - len(body[0].lstrip())
-            parts.append("\n".join(line[indent:] for line in body))
-        target = out_dir / excerpt_name(rel)
-        target.write_text("\n".join(parts) + "\n", encoding="utf-8")
-        print(f"wrote {target}")
+        _write_excerpts(src_root, version, rel, names, out_dir / excerpt_name(rel))
 
 
 if __name__ == "__main__":
