@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from kvtool.convert import defaults as aware
 from kvtool.convert.defaults import AWARE_FIELDS, GROUPINGS, MLA_PRESETS, MLA_SOLVE, MLA_SOLVES, TARGETS
-from kvtool.options.fields import argument, operation, option
+from kvtool.options.fields import argument, engine_option, operation, option
 from kvtool.progress import FLAG_HELP
+from kvtool.units import parse_kv_budget
 
 DTYPES = ("keep", "bf16", "fp16", "fp32")
 TEXT_FILES = {"$ref": "#/$defs/text_files"}  # one path or a list, relative to the recipe
@@ -35,7 +36,8 @@ class ConvertOptions:
                                   help="Dimensions of the shared RoPE key cached beside the latent "
                                        "(qk_rope_head_dim; even, at most head_dim - 2; default: docs/convert-mla.md).")
     kv_budget: str | None = option(None, choices=("BYTES (7.5KiB, 7680B)", "FRACTION (0.33, 33%)"),
-                                   pattern=KV_BUDGET_PATTERN, metavar="BYTES|FRACTION", applies=MLA,
+                                   pattern=KV_BUDGET_PATTERN, parse=parse_kv_budget, metavar="BYTES|FRACTION",
+                                   applies=MLA,
                                    help="KV cache per token instead of --kv-rank, as bytes (7.5KiB, 7680B) "
                                         "or a fraction of the source's (0.33, 33%).")
     preset: str | None = option(None, choices=tuple(MLA_PRESETS), applies=MLA,
@@ -46,10 +48,10 @@ class ConvertOptions:
                                    help="How each layer is solved: mqa-seed (the aware MQA merge written as "
                                         "MLA, plus per-head keys from the latent) | joint (the rope key merged per "
                                         f"pair, keys and values in one latent); default {MLA_SOLVE}.")
-    engine: str | None = option(None, metavar="REQ", applies=MLA,
-                                help="The engine that will serve the result: vllm==X writes only the MLA rows "
-                                     "(kv_lora_rank + qk_rope_head_dim) that release serves; transformers writes any "
-                                     "size (vLLM refuses the others). Default: the newest vLLM release kvtool has read.")
+    engine: list[str] = engine_option("the engine that will serve the result: vllm==X writes only the MLA rows "
+                                      "(kv_lora_rank + qk_rope_head_dim) that release serves; transformers alone "
+                                      "writes any size (vLLM refuses the others). Default: the newest vLLM release "
+                                      "kvtool has read.", recipe=True, applies=MLA)
     dry_run: bool = option(False, recipe=False, help="Print the plan and write nothing.")
     force: bool = option(False, recipe=False, help="Replace a non-empty DST.")
     dtype: str = option("keep", choices=DTYPES, help="keep | bf16 | fp16 | fp32 (floating tensors only).")

@@ -115,28 +115,19 @@ class MlaPlan:
 def refuse_options_for_other_targets(o) -> None:
     """--kv-rank / --rope-dim / --kv-budget / --preset / --mla-solve belong to --to mla."""
     for name in defaults.MLA_FIELDS:
-        if o.to != "mla" and getattr(o, name) is not None:
+        if o.to != "mla" and getattr(o, name) not in (None, []):
             raise UsageError(f"only --to mla takes it (--to {o.to} converts KV heads)", option=name)
 
 
 def _budget_bytes(text: str, source_bytes: float) -> float:
     """--kv-budget: bytes with a unit (7.5KiB, 7680B), or a fraction of the source's KV bytes (0.33, 33%)."""
-    from kvtool.units import parse_size
+    from kvtool.units import ValueRefused, parse_kv_budget
 
-    t = text.strip()
-    if t.endswith("%"):
-        frac = float(t[:-1]) / 100
-    elif t[-1:] in "Bb":
-        return float(parse_size(t))
-    else:
-        frac = float(t)
-        if frac > 1:
-            raise UsageError(f"{text!r}: give bytes with a unit (e.g. {int(frac)}B) or a fraction of the source's "
-                             "KV cache (0.33, 33%)", option="kv_budget")
-    if not 0 < frac <= 1:
-        raise UsageError(f"{text!r}: a fraction of the source's KV cache must be above 0 and at most 1",
-                         option="kv_budget")
-    return frac * source_bytes
+    try:
+        kind, value = parse_kv_budget(text)
+    except ValueRefused as exc:
+        raise UsageError(str(exc), option="kv_budget") from None
+    return value if kind == "bytes" else value * source_bytes
 
 
 def default_rope_dim(solve: str, head_dim: int, theta: float, horizon: int) -> int:
@@ -164,19 +155,25 @@ def mla_target(o) -> tuple[str | None, tuple[int, ...] | None]:
     from kvtool.engines.releases import parse, select
 
     read = engine_mla.read_releases()
-    if o.engine is None:
+    reqs = [o.engine] if isinstance(o.engine, str) else list(o.engine or ())  # a lone string from the API
+    named = [(req, *parse(req, option="engine")) for req in reqs]
+    vllm = [(req, spec) for req, name, spec in named if name == "vllm"]
+    if len(vllm) > 1:
+        raise UsageError(f"{' and '.join(repr(r) for r, _ in vllm)}: --to mla writes for one vLLM release; give one "
+                         "(vllm==X)", option="engine")
+    if not vllm:
+        if named:  # transformers alone: any size its DeepseekV3 attention takes
+            return None, None
         version = read[-1]
     else:
-        name, spec = parse(o.engine, option="engine")
-        if name == "transformers":
-            return None, None
-        versions = select(name, spec, o.engine, option="engine")
+        req, spec = vllm[0]
+        versions = select("vllm", spec, req, option="engine")
         if len(versions) != 1:
-            raise UsageError(f"{o.engine!r} matches {len(versions)} releases; give one (vllm==X)", option="engine")
+            raise UsageError(f"{req!r} matches {len(versions)} releases; give one (vllm==X)", option="engine")
         version = versions[0]
     rows = engine_mla.rows(version)
     if rows is None:
-        raise UsageError(f"{o.engine!r}: kvtool has not read which MLA rows vLLM {version} serves (it has read "
+        raise UsageError(f"{vllm[0][0]!r}: kvtool has not read which MLA rows vLLM {version} serves (it has read "
                          f"{read[0]}..{read[-1]}: schemas/engines/mla_backends.json); pin one of those, or "
                          "--engine transformers", option="engine")
     return version, rows.head_sizes
@@ -239,12 +236,15 @@ def resolve_shape(o, spec, source_bytes: float, elem: float, attn_layers: int, d
         what = f"{o.preset}: " if o.preset else ""
         raise UsageError(f"{what}{rank} latent + {rope} rope dimensions per layer cache no less than the source's "
                          f"{source_dims} (2 x {KV} KV heads x head_dim {hd}); MLA would save nothing", option=option)
-    if rope < 2 or rope % 2 or rope > hd - 2:
-        # qk_rope_head_dim 0 and qk_nope_head_dim 0 are what lint's KV401 refuses (MLA needs positive dimensions)
-        raise UsageError(f"{rope} must be even, at least 2 and at most head_dim - 2 = {hd - 2} (the rope part keeps "
-                         f"the fastest rope / 2 of the source's {hd // 2} pairs; qk_nope_head_dim, the rest of each key "
-                         "head, comes from the latent and must be at least 1: lint's KV401)",
-                         option="preset" if o.preset else "rope_dim")
+    if rope % 2 or not 2 <= rope <= hd - 2:
+        # qk_rope_head_dim 0 or qk_nope_head_dim 0 is what lint's KV401 refuses (MLA needs positive dimensions)
+        # named as the user gave it: the option (the line's field), a preset, or the value kvtool derived
+        named = "" if o.rope_dim is not None else (f"{o.preset}'s rope dimensions " if o.preset else
+                                                   "the rope dimensions derived from the model (no --rope-dim given) ")
+        raise UsageError(f"{named}{rope} must be even, at least 2 and at most head_dim - 2 = {hd - 2} (the rope "
+                         f"part keeps the fastest rope / 2 of the source's {hd // 2} pairs; qk_nope_head_dim, the rest "
+                         "of each key head, comes from the latent and must be at least 1: lint's KV401)",
+                         option="preset" if o.preset else "rope_dim" if o.rope_dim is not None else None)
     if sizes is not None and saving is not None and rank + rope not in sizes:
         ranks = " / ".join(str(s - rope) for s in saving)
         raise UsageError(f"{served}; {rank} + {rope} = {rank + rope} is not one of them: --kv-rank {ranks} with "
@@ -349,6 +349,12 @@ def plan_mla(o, ckpt, *, max_shard_size: int, config: dict | None = None, tensor
         val = getattr(spec, name)
         if not val or val <= 0:
             raise InputError(f"cannot read {name} from the config", file=where, field=spec.key(name))
+    if spec.head_dim < 4:
+        # qk_rope_head_dim and qk_nope_head_dim must both be positive (lint's KV401) and the rope part even (KV402):
+        # a key head of fewer than two pairs cannot be split, whatever the options say
+        raise UsageError(f"{spec.head_dim} is too small for --to mla: the rope part (qk_rope_head_dim, even) and the "
+                         "latent's part of each key head (qk_nope_head_dim) need at least one pair each, so head_dim "
+                         "must be at least 4 (lint's KV401)", file=where, field=spec.key("head_dim") or "head_dim")
     weights_file = _weights_file(ckpt)
     layers = _source_layers(arch, spec, tensors, weights_file)
     theta = _refuse_source(o, arch, spec, config, tensors, layers, where, weights_file)
@@ -446,7 +452,7 @@ class MlaResult:
     provenance: dict
 
 
-def write_mla(p: MlaPlan, dst: str | Path, *, force: bool = False, progress: bool | None = None,
+def write_mla(p: MlaPlan, dst: str | Path, *, verify, force: bool = False, progress: bool | None = None,
               device: str = "cpu") -> MlaResult:
     """Calibrate, then stream the source once: each attention layer solved into its MLA block, every other tensor
     copied file to file (cast when --dtype asks), written to a staged folder renamed to `dst` when complete."""
@@ -468,7 +474,7 @@ def write_mla(p: MlaPlan, dst: str | Path, *, force: bool = False, progress: boo
         attn = {n for names in p.layers.values() for n in names.values()}
         meta = {"kvtool_version": __version__, "kvtool_source_hash": p.source_hash, "kvtool_method": "mla",
                 "kvtool_kv_heads": f"{p.source_kv_heads}->mla{p.shape.kv_lora_rank}+{p.shape.qk_rope_head_dim}"}
-        with staged_output(dst, force=force, protect=[p.src]) as tmp:
+        with staged_output(dst, force=force, protect=[p.src], verify=verify) as tmp:
             bar = kv_progress.task("convert", total=len(p.outputs), unit="tensors", enabled=progress)
             try:
                 with ShardWriter(tmp, p.max_shard_size, meta, plan=p.outputs, background_copies=True,
