@@ -6,7 +6,9 @@ redrawn without rerunning the conversions:
 
     python bench/mla_curve.py bench/mla_curve.json docs/mla-curve.png
 
-The original model is a merge point at ratio 1 with no error (the rows carry it). The figure is written through
+The original model is a merge point at ratio 1 with no error (the rows carry it). An MLA point whose cached row
+(kv_lora_rank + qk_rope_head_dim) the newest vLLM release kvtool has read does not serve is drawn hollow
+(`served_by_vllm`; schemas/engines/mla_backends.json): it was measured in transformers only. The figure is written through
 kvtool.io.outputfile.replace like kvtool's own plots (kvtool/budget/plot.py): a fresh file renamed over the
 target, never written through a link.
 """
@@ -24,6 +26,14 @@ def texts_of(rows: list[dict]) -> list[str]:
     """The texts every row was scored on, in the first row's order."""
     names = [k for k, v in rows[0].items() if isinstance(v, dict) and "ppl_ratio" in v]
     return [n for n in names if all(n in r for r in rows)]
+
+
+def served_by_vllm(row: dict, release: str | None = None) -> bool:
+    """Whether vLLM (`release`, default the newest kvtool has read) serves this MLA row's cached size."""
+    from kvtool.engines import mla
+
+    release = release or mla.read_releases()[-1]
+    return row.get("kind") != "mla" or row["cached_dims"] in mla.rows(release).head_sizes
 
 
 def write_curve_plot(data: dict, path: str | Path) -> None:
@@ -51,9 +61,13 @@ def write_curve_plot(data: dict, path: str | Path) -> None:
                 lines.setdefault(r.get("series", "MLA"), []).append(r)
         for name, pts in lines.items():
             pts = sorted(pts, key=lambda r: r["kv_bytes_per_token"])
-            ax.errorbar([r["kv_bytes_per_token"] / KIB for r in pts], [r[text]["ppl_ratio"] for r in pts],
-                        yerr=[r[text]["ppl_ratio_se"] for r in pts], marker="o", markersize=4, capsize=3,
-                        linewidth=1.4, label=name)
+            line = ax.errorbar([r["kv_bytes_per_token"] / KIB for r in pts], [r[text]["ppl_ratio"] for r in pts],
+                               yerr=[r[text]["ppl_ratio_se"] for r in pts], capsize=3, linewidth=1.4, label=name)
+            color = line[0].get_color()
+            for filled in (True, False):  # hollow: a row vLLM does not serve (transformers only)
+                pick = [r for r in pts if served_by_vllm(r) == filled]
+                ax.plot([r["kv_bytes_per_token"] / KIB for r in pick], [r[text]["ppl_ratio"] for r in pick], "o",
+                        markersize=5, color=color, markerfacecolor=color if filled else "white", linestyle="none")
         for r in rows:
             if r.get("kind") == "merge":
                 ax.errorbar([r["kv_bytes_per_token"] / KIB], [r[text]["ppl_ratio"]], yerr=[r[text]["ppl_ratio_se"]],
@@ -62,6 +76,7 @@ def write_curve_plot(data: dict, path: str | Path) -> None:
         ax.set_xlabel("KV cache KiB / token")
         ax.grid(True, alpha=0.3)
     axes[0][0].set_ylabel("PPL ratio to the original (± SE)")
+    axes[0][0].annotate("hollow: a row vLLM does not serve", xy=(0.02, 0.02), xycoords="axes fraction", fontsize=7)
     axes[0][-1].legend(fontsize=7)
     fig.suptitle(data.get("title", ""), fontsize=9)
     fig.tight_layout()

@@ -30,10 +30,11 @@ EXAMPLES = {
         **COMMON, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4, "num_attention_heads": 4,
         "num_key_value_heads": 1, "head_dim": 32, "max_position_embeddings": 4096, "sliding_window": 512,
         "layer_types": ["sliding_attention", "sliding_attention", "sliding_attention", "full_attention"]}),
-    # DeepSeek-V3 layout: multi-head latent attention and routed + shared experts.
+    # DeepSeek-V3 layout: multi-head latent attention and routed + shared experts; a cached row of kv_lora_rank 304 +
+    # qk_rope_head_dim 16 = 320 values, one vLLM serves (lint's KV404: schemas/engines/mla_backends.json).
     "deepseek-mla-tiny": ("DeepseekV3Config", "DeepseekV3ForCausalLM", {
         **COMMON, "hidden_size": 64, "intermediate_size": 128, "moe_intermediate_size": 32, "num_hidden_layers": 2,
-        "num_attention_heads": 4, "num_key_value_heads": 4, "kv_lora_rank": 32, "q_lora_rank": None,
+        "num_attention_heads": 4, "num_key_value_heads": 4, "kv_lora_rank": 304, "q_lora_rank": None,
         "qk_rope_head_dim": 16, "qk_nope_head_dim": 16, "v_head_dim": 16, "n_routed_experts": 4,
         "num_experts_per_tok": 2, "n_shared_experts": 1, "n_group": 1, "topk_group": 1, "first_k_dense_replace": 1,
         "max_position_embeddings": 4096, "tie_word_embeddings": False}),

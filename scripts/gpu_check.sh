@@ -146,9 +146,9 @@ if [ "${KVTOOL_GPU_CHECK_BENCH:-1}" != "0" ]; then
     stamp "convert took $(( $(date +%s) - t0 )) s"
     # GQA -> MLA at MQA's bytes, refined and distilled: the solve on the CPU, refinement, distillation and the
     # calibration forward on the device; CPU reference (2 cores, real SmolLM2): docs/convert-mla.md, "Refined"
-    stamp "convert --to mla --kv-budget 7.5KiB --refine-steps $REFINE --distill-steps $DISTILL on $DEVICE (SmolLM2)"
+    stamp "convert --to mla --kv-budget 18.75KiB --refine-steps $REFINE --distill-steps $DISTILL on $DEVICE (SmolLM2)"
     t0=$(date +%s)
-    timeout 300 $PY -m kvtool convert "$smol" /tmp/kvtool-gpu-mla --to mla --kv-budget 7.5KiB --refine-steps "$REFINE" \
+    timeout 300 $PY -m kvtool convert "$smol" /tmp/kvtool-gpu-mla --to mla --kv-budget 18.75KiB --refine-steps "$REFINE" \
       --distill-steps "$DISTILL" --calib-tokens 4096 --eval --eval-tokens "$EVT" --force --no-progress \
       || rc=$((rc ? rc : $?))
     stamp "convert --to mla took $(( $(date +%s) - t0 )) s"

@@ -138,6 +138,7 @@ class Budget:
     current: Figures
     variants: list[Figures]
     notes: list[str] = field(default_factory=list)
+    mla_refusal: str | None = None  # the vLLM release serves no MLA row of this size (lint's KV404)
 
     @property
     def weight_bytes_per_gpu(self) -> int | None:
@@ -156,6 +157,8 @@ class Budget:
     def problems(self) -> list[str]:
         """Reasons the deployment as asked would fail (exit 1)."""
         out: list[str] = []
+        if self.mla_refusal:
+            out.append(f"vLLM refuses the model at its first forward pass: {self.mla_refusal}")
         if self.current.tp_refusal:
             out.append(f"vLLM refuses --tensor-parallel-size {self.options.tensor_parallel_size}: {self.current.tp_refusal}")
         if self.weights_fit is False:
@@ -392,6 +395,27 @@ def _require_head_size(spec, where: str) -> None:
                          "sized", file=where, field=spec.key("head_dim") or spec.prefixed("head_dim"))
 
 
+def _mla_refusal(spec, opts: BudgetOptions) -> str | None:
+    """Why the vLLM release sized for (--engine, else the installed or newest) serves no MLA row of this model's
+    size, as lint's KV404 says it (schemas/engines/mla_backends.json); None when it does or was not read."""
+    from kvtool.model.kv_dtypes import attention_kind
+
+    if attention_kind(spec) != "mla":
+        return None
+    rank, rope = spec.get("kv_lora_rank"), spec.get("qk_rope_head_dim")
+    if not (isinstance(rank, int) and isinstance(rope, int)):
+        return None
+    from kvtool.engines import mla
+    from kvtool.engines.releases import default
+
+    release = opts.vllm_release or default("vllm").versions[0]
+    rows = mla.rows(release)
+    if rows is None or rank + rope in rows.head_sizes:
+        return None
+    return (f"kv_lora_rank + qk_rope_head_dim = {rank} + {rope} = {rank + rope}: "
+            f"{mla.sizes_text(release, rows.head_sizes)} (lint KV404; {rows.citation})")
+
+
 def compute(ckpt, spec, opts: BudgetOptions) -> Budget:
     notes: list[str] = []
     where = str(ckpt.config_path)  # the file the missing value should be in
@@ -439,6 +463,8 @@ def compute(ckpt, spec, opts: BudgetOptions) -> Budget:
     if opts.vllm_release is not None and opts.vllm_release != table_release and opts.kv_cache_dtype != "auto":
         notes.append(f"--kv-cache-dtype {opts.kv_cache_dtype} is sized as vLLM {table_release} stores it "
                      f"(kvtool/model/kv_dtypes.json); vLLM {opts.vllm_release} was not read for it")
+
+    mla_refusal = _mla_refusal(spec, opts)
 
     weight_bytes = weight_params = None
     weight_source = None
@@ -503,5 +529,5 @@ def compute(ckpt, spec, opts: BudgetOptions) -> Budget:
         model=ckpt.source, model_type=spec.model_type, position=spec.position, options=opts, max_model_len=seq_len,
         max_model_len_source=source, batched_tokens=step, batch_defaults=defaults, weight_bytes=weight_bytes, weight_source=weight_source,
         weight_params=weight_params, kv_budget_per_gpu=budget, kv_pool_per_gpu=pool, current=current,
-        variants=variants, notes=notes,
+        variants=variants, notes=notes, mla_refusal=mla_refusal,
     )

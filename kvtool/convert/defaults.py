@@ -8,7 +8,7 @@ from __future__ import annotations
 # "The curve": mqa-seed's values are the source's own, better than the MQA value head at every budget measured)
 MLA_SOLVES = {"mqa-seed": {"seed": "mqa", "residual_angle": 1.0, "seed_values": "source"}, "joint": {"seed": "none"}}
 MLA_SOLVE = "mqa-seed"
-# --preset: (kv_lora_rank, qk_rope_head_dim) the MLA kernels fix (kvtool/convert/mla/backends.py cites them)
+# --preset: (kv_lora_rank, qk_rope_head_dim) the MLA kernels fix (kvtool/engines/mla.py and schemas/engines/mla_backends.json cite them)
 MLA_PRESETS = {"flashmla": (512, 64)}
 # the aware method's declared options (kvtool/options/convert.py): any other method refuses them by name
 AWARE_FIELDS = ("calib_text", "calib_dataset", "calib_tokens", "refine_steps", "distill_steps", "seq_len", "grouping",

@@ -103,7 +103,7 @@ class Target:
         self.options = o
         for other in TARGETS.values():
             for f in other.fields:
-                if f not in self.fields and getattr(o, f, None) is not None:
+                if f not in self.fields and getattr(o, f, None) not in (None, [], ()):  # [] : a repeatable option unset
                     raise UsageError(f"only --to {other.name} takes it (--to {self.name} {self.does})", option=f)
 
     @classmethod

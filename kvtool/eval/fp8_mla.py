@@ -8,8 +8,8 @@ layer, `kv_c_normed = kv_a_layernorm(kv_c)` (the RMSNorm's weight included) and 
 scale, the layer's k_scale, for the latent and the rope key (skip_scale when it is 1.0: the same values). The
 cast is the cache kernels' saturating e4m3 conversion (kvtool.eval.fp8.fp8_roundtrip: clamp to +-448).
 
-Reading it back: TRITON_MLA (the only dense MLA backend for a cached row other than 320, 512 or 576 values,
-so for kvtool's conversions below the FlashMLA preset) dequantizes in the kernel as
+Reading it back: TRITON_MLA (the portable dense MLA backend, on any GPU; vLLM serves MLA rows of 320, 512 or 576
+values only, whatever the backend: schemas/engines/mla_backends.json) dequantizes in the kernel as
 `(k.to(float32) * k_scale).to(q.dtype)` for the latent, the rope key and the values (the latent again,
 `v_scale=layer._k_scale`:
 vllm/v1/attention/backends/mla/triton_mla.py `TritonMLAImpl.forward_mqa`,

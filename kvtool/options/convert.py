@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from kvtool.convert import defaults as aware
 from kvtool.convert.defaults import AWARE_FIELDS, GROUPINGS, MLA_PRESETS, MLA_SOLVE, MLA_SOLVES
-from kvtool.options.fields import argument, operation, option
+from kvtool.options.fields import argument, engine_option, operation, option
 from kvtool.progress import FLAG_HELP
 from kvtool.units import parse_kv_budget
 
@@ -56,6 +56,10 @@ class ConvertOptions:
                                    help="How each layer is solved: mqa-seed (the aware MQA merge written as "
                                         "MLA, plus per-head keys from the latent) | joint (the rope key merged per "
                                         f"pair, keys and values in one latent); default {MLA_SOLVE}.")
+    engine: list[str] = engine_option("the engine that will serve the result: vllm==X writes only the MLA rows "
+                                      "(kv_lora_rank + qk_rope_head_dim) that release serves; transformers alone "
+                                      "writes any size (vLLM refuses the others). Default: the newest vLLM release "
+                                      "kvtool has read.", recipe=True, applies=MLA)
     dry_run: bool = option(False, recipe=False, help="Print the plan and write nothing.")
     force: bool = option(False, recipe=False, help="Replace a non-empty DST.")
     dtype: str = option("keep", choices=DTYPES, help="keep | bf16 | fp16 | fp32 (floating tensors only).")

@@ -129,12 +129,12 @@ ENGINE_HELP = ("Engine release kvtool answers for, as a requirement (e.g. vllm==
                "repeatable, one meaning in every command (docs/lint.md#engine-versions): ")
 
 
-def engine_option(purpose: str, *, recipe: Any = False):
+def engine_option(purpose: str, *, recipe: Any = False, applies: tuple[str, ...] = ()):
     """`--engine REQ`, declared once for every command that takes it: a repeatable list of requirements.
     `purpose` ends the help: what this command does with them. A command that follows one release (kv-budget,
     rope --show) refuses two requirements for that engine by name (kvtool.engines.releases.one_release_of),
     never keeping the last silently."""
-    return option(default_factory=list, repeatable=True, recipe=recipe, metavar="REQ",
+    return option(default_factory=list, repeatable=True, recipe=recipe, metavar="REQ", applies=applies,
                   schema={"type": "array", "items": {"type": "string", "minLength": 1}}, help=ENGINE_HELP + purpose)
 
 

@@ -42,6 +42,40 @@ define("KV403", "mla-head-dim-conflict", "error",
        Fix: set head_dim to qk_rope_head_dim (64), or remove it.
        """, hint="set head_dim equal to qk_rope_head_dim, or remove head_dim", topic="mla")
 
+define("KV404", "mla-row-not-served", "error",
+       "No MLA backend of a vLLM release you deploy serves kv_lora_rank + qk_rope_head_dim",
+       """
+       What it does: on dense MLA configs (DeepSeek-V2/V3 layout, no index_topk), checks that the cached row,
+       kv_lora_rank + qk_rope_head_dim values per token and layer (vLLM's MLA head size), is one the vLLM releases
+       lint checks serve (`--engine vllm==X` or a range, `[tool.kvtool] engines`, else the installed or newest
+       release): 576 up to 0.17, 320 or 576 from 0.18, 320, 512 or 576 from 0.30
+       (schemas/engines/mla_backends.json, read from each release's source).
+       Why it matters: every dense MLA backend, TRITON_MLA included (which declares any size), builds metadata
+       that MLACommonMetadata.__post_init__ checks against MLACommonBackend.get_supported_head_sizes: the model
+       loads, vLLM allocates its cache, and the first forward pass fails with "Head dimension N is not supported
+       by MLA" (vllm/model_executor/layers/attention/mla_attention.py, 0.33.0). Observed on vLLM 0.32.0 CPU with
+       a 128-value row.
+       Example: {"kv_lora_rank": 76, "qk_rope_head_dim": 52} (128 values)
+       Fix: convert to a servable row (`kvtool convert --to mla --engine vllm==X` writes only those), e.g.
+       kv_lora_rank 268 + qk_rope_head_dim 52 = 320.
+       """, hint="use a row vLLM serves: kv_lora_rank + qk_rope_head_dim of 320, 512 or 576 (0.30+)", topic="mla")
+
+define("KV405", "mla-sliding-window", "warning",
+       "An MLA config asks for sliding-window layers, which vLLM's DeepSeek MLA layers never apply",
+       """
+       What it does: flags an MLA config (kv_lora_rank set) with a sliding_window or sliding_attention layer
+       types.
+       Why it matters: vLLM's DeepSeek MLA attention (vllm/model_executor/layers/mla.py,
+       MultiHeadLatentAttentionWrapper.__init__, 0.33.0) builds MLAAttention without a sliding_window, so every
+       layer attends to and caches the whole context: the window is ignored, the model is served as
+       full attention, and the KV cache grows with the context. Were a window passed, TritonMLAImpl.__init__
+       refuses it ("TritonMLAImpl does not support one of the following: alibi_slopes, sliding_window, ...").
+       Example: {"kv_lora_rank": 512, "qk_rope_head_dim": 64, "sliding_window": 4096}
+       Fix: drop the window (the model attends to the whole context), or keep the source's attention if its
+       quality depends on the window.
+       """, hint="drop sliding_window / sliding layer types from MLA configs: vLLM attends to the whole context",
+       topic="mla")
+
 define("KV411", "moe-top-k-invalid", "error",
        "Experts per token is not a positive integer no larger than the number of experts",
        """
@@ -145,6 +179,54 @@ def check_mla(ctx) -> None:
         key = spec.prefixed("qk_head_dim")
         ctx.report("KV403", f"{key} = {qk!r} but qk_nope_head_dim + qk_rope_head_dim = {nope} + {rope} = {nope + rope}",
                    path=key)
+
+
+@checker("mla")
+def check_mla_row_served(ctx) -> None:
+    from kvtool.model.kv_dtypes import attention_kind
+
+    spec = ctx.spec
+    if attention_kind(spec) != "mla":  # the sparse MLA backends (index_topk) take other rows
+        return
+    rank, rope = spec.get("kv_lora_rank"), spec.get("qk_rope_head_dim")
+    if not (_is_int(rank) and rank > 0 and _is_int(rope) and rope > 0):
+        return  # KV401's
+    from kvtool.engines import mla
+    from kvtool.engines.releases import checked_default
+
+    key = spec.key("kv_lora_rank") or spec.prefixed("kv_lora_rank")
+    for checked in ctx.options.engines or checked_default():
+        if checked.engine != "vllm":
+            continue
+        refused: dict = {}
+        for v in checked.versions:
+            rows = mla.rows(v)
+            if rows is not None and rank + rope not in rows.head_sizes:
+                refused.setdefault(rows, []).append(v)
+        for rows, vs in refused.items():
+            label = vs[0] if len(vs) == 1 else f"{vs[0]}..{vs[-1]} ({len(vs)} releases)"
+            ctx.report("KV404", f"kv_lora_rank + qk_rope_head_dim = {rank} + {rope} = {rank + rope}: "
+                                f"{mla.sizes_text(label, rows.head_sizes)}; every MLA backend's metadata refuses "
+                                f"it at the first forward pass ('Head dimension {rank + rope} is not supported by "
+                                f"MLA'; {rows.citation})", path=key)
+
+
+@checker("mla")
+def check_mla_sliding_window(ctx) -> None:
+    spec, cfg = ctx.spec, ctx.config
+    if not _has_mla(spec):
+        return
+    # read from the config as written: the MLA architecture tables map no window (their models have none)
+    window = cfg.get("sliding_window") if _is_int(cfg.get("sliding_window")) else None
+    types = cfg.get("layer_types") if isinstance(cfg.get("layer_types"), list) else []
+    sliding = [t for t in types if t == "sliding_attention"]
+    if not window and not sliding:
+        return
+    key = spec.prefixed("sliding_window" if window else "layer_types")
+    what = f"{key} = {window}" if window else f"{key} with {len(sliding)} sliding_attention layers"
+    ctx.report("KV405", f"{what} on an MLA model: vLLM's DeepSeek MLA layers never apply a window (vllm/model_executor/"
+                        "layers/mla.py, MultiHeadLatentAttentionWrapper.__init__ builds MLAAttention without "
+                        "sliding_window, 0.33.0): every layer attends to and caches the whole context", path=key)
 
 
 @checker("moe")

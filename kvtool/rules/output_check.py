@@ -24,12 +24,18 @@ from kvtool.errors import InputError
 REFUSED = "kvtool's own checks refuse the output"
 
 
-def _errors(source: str) -> tuple[list, str | None]:
-    """(error findings, the error line of a model lint cannot open) of `kvtool lint SOURCE`, in-process."""
+def _errors(source: str, engines: tuple[str, ...] = ()) -> tuple[list, str | None]:
+    """(error findings, the error line of a model lint cannot open) of `kvtool lint SOURCE [--engine ...]`,
+    in-process."""
     from kvtool.rules.engine import lint_one
     from kvtool.rules.registry import LintOptions
 
-    report = lint_one(source, LintOptions())
+    opts = LintOptions()
+    if engines:
+        from kvtool.engines.releases import resolve
+
+        opts = LintOptions(engines=resolve(engines, source="--engine"))
+    report = lint_one(source, opts)
     return [f for f in report.findings if f.severity == "error"], report.error
 
 
@@ -37,8 +43,21 @@ def _key(f) -> tuple:
     return f.code, f.path
 
 
-def verify_output(folder: str | Path, *, source: str | Path | None = None) -> None:
-    """Refuse the staged output in `folder` when kv-budget or lint (errors the source lacks) refuse it."""
+def known_errors(folder: str | Path) -> set:
+    """The lint errors of a model kvtool already checked (a recipe step's output), by code and field: what the
+    final output's check (`verify_output(known=...)`) does not refuse again."""
+    try:
+        return {_key(f) for f in _errors(str(folder))[0]}
+    except InputError:
+        return set()
+
+
+def verify_output(folder: str | Path, *, source: str | Path | None = None, engines: tuple[str, ...] = (),
+                  accept: tuple[str, ...] = (), known: set | None = None) -> None:
+    """Refuse the staged output in `folder` when kv-budget or lint (errors the source lacks) refuse it.
+    engines: the releases the write was made for (`convert --to mla --engine vllm==X`: lint checks those);
+    accept: codes the user asked for (`--engine transformers`: an MLA row no vLLM serves, KV404);
+    known: errors of a model whose own write was checked already (`known_errors`), in place of the source's."""
     from kvtool.model.checkpoint import open_checkpoint
     from kvtool.model.numbers import require_valid_numbers
     from kvtool.model.spec import build_spec
@@ -50,18 +69,19 @@ def verify_output(folder: str | Path, *, source: str | Path | None = None) -> No
     except InputError as exc:
         raise InputError(f"{REFUSED} (kv-budget: {exc.message}); nothing was written", file=exc.file,
                          field=exc.field) from None
-    found, error = _errors(str(folder))
+    found, error = _errors(str(folder), engines)
+    found = [f for f in found if f.code not in accept]
     if error:
         raise InputError(f"{REFUSED} (lint cannot read it: {error}); nothing was written", file=str(folder))
     if not found:
         return
-    before: set = set()
+    before: set = set(known or ())
     if source is not None:
         try:
             old, _ = _errors(str(source))
-            before = {_key(f) for f in old}
+            before |= {_key(f) for f in old}
         except InputError:
-            before = set()
+            pass
     new = [f for f in found if _key(f) not in before]
     if new:
         f = new[0]

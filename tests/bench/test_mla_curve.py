@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-from mla_curve import texts_of, write_curve_plot  # noqa: E402
+from mla_curve import served_by_vllm, texts_of, write_curve_plot  # noqa: E402
 
 from kvtool.errors import InputError, UsageError  # noqa: E402
 
@@ -32,6 +32,13 @@ def test_texts_are_those_every_row_has():
     rows = [*DATA["rows"], _row("partial", "mla", 192, {"a": 2.0})]
     assert texts_of(DATA["rows"]) == ["a", "b"]
     assert texts_of(rows) == ["a"]
+
+
+def test_points_vllm_cannot_serve_are_marked():
+    """MLA rows of 128 / 256 values are transformers-only (vLLM 0.33.0 serves 320, 512, 576); merges always count."""
+    assert [served_by_vllm(r) for r in DATA["rows"]] == [True, False, False, True]
+    assert served_by_vllm(_row("MLA 320", "mla", 320, {"a": 1.5}))
+    assert not served_by_vllm(_row("MLA 320", "mla", 320, {"a": 1.5}), release="0.17.0")  # 576 only then
 
 
 def test_writes_a_png_and_leaves_no_temporary(tmp_path):

@@ -20,6 +20,8 @@ NOT_TARGETS = {
     ("convert/mla/solve.py", 'options.seed == "mqa"'),  # the MLA solve's seed: the aware MQA merge
     ("model/kv_scale_names.py", 'attention == "mla"'),  # a checkpoint's attention kind (its KV scales)
     ("rules/quantization.py", 'attention == "mla"'),
+    ("budget/budget.py", 'attention_kind(spec) != "mla"'),  # the model is MLA: which vLLM rows serve it (KV404)
+    ("rules/mla_moe.py", 'attention_kind(spec) != "mla"'),
     ("budget/variants.py", 'change == "mqa"'),  # kv-budget's what-if variants, not a conversion
     ("budget/variants.py", 'change == "mha"'),
 }

@@ -20,7 +20,13 @@ from kvtool.engines.facts import arithmetic, facts
 from kvtool.model.rope.types import served_context
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "vllm"
-RELEASES = sorted((p.name for p in DATA.iterdir() if p.is_dir() and p.name[:1].isdigit()), key=lambda v: tuple(int(x) for x in v.split(".")))
+# the releases whose max_model_len / paging functions were copied (`extract.py --releases`); a release folder
+# holding other excerpts only (mla/ for tests/oracle/test_vllm_mla_backends.py, 0.32.0's scale-name function) is
+# not one of them
+RELEASES = sorted((p.name for p in DATA.iterdir() if p.is_dir() and p.name[:1].isdigit()
+                   and any("\n# --- _get_and_verify_max_len (lines" in f.read_text(encoding="utf-8")
+                           for f in p.glob("*.txt"))),
+                  key=lambda v: tuple(int(x) for x in v.split(".")))
 
 
 def _excerpt(version: str, name: str) -> str:

@@ -15,7 +15,7 @@ SMOL_LIKE = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidd
              "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
              "vocab_size": 128, "max_position_embeddings": 256, "rope_theta": 10000.0, "tie_word_embeddings": False,
              "hidden_act": "silu", "torch_dtype": "float32"}
-MLA = "to: mla, kv_rank: 24, rope_dim: 8, mla_solve: joint"
+MLA = "to: mla, kv_rank: 24, rope_dim: 8, mla_solve: joint, engine: [transformers]"  # a tiny model: rows vLLM does not serve
 AWARE = "to: mqa, method: aware"
 
 
@@ -93,7 +93,7 @@ def test_the_run_reads_the_text_beside_the_recipe_and_reports_mla(smollm2_path, 
     folder.mkdir()
     (folder / "calib.txt").write_text("The recipe's own calibration text, read from beside the recipe. " * 40)
     recipe = folder / "r.yaml"
-    recipe.write_text("version: 1\nname: t\nsteps:\n  - convert: {to: mla, kv_rank: 24, rope_dim: 8, "
+    recipe.write_text("version: 1\nname: t\nsteps:\n  - convert: {to: mla, kv_rank: 24, rope_dim: 8, engine: [transformers], "
                       "calibration: {text: calib.txt, tokens: 64, seq_len: 32}}\n")
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()

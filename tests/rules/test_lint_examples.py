@@ -25,8 +25,8 @@ def test_examples_kv_cost(capsys) -> None:
     kv = {Path(m["model"]).name: m["kv_cache"] for m in json.loads(capsys.readouterr().out)["models"]}
     # llama: 4 layers x K,V x 2 KV heads x head_dim 8 x 2 bytes
     assert kv["llama-gqa-tiny"]["bytes_per_token"] == 4 * 2 * 2 * 8 * 2
-    # MLA: 2 layers x (kv_lora_rank 32 + qk_rope_head_dim 16) x 2 bytes
-    assert kv["deepseek-mla-tiny"]["bytes_per_token"] == 2 * (32 + 16) * 2
+    # MLA: 2 layers x (kv_lora_rank 304 + qk_rope_head_dim 16: a row vLLM serves, KV404) x 2 bytes
+    assert kv["deepseek-mla-tiny"]["bytes_per_token"] == 2 * (304 + 16) * 2
     # gemma3: 3 sliding layers hold 512 tokens, 1 global layer the full 4096; 128 B per token and layer
     assert kv["gemma3-sliding-tiny"]["bytes_per_max_len_sequence"] == (3 * 512 + 4096) * 128
 

@@ -58,6 +58,7 @@ class MlaPlan:
     kv_bytes_before: float = 0.0
     kv_bytes_after: float = 0.0
     kv_dtype: str = ""
+    engine: str | None = None  # the vLLM release the rows are written for; None: --engine transformers (any size)
     warnings: list[str] = field(default_factory=list)
     source_hash: str = ""
 
@@ -175,10 +176,53 @@ def served_horizon(settings: dict, spec) -> int:
     return int(settings["serve_context"] or spec.max_position or 8192)
 
 
-def resolve_shape(o, spec, source_bytes: float, elem: float, attn_layers: int, default_rope: int) -> MlaShape:
+def mla_target(o) -> tuple[str | None, tuple[int, ...] | None]:
+    """(the vLLM release the result is written for, the MLA rows it serves): --engine vllm==X, else the newest
+    release whose MLA backends kvtool has read (kvtool.engines.mla); (None, None) for --engine transformers, whose
+    DeepseekV3 attention takes any size."""
+    from kvtool.engines import mla as engine_mla
+    from kvtool.engines.releases import parse, select
+
+    read = engine_mla.read_releases()
+    reqs = [o.engine] if isinstance(o.engine, str) else list(o.engine or ())  # a lone string from the API
+    named = [(req, *parse(req, option="engine")) for req in reqs]
+    vllm = [(req, spec) for req, name, spec in named if name == "vllm"]
+    if len(vllm) > 1:
+        raise UsageError(f"{' and '.join(repr(r) for r, _ in vllm)}: --to mla writes for one vLLM release; give one "
+                         "(vllm==X)", option="engine")
+    if not vllm:
+        if named:  # transformers alone: any size its DeepseekV3 attention takes
+            return None, None
+        version = read[-1]
+    else:
+        req, spec = vllm[0]
+        versions = select("vllm", spec, req, option="engine")
+        if len(versions) != 1:
+            raise UsageError(f"{req!r} matches {len(versions)} releases; give one (vllm==X)", option="engine")
+        version = versions[0]
+    rows = engine_mla.rows(version)
+    if rows is None:
+        raise UsageError(f"{vllm[0][0]!r}: kvtool has not read which MLA rows vLLM {version} serves (it has read "
+                         f"{read[0]}..{read[-1]}: schemas/engines/mla_backends.json); pin one of those, or "
+                         "--engine transformers", option="engine")
+    return version, rows.head_sizes
+
+
+def _kv_bytes(values: int, elem: float, layers: int) -> str:
+    b = values * elem * layers
+    return f"{b / 1024:g}KiB" if (b * 100) % 1024 == 0 else f"{int(b)}B"  # 18.75KiB, else exact bytes
+
+
+def resolve_shape(o, spec, source_bytes: float, elem: float, attn_layers: int, default_rope: int,
+                  target: tuple[str | None, tuple[int, ...] | None] = (None, None)) -> MlaShape:
     """The MLA dimensions from --kv-rank / --rope-dim, --kv-budget or --preset (one of them), checked;
-    default_rope: --rope-dim when not given (`default_rope_dim`)."""
+    default_rope: --rope-dim when not given (`default_rope_dim`); target: (release, the MLA rows it serves) from
+    `mla_target`, None for any size. --kv-budget takes the largest servable row within the budget; any other
+    size is refused, naming the ones the release serves."""
+    from kvtool.engines.mla import or_list, sizes_text
+
     H, KV, hd, hidden = int(spec.num_heads), int(spec.num_kv_heads), int(spec.head_dim), int(spec.hidden_size)
+    version, sizes = target
     given = [n for n in ("kv_rank", "kv_budget", "preset") if getattr(o, n) is not None]
     if not given:
         raise UsageError("--to mla needs the latent size: --kv-rank R, --kv-budget BYTES|FRACTION or --preset "
@@ -193,8 +237,23 @@ def resolve_shape(o, spec, source_bytes: float, elem: float, attn_layers: int, d
         rank, rope = defaults.MLA_PRESETS[o.preset]
     else:
         rope = rope if rope is not None else default_rope
+    option = "preset" if o.preset else ("kv_budget" if o.kv_budget else "kv_rank")
+    source_dims = 2 * KV * hd
+    saving = tuple(s for s in sizes if s < source_dims and s - rope >= 1) if sizes is not None else None
+    served = sizes_text(version, sizes) if sizes is not None else ""
+    if saving == ():
+        raise UsageError(f"{served}; none caches less than the source's {source_dims} (2 x {KV} KV heads x head_dim "
+                         f"{hd}) with {rope} rope dimensions, so MLA saves nothing there (--engine transformers "
+                         "writes rows vLLM does not serve)", option=option)
     if o.kv_budget is not None:
         dims = int(_budget_bytes(o.kv_budget, source_bytes) // (elem * attn_layers))
+        if saving is not None:
+            fits = [s for s in saving if s <= dims]
+            if not fits:
+                raise UsageError(f"{o.kv_budget!r} gives {dims} cached values per layer ({attn_layers} layers, "
+                                 f"{elem:g} bytes each); {served}: the smallest that saves, {saving[0]}, needs "
+                                 f"--kv-budget {_kv_bytes(saving[0], elem, attn_layers)}", option="kv_budget")
+            dims = fits[-1]  # the largest servable row within the budget
         rank = dims - rope
         if rank < 1:
             raise UsageError(f"{o.kv_budget!r} gives {dims} cached dimensions per layer ({attn_layers} layers, "
@@ -202,12 +261,10 @@ def resolve_shape(o, spec, source_bytes: float, elem: float, attn_layers: int, d
                              option="kv_budget")
     elif o.kv_rank is not None:
         rank = o.kv_rank
-    source_dims = 2 * KV * hd
     if rank + rope >= source_dims:
         what = f"{o.preset}: " if o.preset else ""
         raise UsageError(f"{what}{rank} latent + {rope} rope dimensions per layer cache no less than the source's "
-                         f"{source_dims} (2 x {KV} KV heads x head_dim {hd}); MLA would save nothing",
-                         option="preset" if o.preset else ("kv_budget" if o.kv_budget else "kv_rank"))
+                         f"{source_dims} (2 x {KV} KV heads x head_dim {hd}); MLA would save nothing", option=option)
     if rope % 2 or not 2 <= rope <= hd - 2:
         # qk_rope_head_dim 0 or qk_nope_head_dim 0 is what lint's KV401 refuses (MLA needs positive dimensions)
         # named as the user gave it: the option (the line's field), a preset, or the value kvtool derived
@@ -217,6 +274,11 @@ def resolve_shape(o, spec, source_bytes: float, elem: float, attn_layers: int, d
                          f"part keeps the fastest rope / 2 of the source's {hd // 2} pairs; qk_nope_head_dim, the rest "
                          "of each key head, comes from the latent and must be at least 1: lint's KV401)",
                          option="preset" if o.preset else "rope_dim" if o.rope_dim is not None else None)
+    if sizes is not None and saving is not None and rank + rope not in sizes:
+        ranks = " / ".join(str(s - rope) for s in saving)
+        raise UsageError(f"{served}; {rank} + {rope} = {rank + rope} is not one of them: --kv-rank {ranks} with "
+                         f"{rope} rope dimensions writes {or_list(saving)} (--engine transformers writes any size, "
+                         "which vLLM refuses at the first forward pass)", option=option)
     # q/k heads keep the source's width (nope + rope = head_dim: the softmax scale is unchanged), v heads theirs
     return MlaShape(hidden_size=hidden, num_heads=H, kv_lora_rank=rank, qk_rope_head_dim=rope,
                     qk_nope_head_dim=hd - rope, v_head_dim=hd)
@@ -300,8 +362,8 @@ def plan_mla(o, ckpt, *, max_shard_size: int, config: dict | None = None, tensor
     """The `--to mla` conversion of an opened checkpoint (kvtool.convert.run.plan checked the options)."""
     from kvtool.convert.source import (CONFIG_DTYPE_NAMES, FLOAT_DTYPES, OUT_DTYPES, refuse_unsupported,
                                    source_fingerprint, weights_file)
-    from kvtool.convert.mla import backends
     from kvtool.convert.mla.config import mla_config, rope_theta
+    from kvtool.engines import mla as engine_mla
     from kvtool.convert.mla.layout import output_names
     from kvtool.model import kvcache
     from kvtool.model.architectures import lookup
@@ -333,13 +395,15 @@ def plan_mla(o, ckpt, *, max_shard_size: int, config: dict | None = None, tensor
     s["calib_tokens"] = s["calib_tokens"] or defaults.calib_tokens(s["refine_steps"], s["distill_steps"])
     s["seq_len"] = s["seq_len"] or defaults.seq_len(s["refine_steps"], s["distill_steps"])
     s["mla_solve"] = o.mla_solve or defaults.MLA_SOLVE
+    target = mla_target(o)
     shape = resolve_shape(o, spec, before, elem, len(layers),
-                          default_rope_dim(s["mla_solve"], int(spec.head_dim), theta, served_horizon(s, spec)))
+                          default_rope_dim(s["mla_solve"], int(spec.head_dim), theta, served_horizon(s, spec)), target)
     theta_out = rope_theta(theta, shape.qk_rope_head_dim, int(spec.rotary_dim))
     out_arch = lookup("deepseek_v3")
     p = MlaPlan(src=ckpt.root or ckpt.config_path.parent, ckpt=ckpt, spec=spec, arch=arch, out_arch=out_arch,
                 shape=shape, rope_theta=theta_out, out_dtype=out_dtype, max_shard_size=max_shard_size, settings=s,
-                layers=layers, out_layers={i: output_names(out_arch, i) for i in layers}, kv_dtype=kv_dtype)
+                layers=layers, out_layers={i: output_names(out_arch, i) for i in layers}, kv_dtype=kv_dtype,
+                engine=target[0])
     # the write plan, source order: each layer's MLA block where its q_proj was, lm_head after the rest when tied
     wanted = shape.weight_shapes()
     first = {names["q_proj.weight"]: i for i, names in layers.items()}
@@ -370,9 +434,14 @@ def plan_mla(o, ckpt, *, max_shard_size: int, config: dict | None = None, tensor
                               dtype_name=CONFIG_DTYPE_NAMES.get(out_dtype) if out_dtype else None)
     out_spec = build_spec(p.new_config)
     p.kv_bytes_before, p.kv_bytes_after = before, kvcache.bytes_per_token(out_spec, elem)
-    if not any(why is None and b.name != "TRITON_MLA" for b, why in backends.serving(shape)):
-        p.warnings.append(f"only vLLM's TRITON_MLA backend serves kv_lora_rank + qk_rope_head_dim = "
-                          f"{shape.cached_dims}; FlashMLA / CUTLASS MLA take 512 + 64 (--preset flashmla)")
+    if target[0] is None:
+        newest = engine_mla.read_releases()[-1]
+        rows = engine_mla.rows(newest)
+        served = rows.head_sizes if rows is not None else ()
+        if shape.cached_dims not in served:
+            p.warnings.append(f"written for transformers (--engine transformers): "
+                              f"{engine_mla.sizes_text(newest, served)}, so vLLM refuses this {shape.cached_dims} at "
+                              "the first forward pass")
     if ckpt.root is not None:
         from kvtool.model.preflight import refuse_auto_map
 

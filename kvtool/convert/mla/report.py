@@ -12,7 +12,7 @@ def _ratio(p) -> str:
 
 def render_plan(p, dst, eval_tokens: int | None = None) -> console.Text:
     from kvtool.convert.source import template_of
-    from kvtool.convert.mla import backends
+    from kvtool.engines import mla as engine_mla
     from kvtool.io.writer import _split
 
     s, sp, st = p.shape, p.spec, p.settings
@@ -31,7 +31,7 @@ def render_plan(p, dst, eval_tokens: int | None = None) -> console.Text:
         f"{st['seq_len']}{', ' + ', '.join(x for x in steps if x) if any(steps) else ', training-free'}",
         f"  KV cache     {fmt_bytes(p.kv_bytes_before)}/token -> {fmt_bytes(p.kv_bytes_after)}/token{_ratio(p)} "
         f"({p.kv_dtype}, as vLLM allocates: one {s.cached_dims}-dim latent row per layer)",
-        f"  backends     {backends.summary(s)}",
+        f"  backends     {engine_mla.summary(p.engine, s) if p.engine else 'transformers (--engine transformers)'}",
     ]
     seen: dict = {}
     for name, old, new in p.touched:

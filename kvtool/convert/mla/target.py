@@ -8,8 +8,9 @@ from kvtool.convert.targets import Calibration, Target, register_target
 
 @register_target("mla")
 class Mla(Target):
-    # the latent's size, the rope dimensions and the solve: no other target takes them
-    fields = ("kv_rank", "rope_dim", "kv_budget", "preset", "mla_solve")
+    # the latent's size, the rope dimensions, the solve and the vLLM release whose MLA rows it writes
+    # (--engine: kvtool.engines.mla): no other target takes them
+    fields = ("kv_rank", "rope_dim", "kv_budget", "preset", "mla_solve", "engine")
     does = "solves a latent per layer"
 
     @classmethod

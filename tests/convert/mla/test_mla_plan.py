@@ -31,9 +31,10 @@ def plan_of(path, **kw):
 def test_kv_budget_fraction_bytes_and_rank_agree(tmp_path):
     src = folder(tmp_path)
     elem, layers, source_dims = 2, 2, 2 * 3 * 64  # bfloat16 cache, 2 layers, K and V of 3 heads of 64
-    by_fraction = plan_of(src, kv_budget="33.34%", mla_solve="joint")  # joint: rope head_dim / 2 by default
-    by_bytes = plan_of(src, kv_budget=f"{layers * 128 * elem}B", mla_solve="joint")
-    by_rank = plan_of(src, kv_rank=96, rope_dim=32)
+    # a 128-value row no vLLM release serves: written for transformers only (--engine transformers)
+    by_fraction = plan_of(src, kv_budget="33.34%", mla_solve="joint", engine="transformers")  # rope head_dim / 2
+    by_bytes = plan_of(src, kv_budget=f"{layers * 128 * elem}B", mla_solve="joint", engine="transformers")
+    by_rank = plan_of(src, kv_rank=96, rope_dim=32, engine="transformers")
     for p in (by_fraction, by_bytes, by_rank):
         s = p.shape
         assert (s.kv_lora_rank, s.qk_rope_head_dim, s.qk_nope_head_dim, s.v_head_dim) == (96, 32, 32, 64)
@@ -45,7 +46,7 @@ def test_kv_budget_fraction_bytes_and_rank_agree(tmp_path):
 
 
 def test_rope_over_all_but_one_pair(tmp_path):
-    p = plan_of(folder(tmp_path), kv_rank=64, rope_dim=62)
+    p = plan_of(folder(tmp_path), kv_rank=258, rope_dim=62)  # 320 values
     assert (p.shape.qk_nope_head_dim, p.shape.qk_rope_head_dim, p.shape.v_head_dim) == (2, 62, 64)
     assert p.new_config["rope_theta"] == pytest.approx(100000.0 ** (62 / 64))  # the fastest 31 pairs
 
@@ -53,26 +54,26 @@ def test_rope_over_all_but_one_pair(tmp_path):
 def test_mqa_seed_rope_default_is_the_head_less_its_static_pairs(tmp_path):
     # SmolLM2's pairs turn at 1e5^(-p/32) rad per position: 6 turn less than 1 rad over 8192 positions (p >= 26),
     # 12 over 1024 (p >= 20); they go to the latent, the rest stays in the rope key
-    p = plan_of(folder(tmp_path), kv_budget="33.34%", mla_solve="mqa-seed")
-    assert (p.shape.kv_lora_rank, p.shape.qk_rope_head_dim, p.shape.qk_nope_head_dim) == (76, 52, 12)
-    assert plan_of(folder(tmp_path), kv_rank=76, serve_context=1024, mla_solve="mqa-seed").shape.qk_rope_head_dim == 40
-    assert plan_of(folder(tmp_path), kv_rank=76, mla_solve="joint").shape.qk_rope_head_dim == 32
+    p = plan_of(folder(tmp_path), kv_budget="90%", mla_solve="mqa-seed")  # 345 values: the largest servable, 320
+    assert (p.shape.kv_lora_rank, p.shape.qk_rope_head_dim, p.shape.qk_nope_head_dim) == (268, 52, 12)
+    assert plan_of(folder(tmp_path), kv_rank=280, serve_context=1024, mla_solve="mqa-seed").shape.qk_rope_head_dim == 40
+    assert plan_of(folder(tmp_path), kv_rank=288, mla_solve="joint").shape.qk_rope_head_dim == 32
 
 
 def test_write_plan_replaces_attention_and_unties_lm_head(tmp_path):
-    p = plan_of(folder(tmp_path), kv_rank=96, mla_solve="joint")
+    p = plan_of(folder(tmp_path), kv_rank=288, mla_solve="joint")
     names = [t.name for t in p.outputs]
     assert not any(n.endswith(("k_proj.weight", "v_proj.weight")) for n in names)
     for i in range(2):
         for m in ("q_proj", "kv_a_proj_with_mqa", "kv_a_layernorm", "kv_b_proj", "o_proj"):
             assert f"model.layers.{i}.self_attn.{m}.weight" in names
     shapes = {t.name: t.shape for t in p.outputs}
-    assert shapes["model.layers.0.self_attn.kv_b_proj.weight"] == (9 * (32 + 64), 96)
+    assert shapes["model.layers.0.self_attn.kv_b_proj.weight"] == (9 * (32 + 64), 288)
     assert shapes["model.layers.0.self_attn.q_proj.weight"] == (9 * (32 + 32), 576)
     assert names[-1] == "lm_head.weight" and p.copies == {"lm_head.weight": "model.embed_tokens.weight"}
     cfg = p.new_config
     assert (cfg["model_type"], cfg["kv_lora_rank"], cfg["qk_rope_head_dim"], cfg["first_k_dense_replace"],
-            cfg["tie_word_embeddings"], cfg["rope_parameters"]["rope_type"]) == ("deepseek_v3", 96, 32, 2, False,
+            cfg["tie_word_embeddings"], cfg["rope_parameters"]["rope_type"]) == ("deepseek_v3", 288, 32, 2, False,
                                                                                   "default")
 
 
@@ -80,17 +81,18 @@ def test_qkv_biases_go_to_the_solve(tmp_path):
     qwen2 = {**SMOL, "model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"]}
     biases = {f"model.layers.{i}.self_attn.{m}.bias": np.zeros((n,), "float16")
               for i in range(2) for m, n in (("q_proj", 576), ("k_proj", 192), ("v_proj", 192))}
-    p = plan_of(folder(tmp_path, qwen2, biases), kv_rank=96)
+    p = plan_of(folder(tmp_path, qwen2, biases), kv_rank=268)
     assert sorted(p.layers[0]) == ["k_proj.bias", "k_proj.weight", "o_proj.weight", "q_proj.bias", "q_proj.weight",
                                    "v_proj.bias", "v_proj.weight"]
     assert not any(t.name.endswith(".bias") for t in p.outputs)  # DeepSeek's layout has none
 
 
 def test_dry_run_shows_kv_bytes_backends_and_estimate(tmp_path, capsys):
-    assert main(["convert", str(folder(tmp_path)), "--to", "mla", "--kv-budget", "33.34%", "--dry-run"]) == 0
+    assert main(["convert", str(folder(tmp_path)), "--to", "mla", "--kv-budget", "90%", "--dry-run"]) == 0
     out = capsys.readouterr().out
-    assert "KV cache     1.50 KiB/token -> 512 B/token  (0.333x)" in out
-    assert "backends     vLLM 0.33.0: TRITON_MLA (any); not FLASHMLA" in out
+    assert "KV cache     1.50 KiB/token -> 1.25 KiB/token  (0.833x)" in out  # 320 of 384 values
+    assert "backends     vLLM 0.33.0: TRITON_MLA (any GPU), FLASH_ATTN_MLA (Hopper), ROCM_AITER_MLA (ROCm)" in out
+    assert "not FLASH_ATTN_MLA on Intel XPU, CPU_MLA, AMX_MLA (row 320 is not 576)" in out
     assert "estimate     ~" in out
     assert f"method       solved per layer ({MLA_SOLVE}) from 4096 calibration tokens" in out
     assert not (tmp_path / "dst").exists()
@@ -102,11 +104,13 @@ def test_preset_on_a_model_where_576_dims_save(tmp_path, capsys):
     p = plan_of(src, preset="flashmla")
     assert (p.shape.kv_lora_rank, p.shape.qk_rope_head_dim, p.shape.qk_nope_head_dim) == (512, 64, 64)
     assert p.kv_bytes_after / p.kv_bytes_before == 576 / 2048
-    from kvtool.convert.mla.backends import serving
+    from kvtool.engines import mla
 
-    assert {b.name for b, why in serving(p.shape) if why is None} == {
-        "TRITON_MLA", "FLASHMLA", "CUTLASS_MLA", "FLASHINFER_MLA", "FLASH_ATTN_MLA"}
-    assert not any("only vLLM's TRITON_MLA" in w for w in p.warnings)
+    common = mla.rows("0.33.0").head_sizes
+    assert {b.name for b in mla.backends("0.33.0") if b.refusal(p.shape, common) is None} == {
+        "TRITON_MLA", "FLASHMLA", "CUTLASS_MLA", "FLASHINFER_MLA", "FLASH_ATTN_MLA", "ROCM_AITER_MLA",
+        "AITER_TRITON_MLA", "CPU_MLA", "AMX_MLA"}  # not TOKENSPEED_MLA: it takes DeepSeek-R1's qk_nope_head_dim 128
+    assert p.engine == "0.33.0" and not p.warnings[1:]
 
 
 def refused(capsys, argv) -> str:
@@ -127,7 +131,21 @@ def refused(capsys, argv) -> str:
     (["--to", "mla", "--preset", "flashmla"], "--preset: flashmla: 512 latent + 64 rope"),
     (["--to", "mla", "--preset", "flashmla", "--rope-dim", "32"], "--rope-dim: --preset flashmla fixes"),
     (["--to", "mla", "--kv-budget", "3"], "give bytes with a unit (e.g. 3B)"),
-    (["--to", "mla", "--kv-budget", "64B"], "--kv-budget: '64B' gives 16 cached dimensions"),
+    (["--to", "mla", "--kv-budget", "64B", "--engine", "transformers"], "--kv-budget: '64B' gives 16 cached dimensions"),
+    (["--to", "mla", "--kv-budget", "64B"], "--kv-budget: '64B' gives 16 cached values per layer (2 layers, 2 bytes "
+     "each); vllm 0.33.0 serves MLA rows of 320, 512 or 576 cached values per token and layer (kv_lora_rank + "
+     "qk_rope_head_dim): the smallest that saves, 320, needs --kv-budget 1.25KiB"),
+    (["--to", "mla", "--kv-rank", "96", "--rope-dim", "32"], "--kv-rank: vllm 0.33.0 serves MLA rows of 320, 512 or "
+     "576 cached values per token and layer (kv_lora_rank + qk_rope_head_dim); 96 + 32 = 128 is not one of them: "
+     "--kv-rank 288 with 32 rope dimensions writes 320 (--engine transformers writes any size"),
+    (["--to", "mla", "--kv-rank", "96", "--rope-dim", "32", "--engine", "vllm==0.17.0"], "--kv-rank: vllm 0.17.0 "
+     "serves MLA rows of 576 cached values per token and layer (kv_lora_rank + qk_rope_head_dim); none caches less "
+     "than the source's 384"),
+    (["--to", "mla", "--kv-rank", "268", "--engine", "vllm==0.7.1"], "--engine: 'vllm==0.7.1': kvtool has not read "
+     "which MLA rows vLLM 0.7.1 serves (it has read 0.7.3..0.33.0"),
+    (["--to", "mla", "--kv-rank", "268", "--engine", "vllm>=0.30"], "--engine: 'vllm>=0.30' matches 4 releases"),
+    (["--to", "mla", "--kv-rank", "268", "--engine", "llama.cpp"], "--engine: 'llama.cpp': unknown engine"),
+    (["--to", "gqa", "--groups", "1", "--engine", "vllm==0.33.0"], "--engine: only --to mla takes it"),
     (["--to", "mla", "--kv-budget", "0%"], "must be above 0 and at most 1"),
     (["--to", "mla", "--kv-budget", "lots"], "--kv-budget: must be one of"),
     (["--to", "mla", "--kv-rank", "8", "--grouping", "contiguous"], "--grouping: --to mla solves each layer"),
@@ -160,10 +178,10 @@ def test_source_refusals(tmp_path, capsys, config, extra, words):
 def test_a_recipe_step_plans_mla_and_says_so(tmp_path, capsys):
     src = folder(tmp_path)
     recipe = tmp_path / "recipe.yaml"
-    recipe.write_text("version: 1\nname: t\nsteps:\n  - convert: {to: mla, kv_rank: 96, rope_dim: 32, mla_solve: joint}\n")
+    recipe.write_text("version: 1\nname: t\nsteps:\n  - convert: {to: mla, kv_rank: 288, rope_dim: 32, mla_solve: joint}\n")
     assert main(["apply", str(recipe), str(src), str(tmp_path / "out"), "--dry-run"]) == 0
     out = capsys.readouterr().out
-    assert "convert: mla: 3 KV heads -> MLA latent 96 + rope 32 (joint solve, training-free)" in out
+    assert "convert: mla: 3 KV heads -> MLA latent 288 + rope 32 (joint solve, training-free)" in out
     assert "KV heads (mean)" not in out
 
 

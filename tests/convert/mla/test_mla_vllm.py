@@ -1,7 +1,8 @@
 """What `kvtool convert --to mla` writes, against vLLM 0.33.0's own source (verbatim excerpts under
 tests/data/vllm/0.33.0/, refreshed by tests/data/vllm/extract.py): the parameter names its DeepSeek MLA attention
-registers and loads, the RoPE pair order it rotates, the dense-layer switch, the untied lm_head, and each MLA
-backend's dimensions in kvtool/convert/mla/backends.py."""
+registers and loads, the RoPE pair order it rotates, the dense-layer switch, the untied lm_head, and which MLA
+backends serve a converted shape (schemas/engines/mla_backends.json, kvtool.engines.mla; each of its rows against
+each release read: tests/oracle/test_vllm_mla_backends.py)."""
 
 from __future__ import annotations
 
@@ -10,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from kvtool.convert.mla import backends
 from kvtool.convert.mla.config import mla_config
 from kvtool.convert.mla.layout import output_names
 from kvtool.convert.mla.shape import MlaShape
+from kvtool.engines import mla as engine_mla
 from kvtool.model.architectures import lookup
 from kvtool.model.spec import build_spec
 
@@ -110,35 +111,34 @@ def test_head_size_is_latent_plus_rope():
     assert SHAPE.cached_dims == SHAPE.kv_lora_rank + SHAPE.qk_rope_head_dim
 
 
-def test_backend_table_matches_the_source():
+def test_every_backend_is_held_to_the_common_head_sizes():
+    """MLACommonMetadata.__post_init__ checks MLACommonBackend's head sizes whatever the backend declares (the
+    metadata builder passes head_dim = get_head_size(), kv_lora_rank + qk_rope_head_dim): TRITON_MLA's [] is no
+    'any size'. vLLM 0.32.0 CPU refused a 128-value row this way (issue 38)."""
     common = excerpt("vllm/model_executor/layers/attention/mla_attention.py", "MLACommonBackend.get_supported_head_sizes")
-    assert tuple(literal_return(common)) == backends.COMMON_HEAD_SIZES
-    rows = {b.name: b for b in backends.BACKENDS}
+    assert tuple(literal_return(common)) == engine_mla.rows("0.33.0").head_sizes
+    built = (DATA / "mla" / "vllm__model_executor__layers__attention__mla_attention.py.txt").read_text()
+    build = built.split("# --- MLACommonMetadataBuilder.build (lines", 1)[1]
+    assert "attn_metadata = self.metadata_cls(" in build and "head_dim=self.model_config.get_head_size()," in build
     triton = excerpt("vllm/v1/attention/backends/mla/triton_mla.py", "TritonMLABackend.get_supported_head_sizes")
-    assert literal_return(triton) == [] and rows["TRITON_MLA"].head_sizes is None
-    cutlass = excerpt("vllm/v1/attention/backends/mla/cutlass_mla.py", "CutlassMLAImpl._sm100_cutlass_mla_decode")
-    assert "D_latent = 512" in cutlass and "D_rope = 64" in cutlass
-    assert (rows["CUTLASS_MLA"].kv_lora_rank, rows["CUTLASS_MLA"].qk_rope_head_dim) == (512, 64)
-    fmla = excerpt("vllm/third_party/flashmla/flash_mla_interface.py", "flash_mla_with_kvcache")
-    assert "head_dim_v: Head_dim of v. Must be 512" in fmla
-    assert "is_flashmla_dense_supported" in excerpt("vllm/v1/attention/backends/mla/flashmla.py",
-                                                    "FlashMLABackend.supports_combination")
-    assert "is_device_capability_family(90)" in excerpt("vllm/v1/attention/ops/flashmla.py",
-                                                        "is_flashmla_dense_supported")
-    fi = excerpt("vllm/v1/attention/backends/mla/flashinfer_mla.py", "FlashInferMLABackend.supports_combination")
-    assert "qk_nope_head_dim not in [64, 128, 192]" in fi and rows["FLASHINFER_MLA"].qk_nope_head_dims == (64, 128, 192)
-    assert "capability.major == 9" in excerpt("vllm/v1/attention/backends/mla/flashattn_mla.py",
-                                              "FlashAttnMLABackend.supports_compute_capability")
+    assert literal_return(triton) == []
+    triton_row = next(b for b in engine_mla.backends("0.33.0") if b.name == "TRITON_MLA")
+    assert triton_row.declares == () and triton_row.sizes(engine_mla.rows("0.33.0").head_sizes) == (320, 512, 576)
+
+
+GPU = {"TRITON_MLA", "ROCM_AITER_MLA", "AITER_TRITON_MLA", "FLASH_ATTN_MLA"}  # any size the metadata check takes
 
 
 @pytest.mark.parametrize("dims, served", [
-    ((512, 64, 128), {"TRITON_MLA", "FLASHMLA", "CUTLASS_MLA", "FLASHINFER_MLA", "FLASH_ATTN_MLA"}),
-    ((512, 64, 96), {"TRITON_MLA", "FLASHMLA", "CUTLASS_MLA", "FLASH_ATTN_MLA"}),  # FlashInfer: nope 64/128/192
-    ((448, 64, 128), {"TRITON_MLA", "FLASHINFER_MLA", "FLASH_ATTN_MLA"}),  # 512 cached, not the fixed 512 + 64
-    ((96, 32, 64), {"TRITON_MLA"}),
+    ((512, 64, 128), GPU | {"FLASHMLA", "CUTLASS_MLA", "FLASHINFER_MLA", "TOKENSPEED_MLA", "CPU_MLA", "AMX_MLA"}),
+    ((512, 64, 96), GPU | {"FLASHMLA", "CUTLASS_MLA", "CPU_MLA", "AMX_MLA"}),  # FlashInfer: nope 64/128/192
+    ((448, 64, 128), GPU | {"FLASHINFER_MLA", "TOKENSPEED_MLA"}),  # 512 cached, not the fixed 512 + 64
+    ((268, 52, 12), GPU),  # 320: SmolLM2's servable saving
+    ((96, 32, 64), set()),  # 128: no backend (MLACommonMetadata.__post_init__ raises)
 ])
 def test_which_backends_serve(dims, served):
     rank, rope, nope = dims
     shape = MlaShape(hidden_size=1024, num_heads=8, kv_lora_rank=rank, qk_rope_head_dim=rope, qk_nope_head_dim=nope,
-                     v_head_dim=nope)
-    assert {b.name for b, why in backends.serving(shape) if why is None} == served
+                     v_head_dim=128 if nope == 128 else nope)
+    common = engine_mla.rows("0.33.0").head_sizes
+    assert {b.name for b in engine_mla.backends("0.33.0") if b.refusal(shape, common) is None} == served

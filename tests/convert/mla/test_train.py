@@ -84,7 +84,7 @@ def trained(smollm2_path, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("mla-train")
     src = tiny_llama(tmp / "src", smollm2_path)
     dst = tmp / "mla"
-    rc = main(["convert", str(src), str(dst), "--to", "mla", "--kv-budget", "50%", "--calib-tokens", "96",
+    rc = main(["convert", str(src), str(dst), "--to", "mla", "--kv-budget", "50%", "--engine", "transformers", "--calib-tokens", "96",
                "--seq-len", "32", "--calib-dataset", "pydoc", "--refine-steps", "3", "--distill-steps", "2",
                "--no-eval", "--no-progress"])
     assert rc == 0

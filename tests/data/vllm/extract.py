@@ -244,25 +244,39 @@ def excerpt_name(source: str) -> str:
     return source.replace("/", "__") + ".txt"
 
 
+def _first_file(src_root: Path, name: str, candidates: tuple[str, ...]) -> str | None:
+    """The first candidate file of the release that defines `name`."""
+    for c in candidates:
+        if (src_root / c).is_file():
+            try:
+                _find(ast.parse((src_root / c).read_text(encoding="utf-8")), name)
+            except LookupError:
+                continue
+            return c
+    return None
+
+
+def _write_excerpts(src_root: Path, version: str, rel: str, names: list[str], target: Path) -> None:
+    text = (src_root / rel).read_text(encoding="utf-8")
+    tree, lines = ast.parse(text), text.splitlines()
+    parts = [f"# vLLM {version}, {rel} (Apache-2.0, https://github.com/vllm-project/vllm); verbatim excerpts"]
+    for name in names:
+        node = _find(tree, name)
+        start = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
+        parts.append(f"# --- {name} (lines {start}-{node.end_lineno})")
+        body = lines[start - 1:node.end_lineno]
+        indent = len(body[0]) - len(body[0].lstrip())  # class members dedented, so each excerpt parses
+        parts.append("\n".join(line[indent:] for line in body))
+    target.write_text("\n".join(parts) + "\n", encoding="utf-8")
+    print(f"wrote {target}")
+
+
 def extract(src_root: Path, version: str, excerpts: dict[str, tuple[str, ...]] = EXCERPTS,
             out_dir: Path | None = None) -> None:
     out_dir = out_dir or HERE / version
     out_dir.mkdir(parents=True, exist_ok=True)
     for rel, names in excerpts.items():
-        text = (src_root / rel).read_text(encoding="utf-8")
-        tree = ast.parse(text)
-        lines = text.splitlines()
-        parts = [f"# vLLM {version}, {rel} (Apache-2.0, https://github.com/vllm-project/vllm); verbatim excerpts"]
-        for name in names:
-            node = _find(tree, name)
-            start = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
-            parts.append(f"# --- {name} (lines {start}-{node.end_lineno})")
-            # dedent class members to module level so each excerpt parses on its own
-            body = lines[start - 1:node.end_lineno]
-            indent = len(body[0]) - len(body[0].lstrip())
-            parts.append("\n".join(line[indent:] for line in body))
-        (out_dir / excerpt_name(rel)).write_text("\n".join(parts) + "\n", encoding="utf-8")
-        print(f"wrote {out_dir / excerpt_name(rel)}")
+        _write_excerpts(src_root, version, rel, list(names), out_dir / excerpt_name(rel))
 
 
 def extract_release(src_root: Path, version: str) -> None:
@@ -275,14 +289,9 @@ def extract_release(src_root: Path, version: str) -> None:
             raise LookupError(f"{name}: in none of {candidates}")
         by_file.setdefault(rel, []).append(name)
     for name, candidates in OPTIONAL_RELEASE_EXCERPTS.items():
-        for c in candidates:
-            if (src_root / c).is_file():
-                try:
-                    _find(ast.parse((src_root / c).read_text(encoding="utf-8")), name)
-                except LookupError:
-                    continue
-                by_file.setdefault(c, []).append(name)
-                break
+        found = _first_file(src_root, name, candidates)
+        if found is not None:
+            by_file.setdefault(found, []).append(name)
     out_dir = HERE / version
     out_dir.mkdir(parents=True, exist_ok=True)
     for rel, names in by_file.items():
@@ -293,18 +302,57 @@ def extract_release(src_root: Path, version: str) -> None:
             if not names:
                 continue
             target = target.with_name(target.name.replace(".txt", ".release.txt"))
-        text = (src_root / rel).read_text(encoding="utf-8")
-        tree, lines = ast.parse(text), text.splitlines()
-        parts = [f"# vLLM {version}, {rel} (Apache-2.0, https://github.com/vllm-project/vllm); verbatim excerpts"]
-        for name in names:
-            node = _find(tree, name)
-            start = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
-            parts.append(f"# --- {name} (lines {start}-{node.end_lineno})")
-            body = lines[start - 1:node.end_lineno]
-            indent = len(body[0]) - len(body[0].lstrip())  # class members dedented, so each excerpt parses
-            parts.append("\n".join(line[indent:] for line in body))
-        target.write_text("\n".join(parts) + "\n", encoding="utf-8")
-        print(f"wrote {target}")
+        _write_excerpts(src_root, version, rel, names, target)
+
+
+# The MLA cache rows each release serves (schemas/engines/mla_backends.json, tests/oracle/test_vllm_mla_backends.py):
+# MLACommonBackend (its head sizes) and the metadata check every dense MLA backend passes, from the file they lived in
+# (first candidate found wins); with --mla-backends also every dense MLA backend class of the release. Written to
+# tests/data/vllm/<release>/mla/, apart from the other excerpts:
+#
+#     python tests/data/vllm/extract.py /tmp/vllm/src 0.17.0 --mla
+#     python tests/data/vllm/extract.py /tmp/vllm/src 0.33.0 --mla-backends
+_MLA_COMMON = ("vllm/model_executor/layers/attention/mla_attention.py", "vllm/v1/attention/backends/mla/common.py",
+               "vllm/attention/backends/mla/common.py")
+MLA_EXCERPTS: dict[str, tuple[str, ...]] = {
+    "MLACommonBackend": _MLA_COMMON,
+    "MLACommonMetadata.__post_init__": _MLA_COMMON,
+    "TritonMLABackend": ("vllm/v1/attention/backends/mla/triton_mla.py", "vllm/attention/backends/triton_mla.py"),
+    # 0.7.x: no MLACommonBackend; TRITON_MLA checks its own sizes
+    "TritonMLAMetadata.__post_init__": ("vllm/attention/backends/triton_mla.py",),
+}
+_MLA_OPTIONAL = ("MLACommonBackend", "MLACommonMetadata.__post_init__", "TritonMLAMetadata.__post_init__")
+_MLA = "vllm/v1/attention/backends/mla/"
+MLA_BACKEND_EXCERPTS: dict[str, tuple[str, ...]] = {
+    "MLACommonMetadataBuilder.build": _MLA_COMMON[:1],  # passes head_dim = get_head_size() to every dense backend
+    "FlashMLABackend": (_MLA + "flashmla.py",),
+    "CutlassMLABackend": (_MLA + "cutlass_mla.py",),
+    "CutlassMLAImpl._sm100_cutlass_mla_decode": (_MLA + "cutlass_mla.py",),
+    "FlashInferMLABackend": (_MLA + "flashinfer_mla.py",),
+    "FlashAttnMLABackend": (_MLA + "flashattn_mla.py",),
+    "XPUFlashAttnMLABackend": (_MLA + "flashattn_mla.py",),
+    "TokenspeedMLABackend": (_MLA + "tokenspeed_mla.py",),
+    "AiterMLABackend": (_MLA + "rocm_aiter_mla.py",),
+    "AiterTritonMLABackend": (_MLA + "aiter_triton_mla.py",),
+    "CPUMLABackend": (_MLA + "cpu_mla.py",),
+    "AMXMLABackend": (_MLA + "amx_mla.py",),
+    "is_flashmla_dense_supported": ("vllm/v1/attention/ops/flashmla.py",),
+}
+
+
+def extract_mla(src_root: Path, version: str, backends: bool = False) -> None:
+    wanted = {**MLA_EXCERPTS, **(MLA_BACKEND_EXCERPTS if backends else {})}
+    by_file: dict[str, list[str]] = {}
+    for name, candidates in wanted.items():
+        found = _first_file(src_root, name, candidates)
+        if found is None and name not in _MLA_OPTIONAL:
+            raise LookupError(f"{name}: in none of {candidates}")
+        if found is not None:
+            by_file.setdefault(found, []).append(name)
+    out_dir = HERE / version / "mla"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for rel, names in by_file.items():
+        _write_excerpts(src_root, version, rel, names, out_dir / excerpt_name(rel))
 
 
 if __name__ == "__main__":
@@ -314,5 +362,7 @@ if __name__ == "__main__":
         extract(Path(sys.argv[1]), sys.argv[2], BATCH_EXCERPTS, BATCH_DIR / sys.argv[2])
     elif sys.argv[3:] == ["--aux"]:
         extract(Path(sys.argv[1]), sys.argv[2], AUX_EXCERPTS, AUX_DIR / sys.argv[2])
+    elif sys.argv[3:] in (["--mla"], ["--mla-backends"]):
+        extract_mla(Path(sys.argv[1]), sys.argv[2], backends=sys.argv[3] == "--mla-backends")
     else:
         extract(Path(sys.argv[1]), sys.argv[2])
