@@ -41,6 +41,7 @@ class Spec:
     exclusive_minimum: float | None = None
     maximum: float | None = None
     pattern: str | None = None  # a string value must match it whole; `choices` then only names the forms (cuda:N)
+    shown: Callable[[str], str] | None = None  # how an error line shows a refused value (a URL's password: ***)
     recipe: str | bool = True  # the recipe key ("calibration.tokens" nests), True: the name, False: not in recipes
     recipe_required: bool = False
     schema: dict | None = None  # the recipe value's JSON schema, when the type alone does not say it
@@ -142,7 +143,8 @@ def check_value(f: Field, value: Any) -> None:
     if s.pattern is not None and not re.fullmatch(s.pattern, value) or (
             s.pattern is None and choices is not None and value not in choices):
         forms = ", ".join(choices) if choices is not None else f"/{s.pattern}/"
-        raise UsageError(f"must be one of {forms}, got {value!r:.60}", option=f.name)
+        shown = s.shown(value) if s.shown is not None else value
+        raise UsageError(f"must be one of {forms}, got {shown!r:.60}", option=f.name)
     for bound, fails, words in ((s.minimum, lambda b: value < b, "at least"),
                                 (s.exclusive_minimum, lambda b: value <= b, "greater than"),
                                 (s.maximum, lambda b: value > b, "at most")):

@@ -137,7 +137,7 @@ def test_a_server_that_does_not_answer_times_out(text_file, capsys):
             t.join()
             for c in held:
                 c.close()
-    assert "no answer within 1 s" in line and "--server" in line
+    assert "no complete answer within 1 s" in line and "--server" in line
 
 
 @pytest.mark.parametrize("answer, said", [
