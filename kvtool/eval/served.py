@@ -7,12 +7,15 @@ alternatives each (kvtool.eval.protocol). A family whose prompts must be text (l
 text, checked to tokenize back to the window's tokens (a window that does not, e.g. one that starts inside a
 UTF-8 character, starts up to MAX_SHIFT tokens later: less context, the same scored tokens). The scored tokens
 add to the sums local eval uses (kvtool.eval.sums); the KL divergence is the top-k estimator of
-kvtool.eval.topk. A baseline server must tokenize the text into the same ids, else one line refuses.
+kvtool.eval.topk. A baseline server must tokenize the scored tokens (the first --max-tokens) into the same ids,
+else one line refuses; every answer is checked against its request (kvtool.eval.protocol.parse_positions).
 
 A mixed run has one side served and the other a local model folder (LocalSide, torch imported only then): the
-served side tokenizes and cuts the windows, the local side runs exactly the served prompts and reports what a
-server would return for them (its top k and the target, keyed as the server keys tokens), so the estimator and
-its measured bias are those of server against server.
+served side tokenizes and cuts the windows, the local side runs exactly the served prompts (the engine's ids,
+what it serves, whatever the local tokenizer makes of the text: where the two differ over the scored tokens the
+report says how many and where, `compare_tokens`) and reports what a server would return for them (its top k and
+the target, keyed as the server keys tokens), so the estimator and its measured bias are those of server against
+server.
 """
 
 from __future__ import annotations
