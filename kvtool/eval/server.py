@@ -41,7 +41,6 @@ ENTRY_BYTES = 2048
 MODELS_LIMIT = 2**20  # GET /v1/models: a list of names
 ERROR_BODY_LIMIT = 65536  # an HTTP error's body: read for its message only
 MAX_REDIRECTS = 4
-SHOWN_NAMES = 10  # model names an error line lists (a server may list thousands)
 READ_CHUNK = 1 << 16
 
 
@@ -314,9 +313,8 @@ class Server:
             raise self.error(exc.message) from None
         self.names = names
         if self.model not in names:
-            shown = ", ".join(repr(n[:80]) for n in names[:SHOWN_NAMES])
-            more = f" and {len(names) - SHOWN_NAMES} more" if len(names) > SHOWN_NAMES else ""
-            raise self.error(f"serves {shown or 'no model'}{more}, not {self.model[:80]!r} (the model name to score)")
+            raise self.error(f"serves {', '.join(repr(n) for n in names) or 'no model'}, not {self.model!r} "
+                             "(the model name to score)")
         for family in FAMILIES.values():
             answer = self.request(family.tokenize_path, protocol.tokenize_request(family, self.model, ""),
                                   missing_ok=True)
