@@ -247,9 +247,31 @@ def _plain_help(cmd) -> None:
     for name, c in [(None, cmd), *getattr(cmd, "commands", {}).items()]:
         c.context_class = Context
         c.format_arguments = lambda ctx, formatter: None  # typer writes the arguments (with their help) itself
+        if not isinstance(c, click.Group):  # a group's options section also lists its commands
+            c.format_options = functools.partial(_sections, c)
         for param in c.params:
             if isinstance(param, click.Argument) and not getattr(param, "help", None):
                 param.help = arg_help.get(name, {}).get(param.name)
+
+
+def _sections(cmd, ctx, formatter) -> None:
+    """Arguments, Options, then one section per group of options that work with one target or method
+    ("With --to mla": kvtool.options.fields.Spec.applies): the plain-help twin of typer's rich_help_panel, which
+    typer's plain formatter drops."""
+    args: list = []
+    sections: dict[str, list] = {"Options": []}
+    for param in cmd.get_params(ctx):
+        record = param.get_help_record(ctx)
+        if record is None:
+            continue
+        if param.param_type_name == "argument":
+            args.append(record)
+        else:
+            sections.setdefault(getattr(param, "rich_help_panel", None) or "Options", []).append(record)
+    for title, rows in [("Arguments", args), *sections.items()]:
+        if rows:
+            with formatter.section(title):
+                formatter.write_dl(rows)
 
 
 def _entry() -> None:

@@ -208,7 +208,7 @@ def render_text(b: Budget) -> console.Text:
         kv.append((f"KV per token{per}", f"{fmt_bytes(cur.kv_bytes_per_token_per_gpu)} "
                                          f"({cur.kv_bytes_per_token_per_gpu:,.0f} B)"))
     state = "" if cur.state is None else f", {fmt_bytes(cur.state.bytes_per_sequence)} of it recurrent state"
-    kv.append((f"KV per sequence", f"{fmt_bytes(cur.kv_bytes_per_sequence)} at {b.max_model_len:,} tokens{state}"))
+    kv.append(("KV per sequence", f"{fmt_bytes(cur.kv_bytes_per_sequence)} at {b.max_model_len:,} tokens{state}"))
     if tp > 1:
         kv.append((f"KV per sequence{per}", fmt_bytes(cur.kv_bytes_per_sequence_per_gpu)))
     kv.append((f"KV for {o.batch} sequence{'s' if o.batch != 1 else ''}",

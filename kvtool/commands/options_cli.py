@@ -35,6 +35,8 @@ def typer_default(f: Field) -> Any:
         extra["metavar"] = s.metavar
     if not s.show_default:
         extra["show_default"] = False
+    if f.applies_to:  # its own section of --help (kvtool.cli._plain_help writes the sections)
+        extra["rich_help_panel"] = f"With {f.applies_to}"
     if s.positional:
         return typer.Argument(default, help=s.help, **extra)
     names = list(f.flags)

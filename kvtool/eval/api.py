@@ -245,7 +245,7 @@ def _score_whole(base, runs, emulation, accs, ws, bs, stream, n_ids: int, progre
             keep = group[0].n_scored
             targets = batch[:, -keep:]
             base_logits = base.logits(batch, keep) if base is not None else None
-            for (c, m), emu, acc in zip(runs, emulation, accs):
+            for (_c, m), emu, acc in zip(runs, emulation, accs):
                 with (_hooked(m, emu[0]) if emu else contextlib.nullcontext()):
                     logits = m.logits(batch, keep)
                 acc.add(logits, targets, base_logits)

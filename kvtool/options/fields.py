@@ -48,6 +48,9 @@ class Spec:
     cli: bool = True  # False: no flag (a library-only setting, e.g. quantize-kv's layerwise)
     metavar: str | None = None
     show_default: bool = True
+    # the choices of other options this one works with, as flags ("--to mla", "--method aware"): where --help lists
+    # it ("With --to mla:") and what the docs table says before its help; () works with every choice
+    applies: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,6 +71,11 @@ class Field:
     def registry_choices(self) -> bool:
         """The choices come from a registry: the committed schema leaves them to be filled in at load."""
         return callable(self.spec.choices)
+
+    @property
+    def applies_to(self) -> str | None:
+        """"--method aware or --to mla", or None for an option of every target and method."""
+        return " or ".join(self.spec.applies) or None
 
     @property
     def required(self) -> bool:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from kvtool.rules.registry import checker, define
-from kvtool.model.layer_types import KNOWN_LAYER_TYPES, layer_types_problems
+from kvtool.model.layer_types import layer_types_problems
 from kvtool.values import is_int as _is_int
 
 define("KV301", "sliding-window-invalid", "error",

@@ -232,7 +232,7 @@ def _refuse_source(o, arch, spec, config: dict, tensors: dict, layers: dict, whe
     act = spec.get("hidden_act") or config.get("hidden_act", "silu")
     if act != "silu":
         raise UsageError(f"hidden_act {act!r}: vLLM's DeepseekV2MLP takes silu only", file=where, field="hidden_act")
-    for i, names in layers.items():
+    for names in layers.values():
         extra = sorted(set(names) - set(SOURCE_ATTENTION) - set(SOURCE_BIASES))
         if extra:
             raise InputError("o_proj bias or q/k norm: vLLM 0.33's DeepseekV2MLAAttention has neither (its o_proj "

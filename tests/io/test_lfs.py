@@ -12,7 +12,7 @@ import pytest
 from kvtool.cli import main
 from kvtool.io.lfs import MAX_POINTER_BYTES, read_pointer
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "llama-gqa-tiny"
 BROKEN = REPO / "tests" / "data" / "lint_demo" / "broken-llama"  # KV601 on k/v, KV801 (needs headers)
 NEEDS_TORCH = [pytest.mark.torch,

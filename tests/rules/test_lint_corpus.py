@@ -9,7 +9,7 @@ import pytest
 from kvtool.rules.engine import lint_one
 from kvtool.rules.registry import LintOptions
 
-CONFIGS = Path(__file__).resolve().parent / "data" / "configs"
+CONFIGS = Path(__file__).resolve().parents[1] / "data" / "configs"
 # Real defects (tests/data/configs/README.md): the error code prefix each must produce.
 DEFECTIVE = {
     "glm-5.2.json": "KV4",  # head_dim 192 vs qk_rope_head_dim 64 (MLA), huggingface/transformers#46739

@@ -1,6 +1,6 @@
 """Every file kvtool writes goes through kvtool/io/outputfile.py (O_EXCL | O_NOFOLLOW, fresh names, checked copies).
 
-Read from every module's AST, as tests/test_layering.py reads imports: a call that creates, opens for
+Read from every module's AST, as tests/package/test_layering.py reads imports: a call that creates, opens for
 writing, copies, moves, links or re-permissions a file by path anywhere else in the package fails here,
 naming the module and line. The few exceptions say why they cannot be reached through a model folder.
 """

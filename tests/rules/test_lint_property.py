@@ -17,7 +17,7 @@ from kvtool.rules.context import LintContext
 from kvtool.rules.registry import CHECKERS, RULES, SEVERITY_ORDER, LintOptions
 from kvtool.model.spec import build_spec
 
-CONFIGS = Path(__file__).resolve().parent / "data" / "configs"
+CONFIGS = Path(__file__).resolve().parents[1] / "data" / "configs"
 VALID = ["llama-3.1-8b.json", "qwen3-30b-a3b.json", "gemma-3-1b-it.json", "deepseek-v3.json", "gpt-oss-20b.json",
          "falcon-40b-shrunk.json", "mpt-7b-shrunk.json", "phi-3.5-mini-instruct.json", "qwen3.5-27b.json",
          "nemotron-h-56b-base-8k.json", "gpt2.json", "mistral-7b-instruct-v0.1.json"]

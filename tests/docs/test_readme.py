@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 NEEDS_MODELS = re.compile(r"\b(smollm2|gemma3|apply|fixtures|eval|quantize-kv)\b|^\$ (printf|sed|python)")
 
@@ -51,6 +51,14 @@ def test_the_docs_have_torch_free_console_examples():
     assert where.count("README.md") >= 2 and len(where) >= 11, where
     for page in ("lint", "kv-budget", "rope"):  # the torch-free commands show runnable examples on their pages
         assert f"docs/{page}.md" in where, where
+
+
+def test_the_readme_runs_an_example_of_each_newer_feature():
+    """--to mla, lint's --engine and --compat, the KV dtypes beyond fp8: examples that run here (the served eval's,
+    which needs a server, runs in tests/eval/test_eval_served.py)."""
+    readme = [cmd for at, steps in _torch_free() if at.startswith("README.md:") for cmd, _ in steps]
+    for needle in ("convert ", "--to mla", "lint ", "--engine", "--compat", "--kv-cache-dtype nvfp4"):
+        assert any(needle in cmd for cmd in readme), needle
 
 
 @pytest.mark.parametrize("line,steps", _torch_free(), ids=[at for at, _ in _torch_free()])

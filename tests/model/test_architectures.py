@@ -37,7 +37,7 @@ def test_every_required_model_type_has_a_table():
     assert lookup("no_such_model").generic and lookup(None).generic
 
 
-LLAMA_TABLE = json.loads((Path(__file__).resolve().parents[1] / "schemas" / "architectures" / "llama.json").read_text())
+LLAMA_TABLE = json.loads((Path(__file__).resolve().parents[2] / "schemas" / "architectures" / "llama.json").read_text())
 
 
 @pytest.mark.parametrize("patch,needle", [

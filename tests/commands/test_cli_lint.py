@@ -13,7 +13,7 @@ import pytest
 from kvtest import write_config, write_safetensors
 from kvtool.cli import main
 
-CONFIGS = Path(__file__).resolve().parent / "data" / "configs"
+CONFIGS = Path(__file__).resolve().parents[1] / "data" / "configs"
 GOOD = str(CONFIGS / "llama-3.1-8b.json")
 BAD = str(CONFIGS / "gpt-j-6b.json")  # KV201: unknown RoPE type 'gptj'
 WARN = str(CONFIGS / "nemotron-h-56b-base-8k.json")  # warnings only (KV002, KV703)
@@ -254,7 +254,7 @@ def test_real_subprocess_and_no_torch_import(tmp_path):
         "print('HEAVY', heavy, file=sys.stderr)\n"
         "sys.exit(rc)\n" % (GOOD, BAD)
     )
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=tmp_path, env=env,
                           timeout=120)
     assert proc.returncode == 1, proc.stderr

@@ -93,7 +93,7 @@ def test_every_real_config_is_inside_the_bounds() -> None:
     """The bounds are for impossible values: none of the public configs may trip them."""
     from kvtool.io.jsonfile import load_json_object
 
-    files = sorted(glob.glob(str(Path(__file__).parent / "data" / "configs" / "*.json")))
+    files = sorted(glob.glob(str(Path(__file__).parents[1] / "data" / "configs" / "*.json")))
     files += sorted(glob.glob("/work/shared/configs/*.json"))  # the wider corpus, where present
     assert files
     for f in files:
@@ -105,5 +105,5 @@ def test_docs_table_is_current() -> None:
     """docs/input-limits.md carries the bound table as bounds_markdown() renders it."""
     from kvtool.model.numbers import bounds_markdown
 
-    doc = (Path(__file__).parents[1] / "docs" / "input-limits.md").read_text(encoding="utf-8")
+    doc = (Path(__file__).parents[2] / "docs" / "input-limits.md").read_text(encoding="utf-8")
     assert bounds_markdown() in doc, "regenerate the table in docs/input-limits.md from kvtool.model.numbers"
