@@ -2,7 +2,7 @@
 parser, one way to show it.
 
 `SERVER_URL` is the grammar, and the option declaration's pattern (kvtool/options/eval.py): what it accepts,
-`parse` accepts and urllib, http.client and the resolver take (tests/eval/test_eval_server_url.py generates URLs
+`parse` accepts and urllib, http.client and the resolver take (tests/io/test_urls.py generates URLs
 of every part and checks all three agree), so a URL that passes the option check never fails later as a
 traceback. It is RFC 3986's `http` / `https` URL, narrowed to what a server root needs:
 - scheme `http` or `https` (lower case);
