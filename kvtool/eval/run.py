@@ -172,7 +172,7 @@ def render_plan(p: EvalPlan) -> console.Text:
         local = local_paths(p.model, o)
         cand = f"{p.model} (local)" if not o.server else f"{p.model} served at {redact(o.server)}"
         base = (f" against {o.baseline} (local)" if o.server and local else
-                f" against {o.baseline or p.model} at {redact(o.baseline_server or o.server)}"
+                f" against {o.baseline or p.model} at {redact(o.baseline_server or o.server or '')}"
                 if o.baseline or o.baseline_server else "")
         return console.lines([f"kvtool eval plan: {cand}{base}",
                               f"  tokens       {about}{p.tokens}, top {o.top_logprobs} log-probabilities each"])

@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import random
 import socket
-import threading
 import time
 from pathlib import Path
 

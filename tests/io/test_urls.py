@@ -74,7 +74,7 @@ def test_the_pattern_and_the_parser_refuse_the_same_broken_url(url):
     matched = bool(re.fullmatch(urls.SERVER_URL, url))
     assert matched == _accepted(url)
     if matched:  # a broken part the grammar still takes must be one urllib takes too (e.g. a user "u:p@q@")
-        urllib.parse.urlsplit(url).port
+        assert urllib.parse.urlsplit(url).port in (None, *range(1, 65536))
     else:
         with pytest.raises(UsageError, match="must be one of http://HOST"):
             EvalOptions(model="m", server=url)
