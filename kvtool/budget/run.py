@@ -48,7 +48,7 @@ def plan(o: KvBudgetOptions) -> BudgetPlan:
     spec = build_spec(ckpt.config)
     require_valid_numbers(spec, str(ckpt.config_path))
     vllm, switches = (None, frozenset())
-    if o.engine is not None:
+    if o.engine:
         from kvtool.engines.releases import vllm_max_len_switches
 
         vllm, switches = vllm_max_len_switches(o.engine)

@@ -6,6 +6,7 @@ from kvtool.convert import defaults as aware
 from kvtool.convert.defaults import AWARE_FIELDS, GROUPINGS, MLA_PRESETS, MLA_SOLVE, MLA_SOLVES, TARGETS
 from kvtool.options.fields import argument, operation, option
 from kvtool.progress import FLAG_HELP
+from kvtool.units import parse_kv_budget
 
 DTYPES = ("keep", "bf16", "fp16", "fp32")
 TEXT_FILES = {"$ref": "#/$defs/text_files"}  # one path or a list, relative to the recipe
@@ -35,7 +36,8 @@ class ConvertOptions:
                                   help="Dimensions of the shared RoPE key cached beside the latent "
                                        "(qk_rope_head_dim; even, at most head_dim - 2; default: docs/convert-mla.md).")
     kv_budget: str | None = option(None, choices=("BYTES (7.5KiB, 7680B)", "FRACTION (0.33, 33%)"),
-                                   pattern=KV_BUDGET_PATTERN, metavar="BYTES|FRACTION", applies=MLA,
+                                   pattern=KV_BUDGET_PATTERN, parse=parse_kv_budget, metavar="BYTES|FRACTION",
+                                   applies=MLA,
                                    help="KV cache per token instead of --kv-rank, as bytes (7.5KiB, 7680B) "
                                         "or a fraction of the source's (0.33, 33%).")
     preset: str | None = option(None, choices=tuple(MLA_PRESETS), applies=MLA,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from kvtool.model.kvcache import KV_CACHE_DTYPES
 from kvtool.model.numbers import QUANTITY_BOUNDS
-from kvtool.options.fields import argument, operation, option
+from kvtool.options.fields import argument, engine_option, operation, option
 
 FORMATS = ("text", "json")
 TOKENS = QUANTITY_BOUNDS["max_position"].high  # the config bound on a context length
@@ -39,9 +39,9 @@ class KvBudgetOptions:
                                                                "this flag (or with KV connectors that lack hybrid "
                                                                "support); a model whose layers all slide keeps its "
                                                                "window.")
-    engine: str | None = option(None, metavar="REQ",
-                                help="Size the default sequence as this vLLM release derives max_model_len from the "
-                                     "config, e.g. vllm==0.28.0 (yarn: original x factor before 0.30).")
+    engine: list[str] = engine_option("kv-budget sizes as the one vLLM release named (its max_model_len derivation: yarn "
+                                      "is original x factor before 0.30; its paging rules); a range or a second vLLM "
+                                      "release is refused. Default: the installed vLLM, else the newest known.")
     what_if: str | None = option(None, help="Variants side by side: gqa:N, mqa, mha, a KV dtype, or +-joined, e.g. "
                                             "gqa:8,mqa,fp8,gqa:4+fp8.")
     format: str = option("text", choices=FORMATS, help="text | json")
