@@ -1,4 +1,4 @@
-"""One registration mechanism for every extension point (commands, lint rules, merge methods, observers,
+"""One registration mechanism for every extension point (commands, lint rules, merge methods, conversion targets,
 RoPE types, layer-type resolvers, gates, output formats).
 
 A `Registry` maps names to things, in registration order. It is filled by `@REG.register(name)` (or
@@ -54,6 +54,17 @@ class Registry(Mapping, Generic[T]):
         """Decorator: `@REG.register("name")` on a class or function."""
         def deco(thing: T) -> T:
             return self.add(name, thing)
+        return deco
+
+    def register_subclass(self, name: str, base: type) -> Callable:
+        """Class decorator for a registry of classes: the class must subclass `base`; it is registered under
+        `name` and told its name (`cls.name`), e.g. `@register_method("mean")`, `@register_target("mla")`."""
+        def deco(cls):
+            if not (isinstance(cls, type) and issubclass(cls, base)):
+                raise TypeError(f"a {self.kind} {name!r} must be a {base.__name__} subclass")
+            self.add(name, cls)
+            cls.name = name
+            return cls
         return deco
 
     def remove(self, name: str) -> None:

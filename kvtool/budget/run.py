@@ -56,7 +56,7 @@ def plan(o: KvBudgetOptions) -> BudgetPlan:
         max_model_len=o.max_model_len, batch=o.batch or 1, batch_given=o.batch is not None,
         kv_cache_dtype=o.kv_cache_dtype, block_size=o.block_size, tensor_parallel_size=o.tensor_parallel_size,
         gpu=gpu, gpu_memory_utilization=o.gpu_memory_utilization, reserve_bytes=reserve_bytes,
-        max_num_batched_tokens=o.max_num_batched_tokens, hybrid_kv_cache=not o.disable_hybrid_kv_cache_manager,
+        max_num_batched_tokens=o.max_num_batched_tokens, entrypoint=o.entrypoint, hybrid_kv_cache=not o.disable_hybrid_kv_cache_manager,
         what_if=tuple(variants.parse(o.what_if, num_heads=spec.num_heads, is_mla=spec.is_mla)),
         vllm_release=vllm.versions[0] if vllm else None, vllm_switches=switches,
     )

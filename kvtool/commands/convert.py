@@ -23,22 +23,20 @@ def register(app: typer.Typer) -> None:
              help="Convert attention heads: --to gqa --groups G | --to mqa | --to mha (exact expansion) | --to mla "
                   "--kv-rank R (multi-head latent attention, DeepSeek layout).")
     def convert(o: ConvertOptions) -> int:
-        from kvtool.convert.report import render_plan, render_result
         from kvtool.convert.run import apply, plan
 
         _gates(o.max_ppl_increase, o.max_kld)  # refuse a bad gate before any work, --dry-run too
         if not o.dry_run and not o.dst:
             raise UsageError("missing required argument (only --dry-run goes without one)", option="dst")
-        p = plan(o)  # the options, the merge method, then the model: what a recipe's convert step plans
+        p = plan(o)  # the options, the target's own, then the model: what a recipe's convert step plans
         for w in p.warnings:
             console.out(f"kvtool: warning: {w}", err=True)
         if o.dry_run:
-            console.out(render_plan(p, o.dst, o.eval_tokens if o.eval else None))
+            console.out(p.render(o.dst, o.eval_tokens if o.eval else None))
             return EXIT_OK
-        uses_torch = p.method is None or p.method.array_api == "torch"  # None: --to mla's calibrated solve
+        uses_torch = p.needs_torch is not None  # what runs the model: a calibrated merge, --to mla's solve
         if uses_torch or o.eval:
-            what = "--eval" if o.eval else "--to mla" if p.method is None else "--method " + o.method
-            require_torch(f"kvtool convert {what}")
+            require_torch(f"kvtool convert {'--eval' if o.eval else p.needs_torch}")
         device, want_eval = _device_and_eval(o.eval, uses_torch)
         gates = _gates(o.max_ppl_increase, o.max_kld)
         if gates and not want_eval:
@@ -57,7 +55,7 @@ def register(app: typer.Typer) -> None:
             from kvtool.rules.output_check import verify_output
 
             result = apply(p, o.dst, force=o.force, device=device, verify=partial(verify_output, source=p.src))
-            console.out(render_result(result))
+            console.out(result.render())
             if want_eval:
                 return _run_eval(o.src, o.dst, device, o.eval_tokens, gates)
         return EXIT_OK

@@ -4,9 +4,6 @@ No imports: the options declaration loads this at CLI start-up."""
 
 from __future__ import annotations
 
-TARGETS = ("gqa", "mqa", "mha", "mla")  # --to
-# --to mla's own options (kvtool/convert/mla/plan.py); any other target refuses them by name
-MLA_FIELDS = ("kv_rank", "rope_dim", "kv_budget", "preset", "mla_solve")
 # --mla-solve -> the kvtool.convert.mla.solve.SolveOptions fields it sets (measured in docs/convert-mla.md, Quality and
 # "The curve": mqa-seed's values are the source's own, better than the MQA value head at every budget measured)
 MLA_SOLVES = {"mqa-seed": {"seed": "mqa", "residual_angle": 1.0, "seed_values": "source"}, "joint": {"seed": "none"}}

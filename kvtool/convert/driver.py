@@ -11,9 +11,7 @@ comes from the architecture table, never from branches on model_type.
 
 from __future__ import annotations
 
-import hashlib
 import json
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,15 +21,12 @@ from kvtool.model.architectures import Architecture
 from kvtool.model.checkpoint import Checkpoint
 from kvtool.convert.config_edit import dump_config, kv_field_is_boolean, rewrite_config
 from kvtool.convert.methods import MergeMethod
+from kvtool.convert.targets import ConversionResult
 from kvtool.errors import InputError, UsageError, listed
 from kvtool.io.writer import PlannedTensor
-from kvtool.io.jsonfile import load_json_object
-from kvtool.model.spec import ModelSpec, build_spec, get_path
-
-# --dtype choices -> safetensors dtype (None: keep what is stored) and the config's dtype name.
-OUT_DTYPES = {"keep": None, "bf16": "BF16", "fp16": "F16", "fp32": "F32"}
-CONFIG_DTYPE_NAMES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}
-FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")
+from kvtool.model.spec import ModelSpec, build_spec
+from kvtool.convert.source import (CONFIG_DTYPE_NAMES, FLOAT_DTYPES, OUT_DTYPES, jsonable, refuse_unsupported,
+                                   source_fingerprint, weights_file, with_source_provenance)
 
 # Per-layer roles: (AttentionWeights field, table role, tensor suffix).
 ROLES = (
@@ -81,14 +76,41 @@ class ConvertPlan:
         """One line of what the conversion does (a recipe's plan line)."""
         return f"{self.source_kv_heads} -> {self.target_kv_heads} KV heads ({self.method.name})"
 
+    # what every target's plan answers (kvtool.convert.targets.ConversionPlan)
+    def estimate(self, eval_tokens: int | None = None):
+        """Peak memory and time of the run (kvtool.model.costs): streaming alone when nothing is pooled, else the
+        merge method's own estimate; None for a method with no cost model."""
+        from kvtool.model import costs
 
-@dataclass
-class ConvertResult:
-    plan: ConvertPlan
-    dst: Path
-    files: list[str]
-    side_files: list[str]
-    provenance: dict
+        shape = costs.shape_of(self.spec, self.ckpt.tensors)
+        est = costs.convert_mean(shape) if self.direction != "pool" else self.method.estimate(self, shape)
+        if est is not None and eval_tokens:  # source and output
+            est = costs.combine(est, costs.evaluate(shape, eval_tokens, models=2))
+        return est
+
+    def render(self, dst, eval_tokens: int | None = None):
+        from kvtool.convert.report import render_plan
+
+        return render_plan(self, dst, eval_tokens)
+
+    @property
+    def needs_torch(self) -> str | None:
+        return "--method " + self.method.name if self.method.array_api == "torch" else None
+
+    def write(self, dst: str | Path, *, verify=None, force: bool = False, progress: bool | None = None,
+              device: str = "cpu") -> ConversionResult:
+        return write(self, dst, verify=verify, force=force, progress=progress, device=device)
+
+    def render_result(self, result):
+        from kvtool.convert.report import render_result
+
+        return render_result(result)
+
+    def provenance(self) -> dict:
+        return provenance(self)
+
+    def details(self) -> dict:
+        return {"kv_heads": f"{self.source_kv_heads}->{self.target_kv_heads}", "method": self.method.name}
 
 
 # --- planning ----------------------------------------------------------------------------------
@@ -104,69 +126,18 @@ def valid_groups(num_heads: int, kv_heads: int, *, flag_field: bool = False) -> 
             if num_heads % g == 0 and (kv_heads % g == 0 or g % kv_heads == 0)]
 
 
-def resolve_target(to: str, groups: int | None, num_heads: int, kv_heads: int, *, flag_field: bool) -> int:
-    if to == "mqa":
-        if groups not in (None, 1):
-            raise UsageError("--to mqa means one KV head; drop --groups", option="groups")
-        g = 1
-    elif to == "mha":
-        if groups not in (None, num_heads):
-            raise UsageError(f"--to mha means {num_heads} KV heads (one per query head); drop --groups", option="groups")
-        g = num_heads
-    else:
-        if groups is None:
-            raise UsageError("--to gqa needs --groups G (the number of KV heads after conversion)", option="groups")
-        g = groups
-    ok = valid_groups(num_heads, kv_heads, flag_field=flag_field)
+def resolve_target(kv_heads: int, num_heads: int, source_kv_heads: int, *, flag_field: bool) -> int:
+    """The target's KV-head count (kvtool.convert.heads: HeadsTarget.kv_heads), if pooling or repeating reaches it."""
+    g = kv_heads
+    ok = valid_groups(num_heads, source_kv_heads, flag_field=flag_field)
     if g not in ok:
         why = (f"G must divide the {num_heads} query heads and divide (pool) or be a multiple of (expand) "
-               f"the current {kv_heads} KV heads")
+               f"the current {source_kv_heads} KV heads")
         if flag_field:
             why = "this architecture's config can express only MQA or MHA"
         raise UsageError(f"cannot convert to {g} KV heads: {why}; valid choices: {', '.join(map(str, ok))}",
                          option="groups")
     return g
-
-
-def _refuse_unsupported(arch: Architecture, spec: ModelSpec, config: dict, where: str) -> None:
-    if arch.generic:
-        mt = spec.model_type if spec.model_type is not None else spec.full_config.get("model_type")  # as written
-        raise UsageError(f"model_type {mt!r:.60} has no architecture table; its weight layout is unknown, "
-                         "so it cannot be converted", file=where, field="model_type")
-    conv = arch.convert
-    if not conv.get("supported"):
-        msg = f"{arch.model_type} cannot be converted: {conv.get('reason', 'not supported')}"
-        if conv.get("alternative"):
-            msg += f"; alternative: {conv['alternative']}"
-        raise UsageError(msg, file=where, field="model_type")
-    only = conv.get("only")
-    if only and not get_path(spec.config, only, arch.defaults.get(only)):
-        raise UsageError(f"{arch.model_type} checkpoints convert only when {only} is true", file=where, field=only)
-    if spec.wrapper_key:
-        raise UsageError(f"multimodal wrapper ({spec.wrapper_key}): converting the text model inside is not supported",
-                         file=where, field=spec.wrapper_key)
-    if spec.is_mla or arch.attention.get("kind") == "mla":
-        raise UsageError("MLA caches a compressed latent, not KV heads: nothing to pool", file=where, field="model_type")
-    if arch.weights.get("transposed"):
-        raise UsageError(f"{arch.model_type} stores transposed (Conv1D) projections, which convert does not handle",
-                         file=where, field="model_type")
-    if isinstance(config.get("quantization_config"), dict):
-        raise UsageError("quantized checkpoint: pool the unquantized weights, then quantize", file=where,
-                         field="quantization_config")
-    when = arch.weights.get("qk_norm_when") or {}
-    if when and not arch.weights.get("k_norm") and all(
-            get_path(spec.config, k, arch.defaults.get(k)) == v for k, v in when.items()):
-        # per-head K norms whose weights the table does not name would be left at the old head count
-        flag = next(iter(when))
-        raise UsageError(f"{arch.model_type} with {flag}: {str(when[flag]).lower()} normalises K per head with weights "
-                         "convert does not know how to pool", file=where, field=flag)
-
-
-def _weights_file(ckpt: Checkpoint) -> str:
-    """The file a missing tensor should be in: the index, the one safetensors file, or the folder."""
-    if ckpt.index_doc is not None:
-        return str(ckpt.index_doc.path)
-    return str(ckpt.headers[0].path) if len(ckpt.headers) == 1 else str(ckpt.root)
 
 
 def _layer_names(arch: Architecture, layer: int, tensors: dict, where: str) -> dict[str, str]:
@@ -184,21 +155,10 @@ def _layer_names(arch: Architecture, layer: int, tensors: dict, where: str) -> d
     return names
 
 
-def source_fingerprint(ckpt: Checkpoint) -> str:
-    """sha256 of the index and every safetensors header: identifies the source without hashing data."""
-    h = hashlib.sha256()
-    if ckpt.index_doc is not None:
-        h.update(ckpt.index_doc.text.encode("utf-8"))
-    for hdr in ckpt.headers:
-        with hdr.path.open("rb") as fh:
-            h.update(hdr.file.encode("utf-8", "surrogateescape"))  # a name's bytes as on disk, UTF-8 or not
-            h.update(fh.read(8 + hdr.header_size))
-    return "sha256:" + h.hexdigest()
-
-
-def plan_checkpoint(ckpt: Checkpoint, *, to: str, groups: int | None, method: MergeMethod, dtype: str,
+def plan_checkpoint(ckpt: Checkpoint, *, target, method: MergeMethod, dtype: str,
                     max_shard_size: int, config: dict | None = None, tensors: dict | None = None) -> ConvertPlan:
-    """The conversion of an opened checkpoint: the model's refusals (kvtool.convert.run.plan checked the options).
+    """The conversion of an opened checkpoint to `target`'s KV heads (a kvtool.convert.heads.HeadsTarget, which
+    checked the options): the model's refusals.
 
     A recipe plans a step on the model as its earlier steps leave it: `config` (default: the checkpoint's)
     and `tensors` (name -> dtype / shape; default: the checkpoint's headers)."""
@@ -206,18 +166,18 @@ def plan_checkpoint(ckpt: Checkpoint, *, to: str, groups: int | None, method: Me
     config, tensors, spec = ckpt.planned(config, tensors)
     config_file = str(ckpt.config_path)
     arch = spec.arch
-    _refuse_unsupported(arch, spec, config, config_file)
+    refuse_unsupported(arch, spec, config, config_file)
     H, KV, hd, L = spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.num_layers
     for name, val in (("num_heads", H), ("num_kv_heads", KV), ("head_dim", hd), ("num_layers", L)):
         if not val or val <= 0:
             raise InputError(f"cannot read {name} from the config", file=config_file, field=spec.key(name))
     flag = kv_field_is_boolean(arch, spec.config)
-    target_kv_heads = resolve_target(to, groups, H, KV, flag_field=flag)
+    target_kv_heads = resolve_target(target.kv_heads(H), H, KV, flag_field=flag)
     from kvtool.model.layer_types import KV_CACHE_TYPES
 
     # Layers without attention (Mamba, linear attention) have no KV heads: streamed through as they are.
     kinds = spec.layer_types if len(spec.layer_types) == L else ["full_attention"] * L
-    where = _weights_file(ckpt)
+    where = weights_file(ckpt)
     layers = {i: _layer_names(arch, i, tensors, where) for i in range(L) if kinds[i] in KV_CACHE_TYPES}
     for names in layers.values():
         for fld, n in names.items():
@@ -361,29 +321,7 @@ def provenance(plan: ConvertPlan) -> dict:
     extra = method.provenance()
     if extra:
         prov["method_details"] = extra
-    previous = source_provenance(plan.src)
-    if previous is not None:
-        prov["source_provenance"] = previous
-    return prov
-
-
-def source_provenance(src: Path) -> dict | None:
-    """The source's own kvtool.json (an earlier kvtool step), None when it has none or it does not parse."""
-    previous = src / "kvtool.json"
-    if previous.is_file():
-        try:
-            return load_json_object(previous, what="kvtool.json").data
-        except InputError:
-            pass
-    return None
-
-
-def jsonable(v) -> bool:
-    try:
-        json.dumps(v)
-        return True
-    except (TypeError, ValueError):
-        return False
+    return with_source_provenance(prov, plan.src)
 
 
 def _torch_dtype(st: str):
@@ -393,7 +331,7 @@ def _torch_dtype(st: str):
 
 
 def write(plan: ConvertPlan, dst: str | Path, *, verify, force: bool = False, progress: bool | None = None,
-          device: str = "cpu") -> ConvertResult:
+          device: str = "cpu") -> ConversionResult:
     """Write the converted checkpoint to `dst` (staged; the source is only read)."""
     from kvtool.convert.methods import MergeJob
     from kvtool.io.reader import CheckpointReader
@@ -468,7 +406,7 @@ def write(plan: ConvertPlan, dst: str | Path, *, verify, force: bool = False, pr
 
             prov["engines_read_as_written"] = read_as_written(plan.new_config)  # `kvtool lint --compat DST`: why
             write_new(tmp / "kvtool.json", json.dumps(prov, indent=2) + "\n")
-    return ConvertResult(plan=plan, dst=dst, files=result.files, side_files=side, provenance=prov)
+    return ConversionResult(plan=plan, dst=dst, files=result.files, side_files=side, provenance=prov)
 
 
 _FUSED_PARTS = {"qkv": ("q", "k", "v"), "qkv_bias": ("q_bias", "k_bias", "v_bias")}
@@ -555,8 +493,3 @@ class _TorchIO(_TensorIO):
 
     def cast_through(self, writer, name: str) -> None:
         self.write(writer, name, self.reader.get(name))
-
-
-def template_of(name: str) -> str:
-    """model.layers.12.self_attn.k_proj.weight -> model.layers.{i}.self_attn.k_proj.weight"""
-    return re.sub(r"\.(\d+)\.", ".{i}.", name, count=1)

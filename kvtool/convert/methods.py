@@ -103,15 +103,7 @@ class MergeMethod:
 
 def register_method(name: str):
     """Class decorator: make a MergeMethod available as `--method name`."""
-
-    def deco(cls: type[MergeMethod]) -> type[MergeMethod]:
-        if not (isinstance(cls, type) and issubclass(cls, MergeMethod)):
-            raise TypeError(f"@register_method({name!r}) must decorate a MergeMethod subclass")
-        METHODS.add(name, cls)
-        cls.name = name
-        return cls
-
-    return deco
+    return METHODS.register_subclass(name, MergeMethod)
 
 
 def available_methods() -> list[str]:

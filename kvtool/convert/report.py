@@ -1,4 +1,5 @@
-"""Human-readable plan (--dry-run) and result of `kvtool convert`."""
+"""Human-readable plan (--dry-run) and result of `kvtool convert --to gqa | mqa | mha` (the heads targets;
+--to mla's: kvtool/convert/mla/report.py): what ConvertPlan.render and .render_result return."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ def _kind(h: int, kv: int) -> str:
 
 def _grouped_touched(plan) -> list[str]:
     """One line per weight template (layer index replaced by {i}), not one per layer."""
-    from kvtool.convert.driver import template_of
+    from kvtool.convert.source import template_of
 
     groups: "OrderedDict[tuple, int]" = OrderedDict()
     for name, old, new in plan.touched:
@@ -28,25 +29,7 @@ def _grouped_touched(plan) -> list[str]:
     return lines
 
 
-def estimate(plan, eval_tokens: int | None = None):
-    """Peak memory and time of the run (kvtool.model.costs): streaming alone when nothing is pooled, else the
-    merge method's own estimate; None for a method with no cost model."""
-    from kvtool.model import costs
-
-    if getattr(plan, "target", None) == "mla":
-        return plan.estimate(eval_tokens)
-    shape = costs.shape_of(plan.spec, plan.ckpt.tensors)
-    est = costs.convert_mean(shape) if plan.direction != "pool" else plan.method.estimate(plan, shape)
-    if est is not None and eval_tokens:  # source and output
-        est = costs.combine(est, costs.evaluate(shape, eval_tokens, models=2))
-    return est
-
-
 def render_plan(plan, dst, eval_tokens: int | None = None) -> console.Text:
-    if getattr(plan, "target", None) == "mla":
-        from kvtool.convert.mla.report import render_plan as render_mla
-
-        return render_mla(plan, dst, eval_tokens)
     H, a, b = plan.num_heads, plan.source_kv_heads, plan.target_kv_heads
     how = {"pool": plan.method.summary(),
            "expand": "each KV head repeated (exact: same outputs)",
@@ -69,7 +52,7 @@ def render_plan(plan, dst, eval_tokens: int | None = None) -> console.Text:
                  f"{plan.max_shard_size / 1e9:g} GB; source {fmt_bytes(plan.ckpt.weight_bytes)}")
     changed = [k for k in plan.new_config if plan.new_config.get(k) != plan.ckpt.config.get(k)]
     lines.append(f"  config.json  {', '.join(f'{k}: {plan.ckpt.config.get(k)!r} -> {plan.new_config[k]!r}' for k in changed) or 'unchanged'}")
-    est = estimate(plan, eval_tokens)
+    est = plan.estimate(eval_tokens)
     lines.append(f"  estimate     {est.line() if est else f'no cost model for method {plan.method.name!r}'}")
     for w in plan.warnings:
         lines.append(f"  warning      {w}")
@@ -78,10 +61,6 @@ def render_plan(plan, dst, eval_tokens: int | None = None) -> console.Text:
 
 def render_result(result) -> console.Text:
     plan = result.plan
-    if getattr(plan, "target", None) == "mla":
-        from kvtool.convert.mla.report import render_result as render_mla
-
-        return render_mla(result)
     lines = [
         f"converted {plan.src} -> {result.dst}: KV heads {plan.source_kv_heads} -> {plan.target_kv_heads} "
         f"({_kind(plan.num_heads, plan.source_kv_heads)} -> {_kind(plan.num_heads, plan.target_kv_heads)}), "

@@ -30,7 +30,8 @@ from math import prod
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable
 
-from kvtool.io.outputfile import Identity, check_unchanged, create, move, open_new, open_source, write_new
+from kvtool.io.outputfile import (PAGE, Identity, check_unchanged, copy_range, create, move, open_new, open_source,
+                                  write_new)
 from kvtool.io.safetensors_header import DTYPE_BYTES
 
 if TYPE_CHECKING:
@@ -40,8 +41,6 @@ INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
 DEFAULT_MAX_SHARD_SIZE = 5 * 10**9
 _ALIGN = 8  # safetensors pads the header so tensor data starts 8-byte aligned
-_PAGE = 4096
-_FOLIO = 64 * 1024  # a copy that writes from this boundary on gets multi-page page-cache folios
 
 
 def torch_dtype_to_st(dtype) -> str:
@@ -159,7 +158,7 @@ def _header_padding(data_start: int, rel: dict[str, int], entries: list[PlannedT
     weight: dict[int, int] = {}
     for e in entries:
         if e.name in copy_offsets:
-            r = (copy_offsets[e.name] - data_start - rel[e.name]) % _PAGE
+            r = (copy_offsets[e.name] - data_start - rel[e.name]) % PAGE
             if r % _ALIGN == pad:
                 weight[r] = weight.get(r, 0) + e.nbytes
     return max(weight, key=lambda r: (weight[r], -r)) if weight else pad
@@ -183,32 +182,10 @@ def _tensor_bytes(tensor) -> memoryview:
     return memoryview(t.view(torch.uint8).numpy())
 
 
-_COPY_CHUNK = 64 * 2**20
-
-
 def _copy_range(src_fd: int, dst_fd: int, src_off: int, dst_off: int, count: int) -> None:
-    """Copy bytes file to file inside the kernel (copy_file_range), else through a bounded buffer."""
-    if hasattr(os, "copy_file_range"):
-        try:
-            # Linux copies page-congruent ranges ~1.5x faster once the writes start on a folio boundary
-            # (bench/convert_bench.py): a short first copy gets there.
-            head = -dst_off % _FOLIO if (src_off - dst_off) % _PAGE == 0 and count > _FOLIO else 0
-            while count > 0:
-                n = os.copy_file_range(src_fd, dst_fd, min(count, head or 2**30), src_off, dst_off)
-                head = max(0, head - n)
-                if n == 0:
-                    raise OSError("unexpected end of the source file")
-                src_off, dst_off, count = src_off + n, dst_off + n, count - n
-            return
-        except OSError as exc:
-            if exc.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.EPERM):
-                raise
-    while count > 0:
-        buf = os.pread(src_fd, min(count, _COPY_CHUNK), src_off)
-        if not buf:
-            raise OSError("unexpected end of the source file")
-        _pwrite_all(dst_fd, memoryview(buf), dst_off)
-        src_off, dst_off, count = src_off + len(buf), dst_off + len(buf), count - len(buf)
+    """Copy bytes file to file (kvtool.io.outputfile.copy_range: inside the kernel, else a bounded buffer)."""
+    if copy_range(src_fd, dst_fd, src_off, dst_off, count) < count:
+        raise OSError("unexpected end of the source file")
 
 
 def _copy_file(src_path: str, dst_fd: int, src_off: int, dst_off: int, count: int,

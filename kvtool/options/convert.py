@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from kvtool.convert import defaults as aware
-from kvtool.convert.defaults import AWARE_FIELDS, GROUPINGS, MLA_PRESETS, MLA_SOLVE, MLA_SOLVES, TARGETS
+from kvtool.convert.defaults import AWARE_FIELDS, GROUPINGS, MLA_PRESETS, MLA_SOLVE, MLA_SOLVES
 from kvtool.options.fields import argument, operation, option
 from kvtool.progress import FLAG_HELP
 from kvtool.units import parse_kv_budget
@@ -23,12 +23,20 @@ def merge_methods() -> list[str]:
     return available_methods()  # sorted: the order modules happen to be imported in must not show
 
 
+def conversion_targets() -> list[str]:
+    """The registered conversion targets (kvtool/convert/targets.py), in registration order."""
+    from kvtool.convert.targets import target_names
+
+    return target_names()
+
+
 @operation("convert")
 class ConvertOptions:
-    METHOD_FIELDS = AWARE_FIELDS  # given to the merge method (kvtool.convert.run.method_options)
+    METHOD_FIELDS = AWARE_FIELDS  # given to the merge method (kvtool.convert.heads.method_options)
     src: str = argument(help="Source model folder (config.json + safetensors).")
     dst: str | None = argument(None, help="Output folder; required, except with --dry-run.")
-    to: str = option(choices=TARGETS, recipe_required=True, help=" | ".join(TARGETS))
+    to: str = option(choices=conversion_targets, recipe_required=True,
+                     help="Conversion target (registry: kvtool/convert/targets.py).")
     groups: int | None = option(None, short="-g", minimum=1, applies=GQA, help="KV heads after conversion.")
     kv_rank: int | None = option(None, minimum=1, applies=MLA,
                                  help="Latent dimensions cached per token and layer (kv_lora_rank).")

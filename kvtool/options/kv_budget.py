@@ -7,6 +7,7 @@ from kvtool.model.numbers import QUANTITY_BOUNDS
 from kvtool.options.fields import argument, engine_option, operation, option
 
 FORMATS = ("text", "json")
+ENTRYPOINTS = ("serve", "llm")  # kvtool.budget.batch.USAGES
 TOKENS = QUANTITY_BOUNDS["max_position"].high  # the config bound on a context length
 
 
@@ -32,8 +33,12 @@ class KvBudgetOptions:
     reserve: str | None = option(None, help="Memory per GPU held back for activations / CUDA graphs (e.g. 2GiB; "
                                             "default 0).")
     max_num_batched_tokens: int | None = option(None, minimum=1, maximum=TOKENS,
-                                                help="Scheduler step for sliding-window sizing (default: vLLM's, 8192 "
-                                                     "on >=70 GiB non-A100 GPUs, else 2048).")
+                                                help="Scheduler step for sliding-window sizing (default: vLLM's for "
+                                                     "the GPU, release and --entrypoint: `vllm serve` 16384 on "
+                                                     ">=160 GiB, 8192 on other >=70 GiB non-A100 GPUs, else 2048).")
+    entrypoint: str = option("serve", choices=ENTRYPOINTS,
+                             help="Whose batch defaults: serve (`vllm serve`, the API server) or llm (the offline "
+                                  "LLM class).")
     disable_hybrid_kv_cache_manager: bool = option(False, help="Size sliding-window and chunked layers like full "
                                                                "ones beside full-attention layers, as vLLM does with "
                                                                "this flag (or with KV connectors that lack hybrid "

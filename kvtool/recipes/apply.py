@@ -75,23 +75,23 @@ def run_convert_step(ctx: RunContext, step: Step) -> StepResult:
     from functools import partial
 
     from kvtool.convert.run import apply, plan
-    from kvtool.recipes.plan import calibrated, convert_options
+    from kvtool.recipes.plan import calibration, convert_options
     from kvtool.rules.output_check import verify_output
 
     out = ctx.new_folder(step)
     o = convert_options(step.options, src=str(ctx.current), dst=str(out))
     section = step.options.get("calibration") or {}
-    if calibrated(o) and not ctx.recipe.text_files(section) and section.get("dataset") not in (None, "pydoc"):
+    cal = calibration(o)  # the target's answer: does it calibrate, does the step owe it text
+    given = ctx.recipe.text_files(section) or section.get("dataset") is not None
+    if cal and not ctx.recipe.text_files(section) and section.get("dataset") not in (None, "pydoc"):
         o.calib_text, o.calib_dataset = None, section["dataset"]  # a built-in mix (checked by the plan)
-    elif calibrated(o):  # the recipe's text: its files (several: one text, read as far as it is used)
+    elif cal and (given or cal.required):  # the recipe's text: its files (several: one text, read as far as used)
         files = _texts(ctx, section, "calibration")
         o.calib_text, o.calib_dataset = (files if len(files) > 1 else files[0]), None
     p = plan(o)  # `kvtool convert`'s plan and apply: the same refusals, now on the written model
     res = apply(p, out, progress=ctx.progress, device=_device(ctx),
                 verify=partial(verify_output, source=ctx.current))
-    return StepResult(step.index, step.kind, dict(step.options), str(out),
-                      details={"kv_heads": f"{p.source_kv_heads}->{p.target_kv_heads}", "method": o.method,
-                               "files": res.files})
+    return StepResult(step.index, step.kind, dict(step.options), str(out), details={**p.details(), "files": res.files})
 
 
 def run_lint_step(ctx: RunContext, step: Step) -> StepResult:

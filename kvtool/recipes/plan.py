@@ -75,10 +75,12 @@ def _refused(recipe: Recipe, step: Step, exc: KvtoolError) -> StepRefused:
 
 
 def _text_paths(recipe: Recipe, step: Step, section: dict | None, *, required: bool,
-                datasets: tuple[str, ...] = RECIPE_DATASETS) -> None:
+                datasets: tuple[str, ...] | None = RECIPE_DATASETS) -> None:
+    """The step's `text` files (relative to the recipe, inside its folder) and `dataset`. required: the step needs
+    one of them; datasets: the ones it may name (offline; None: left to the step's run)."""
     section = section or {}
     dataset = section.get("dataset")
-    if required and dataset is not None and section.get("text") is None and dataset not in datasets:
+    if datasets is not None and dataset is not None and section.get("text") is None and dataset not in datasets:
         raise _fail(recipe, step, f"dataset {dataset!r} is not available offline in recipes; use "
                                   f"{' / '.join(datasets)} or `text:` files")
     if section.get("text") is None:
@@ -99,22 +101,23 @@ def convert_options(options: dict, **given):
     return from_recipe(ConvertOptions, options, **{"src": "", **given})
 
 
-def calibrated(o) -> bool:
-    """Whether the step's merge method calibrates on text (takes calib_text): the recipe then owes it text."""
-    from kvtool.convert.methods import METHODS
+def calibration(o):
+    """The step's target's answer (kvtool/convert/targets.py): a kvtool.convert.targets.Calibration when it
+    calibrates on text (its `calibration.text` then resolves relative to the recipe), None when it reads none."""
+    from kvtool.convert.targets import target_of
 
-    return "calib_text" in METHODS.get(o.method).option_names
+    return target_of(o).calibration(o)
 
 
 def plan_convert(recipe: Recipe, step: Step, state: PlanState) -> str:
-    from kvtool.convert.report import estimate
     from kvtool.convert.run import plan
 
     o = convert_options(step.options)
-    if calibrated(o):
+    cal = calibration(o)
+    if cal is not None:
         from kvtool.datasets import OFFLINE_MIXES
 
-        _text_paths(recipe, step, step.options.get("calibration"), required=True, datasets=OFFLINE_MIXES)
+        _text_paths(recipe, step, step.options.get("calibration"), required=cal.required, datasets=OFFLINE_MIXES)
         files = recipe.text_files(step.options.get("calibration"))
         if files:
             o.calib_text = str(files[0][1])  # the run reads several as one text
@@ -125,7 +128,7 @@ def plan_convert(recipe: Recipe, step: Step, state: PlanState) -> str:
     state.config = p.new_config
     state.tensors = {t.name: t for t in p.outputs}
     state.written_by = step.index
-    return f"{o.to}: {p.headline}" + _estimate_note(estimate(p))
+    return f"{o.to}: {p.headline}" + _estimate_note(p.estimate())
 
 
 def rope_options(options: dict, recipe: Recipe, **given):
@@ -244,7 +247,7 @@ def plan_eval(recipe: Recipe, step: Step, state: PlanState) -> str:
     o = step.options
     if not o.get("text") and not o.get("dataset"):
         raise _fail(recipe, step, "needs `text` (file(s) relative to the recipe) or `dataset`")
-    _text_paths(recipe, step, o, required=False)
+    _text_paths(recipe, step, o, required=False, datasets=None)  # its run refuses a dataset other than pydoc
     src = str(state.ckpt.config_path.parent)
     model, baseline = eval_roles(recipe, step, current="", src=src)
     try:  # the model is the one the earlier steps plan: its shape, not a folder; the text is read when run

@@ -1,5 +1,6 @@
 """Extension points (kvtool/registry.py): everything registered is reachable from the CLI, and one of each kind
-registered by a test (a rule, an architecture table, a merge method, a RoPE type, an observer) works, each
+registered by a test (a rule, an architecture table, a merge method, a conversion target, a RoPE type, an
+observer) works, each
 added the way docs/CONTRIBUTING.md says."""
 
 from __future__ import annotations
@@ -174,6 +175,36 @@ def test_a_merge_method_is_one_class(tmp_path, capsys):
     k = load_file(str(src / "model.safetensors"))["model.layers.1.self_attn.k_proj.weight"]
     out = load_file(str(tmp_path / "dst" / "model.safetensors"))["model.layers.1.self_attn.k_proj.weight"]
     assert np.array_equal(out, np.concatenate([k[0:HD], k[2 * HD:3 * HD]]))
+
+
+def test_a_conversion_target_is_one_class(tmp_path, capsys):
+    """A target registered the way docs/CONTRIBUTING.md says is a `--to` choice of the command and of a recipe
+    step, planned, rendered and written with no caller changed (kvtool/convert/targets.py)."""
+    from kvtool.convert.heads import HeadsTarget
+    from kvtool.convert.targets import TARGETS, register_target
+
+    @register_target("test-half")
+    class Half(HeadsTarget):
+        """Half the query heads' count of KV heads."""
+
+        def kv_heads(self, num_heads):
+            return num_heads // 2
+
+    src = _model(tmp_path / "src")
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("version: 1\nname: t\nsteps:\n  - convert: {to: test-half}\n")
+    try:
+        rc, out, err = _run(capsys, "convert", src, "--to", "test-half", "--dry-run")
+        assert (rc, err) == (0, "") and f"KV heads     {KV} -> {HEADS // 2}" in out, err
+        rc, out, err = _run(capsys, "apply", recipe, src, tmp_path / "out", "--dry-run")
+        assert rc == 0 and f"convert: test-half: {KV} -> {HEADS // 2} KV heads (mean)" in out, err
+        rc, _, err = _run(capsys, "convert", src, tmp_path / "dst", "--to", "test-half", "--no-eval", "--no-progress")
+        assert (rc, err) == (0, ""), err
+    finally:
+        TARGETS.remove("test-half")
+    assert json.loads((tmp_path / "dst" / "config.json").read_text())["num_key_value_heads"] == HEADS // 2
+    rc, _, err = _run(capsys, "convert", src, "--to", "test-half", "--dry-run")
+    assert rc == 2 and "--to: must be one of gqa, mqa, mha, mla" in err, err
 
 
 def test_a_rope_type_is_one_table_entry(tmp_path, capsys):

@@ -16,6 +16,7 @@ from kvtool.io.staging import sigterm_as_interrupt
 if TYPE_CHECKING:
     from kvtool.convert.layout import AttentionWeights
     from kvtool.convert.methods import MergeJob
+    from kvtool.convert.aware.spill import LayerStore
 
 # What --refine-steps fits each layer to (kvtool/convert/aware/merge.py): the original layer's output on the
 # original model's own hidden states, or on the converted model's (the inputs the layer sees once converted).
@@ -104,7 +105,7 @@ class AwareMerge(MergeMethod):
             raise UsageError(f"layerwise must be true or false, got {s['layerwise']!r}", option="method_opt")
         # refinement fits the original model's own stream, which then runs alongside the calibration
         self.original_stream = bool(s["refine_steps"]) and s["refine_target"] == "original"
-        self._merged: MergedLayers | None = None
+        self._merged: LayerStore | None = None  # the calibrated layers (Proj) waiting for the writer
         self._info: dict = {}
 
     def estimate(self, plan, shape):
@@ -141,7 +142,9 @@ class AwareMerge(MergeMethod):
         s = self.settings
         t0 = time.perf_counter()
         bar = kv_progress.task("calibrate", total=job.num_layers or None, unit="layers")
-        self._merged = MergedLayers()
+        from kvtool.convert.aware.spill import LayerStore
+
+        self._merged = LayerStore("kvtool-aware-", "the merged layer {layer}", encode=_proj_tensors, decode=_proj)
         try:
             bar.set_note("importing torch and transformers")
             import torch
@@ -233,7 +236,7 @@ class AwareMerge(MergeMethod):
         from kvtool.convert.aware.distill import distill_with_progress
 
         s = self.settings
-        return distill_with_progress(lm, ids, teacher, self._merged.get, self._merged.put, num_heads=num_heads,
+        return distill_with_progress(lm, ids, teacher, self._merged.peek, self._merged.put, num_heads=num_heads,
                                      steps=s["distill_steps"], lr=float(s["distill_lr"]))
 
     def summary(self) -> str:
@@ -276,39 +279,12 @@ class AwareMerge(MergeMethod):
         return dict(self._info)
 
 
-class MergedLayers:
-    """Merged projections waiting for the writer, one file per layer (kvtool/convert/aware/spill.py; not in
-    memory: all layers' attention weights in float32 can exceed one decoder layer many times over). Each
-    layer is read back once; the folder goes when the last layer is taken, on close(), or at garbage
-    collection / interpreter exit, whichever comes first."""
+def _proj_tensors(p) -> dict:
+    return p.tensors()
 
-    def __init__(self) -> None:
-        from kvtool.convert.aware.spill import LayerFiles
 
-        self._files = LayerFiles("kvtool-aware-", "the merged layer {layer}")
-        self.folder = self._files.folder
-        self._pending: set[int] = set()
+def _proj(tensors: dict):
+    """A stored layer as the merge's Proj (kvtool/convert/aware/attention.py imports torch: here, when read)."""
+    from kvtool.convert.aware.attention import Proj
 
-    def put(self, layer: int, p) -> None:
-        self._files.save(layer, p.tensors())
-        self._pending.add(layer)
-
-    def get(self, layer: int):
-        """The layer's merged projections (float32, CPU), kept for take()."""
-        from kvtool.convert.aware.attention import Proj
-
-        return Proj.of(self._files.load(layer))
-
-    def take(self, layer: int):
-        """The layer's merged projections (float32, CPU), or None when there are none; removes them."""
-        if layer not in self._pending:
-            return None
-        p = self.get(layer)
-        self._files.path(layer).unlink()
-        self._pending.discard(layer)
-        if not self._pending:
-            self.close()
-        return p
-
-    def close(self) -> None:
-        self._files.close()
+    return Proj.of(tensors)

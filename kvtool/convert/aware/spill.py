@@ -1,8 +1,8 @@
 """Per-layer tensors waiting on disk: one safetensors file per layer in a temporary folder of their own.
 
-Used for what would not fit beside one decoder layer in memory: the merged projections until the
-writer takes them (method.MergedLayers) and each layer's distillation state (distill.py). The folder
-goes on close(), or at garbage collection / interpreter exit, whichever comes first."""
+Used for what would not fit beside one decoder layer in memory: the converted layers until the writer takes them
+(`LayerStore`: the aware merge's projections, --to mla's solved blocks) and each layer's distillation state
+(distill.py). The folder goes on close(), or at garbage collection / interpreter exit, whichever comes first."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import shutil
 import tempfile
 import weakref
 from pathlib import Path
+from typing import Any, Callable
 
 from kvtool.errors import InputError
 
@@ -44,3 +45,40 @@ class LayerFiles:
 
     def close(self) -> None:
         self._finalizer()
+
+
+class LayerStore:
+    """Converted layers waiting for the writer, one file per layer (all layers' attention in float32 can exceed one
+    decoder layer many times over): `put` as each is made (and again when distillation improves it), `peek` to
+    read one back, `take` once when the writer reaches it; the folder goes when the last layer is taken, on
+    close(), or at garbage collection / interpreter exit. encode / decode: between what the caller holds and the
+    name -> tensor dict stored (the aware merge's Proj; --to mla stores the dict as it is)."""
+
+    def __init__(self, prefix: str, what: str, *, encode: Callable[[Any], dict] = dict,
+                 decode: Callable[[dict], Any] = dict) -> None:
+        self._files = LayerFiles(prefix, what)
+        self.folder = self._files.folder
+        self.layers: set[int] = set()
+        self._encode, self._decode = encode, decode
+
+    def put(self, layer: int, value) -> None:
+        self._files.save(layer, self._encode(value))
+        self.layers.add(layer)
+
+    def peek(self, layer: int):
+        """The layer (float32, CPU), left in place."""
+        return self._decode(self._files.load(layer))
+
+    def take(self, layer: int):
+        """The layer (float32, CPU), or None when none is stored; removes it."""
+        if layer not in self.layers:
+            return None
+        out = self.peek(layer)
+        self._files.path(layer).unlink()
+        self.layers.discard(layer)
+        if not self.layers:
+            self.close()
+        return out
+
+    def close(self) -> None:
+        self._files.close()

@@ -1,19 +1,17 @@
-"""`kvtool convert --to mla`: the plan (every refusal, the MLA dimensions, the write plan, the KV bytes, the
-backends that serve it; config and headers only) and the streaming write. kvtool/convert/run.py's
-`plan(options)` / `apply(plan, dst)` call `plan_mla` / `write_mla`.
+"""`kvtool convert --to mla`, planning: every refusal, the MLA dimensions, the write plan, the KV bytes, the
+backends that serve it (config and headers only). The target (kvtool/convert/mla/target.py) calls `plan_mla`;
+the plan's `write` is kvtool/convert/mla/write.py's `write_mla`.
 
 The maths is imported when a conversion runs, never here: kvtool.convert.mla.stats.collect_stats(model, ids,
 convert=...) runs the source model once over the calibration ids and, as the forward reaches each attention layer,
 hands its statistics to `convert`, which solves it (kvtool.convert.mla.solve.solve_layer(weights, stats, shape,
 rope) -> the MLA tensors by MlaShape.weight_shapes() name, rope rows in DeepSeek's interleaved order; rope:
 kvtool.convert.mla.rope.SourceRope of the source config) and returns the converted attention
-(solve.mla_output), so later layers calibrate on the converted stream. The solved layers wait on disk
-(kvtool.convert.aware.spill) until the streaming write reaches them.
+(solve.mla_output), so later layers calibrate on the converted stream (kvtool/convert/mla/write.py).
 """
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,10 +61,6 @@ class MlaPlan:
     warnings: list[str] = field(default_factory=list)
     source_hash: str = ""
 
-    # what recipes and the report read of any convert plan
-    target = "mla"
-    method = None
-
     @property
     def num_heads(self) -> int:
         return self.shape.num_heads
@@ -110,12 +104,47 @@ class MlaPlan:
             est = costs.combine(est, costs.evaluate(shape, eval_tokens, models=2))
         return est
 
+    # what every target's plan answers (kvtool.convert.targets.ConversionPlan)
+    def render(self, dst, eval_tokens: int | None = None):
+        from kvtool.convert.mla.report import render_plan
 
-def refuse_options_for_other_targets(o) -> None:
-    """--kv-rank / --rope-dim / --kv-budget / --preset / --mla-solve belong to --to mla."""
-    for name in defaults.MLA_FIELDS:
-        if o.to != "mla" and getattr(o, name) is not None:
-            raise UsageError(f"only --to mla takes it (--to {o.to} converts KV heads)", option=name)
+        return render_plan(self, dst, eval_tokens)
+
+    needs_torch = "--to mla"  # the calibrated solve runs the source model
+
+    def write(self, dst, *, verify=None, force: bool = False, progress: bool | None = None, device: str = "cpu"):
+        from kvtool.convert.mla.write import write_mla
+
+        return write_mla(self, dst, verify=verify, force=force, progress=progress, device=device)
+
+    def render_result(self, result):
+        from kvtool.convert.mla.report import render_result
+
+        return render_result(result)
+
+    def provenance(self, solve_info: dict | None = None) -> dict:
+        """kvtool.json's record; solve_info: what the calibration measured (MlaPlan.write adds it)."""
+        from kvtool import __version__
+        from kvtool.convert.source import jsonable, with_source_provenance
+
+        s = self.shape
+        prov = {"kvtool_version": __version__, "command": "convert", "source": str(self.src),
+                "source_hash": self.source_hash, "model_type": self.arch.model_type, "to": "mla",
+                "from_kv_heads": self.source_kv_heads, "num_heads": self.num_heads,
+                "mla": {"kv_lora_rank": s.kv_lora_rank, "qk_rope_head_dim": s.qk_rope_head_dim,
+                        "qk_nope_head_dim": s.qk_nope_head_dim, "v_head_dim": s.v_head_dim,
+                        "rope_source_pairs": list(self.rope_pairs), "rope_theta": self.rope_theta},
+                "calibration": {k: v for k, v in self.settings.items() if v is not None and jsonable(v)},
+                "dtype": self.new_config.get("dtype", self.new_config.get("torch_dtype", "keep")), "exact": False}
+        if solve_info:
+            prov["solve"] = solve_info
+        return with_source_provenance(prov, self.src)
+
+    def details(self) -> dict:
+        """A recipe report's step details: the latent, not a KV-head count."""
+        s = self.shape
+        return {"kv_heads": f"{self.source_kv_heads}->mla", "method": f"{self.settings['mla_solve']} solve",
+                "mla": {"kv_lora_rank": s.kv_lora_rank, "qk_rope_head_dim": s.qk_rope_head_dim}}
 
 
 def _budget_bytes(text: str, source_bytes: float) -> float:
@@ -269,8 +298,8 @@ def _source_layers(arch, spec, tensors: dict, where: str) -> dict[int, dict[str,
 
 def plan_mla(o, ckpt, *, max_shard_size: int, config: dict | None = None, tensors: dict | None = None) -> MlaPlan:
     """The `--to mla` conversion of an opened checkpoint (kvtool.convert.run.plan checked the options)."""
-    from kvtool.convert.driver import (CONFIG_DTYPE_NAMES, FLOAT_DTYPES, OUT_DTYPES, _refuse_unsupported,
-                                       _weights_file, source_fingerprint)
+    from kvtool.convert.source import (CONFIG_DTYPE_NAMES, FLOAT_DTYPES, OUT_DTYPES, refuse_unsupported,
+                                   source_fingerprint, weights_file)
     from kvtool.convert.mla import backends
     from kvtool.convert.mla.config import mla_config, rope_theta
     from kvtool.convert.mla.layout import output_names
@@ -282,7 +311,7 @@ def plan_mla(o, ckpt, *, max_shard_size: int, config: dict | None = None, tensor
     config, tensors, spec = ckpt.planned(config, tensors)
     where = str(ckpt.config_path)
     arch = spec.arch
-    _refuse_unsupported(arch, spec, config, where)
+    refuse_unsupported(arch, spec, config, where)
     for name in ("num_heads", "num_kv_heads", "head_dim", "num_layers", "hidden_size"):
         val = getattr(spec, name)
         if not val or val <= 0:
@@ -293,9 +322,9 @@ def plan_mla(o, ckpt, *, max_shard_size: int, config: dict | None = None, tensor
         raise UsageError(f"{spec.head_dim} is too small for --to mla: the rope part (qk_rope_head_dim, even) and the "
                          "latent's part of each key head (qk_nope_head_dim) need at least one pair each, so head_dim "
                          "must be at least 4 (lint's KV401)", file=where, field=spec.key("head_dim") or "head_dim")
-    weights_file = _weights_file(ckpt)
-    layers = _source_layers(arch, spec, tensors, weights_file)
-    theta = _refuse_source(o, arch, spec, config, tensors, layers, where, weights_file)
+    weights_path = weights_file(ckpt)
+    layers = _source_layers(arch, spec, tensors, weights_path)
+    theta = _refuse_source(o, arch, spec, config, tensors, layers, where, weights_path)
 
     kv_dtype, elem, _ = kvcache.serving_kv_dtype(spec)  # --dtype keeps it: vLLM serves float32 in 16 bits
     before = kvcache.bytes_per_token(spec, elem)
@@ -330,7 +359,7 @@ def plan_mla(o, ckpt, *, max_shard_size: int, config: dict | None = None, tensor
             p.outputs.append(PlannedTensor(name, dt, tuple(info.shape)))
     if LM_HEAD not in tensors:
         if EMBED not in tensors:
-            raise InputError("missing: the embeddings (needed for lm_head)", file=weights_file, field=EMBED)
+            raise InputError("missing: the embeddings (needed for lm_head)", file=weights_path, field=EMBED)
         info = tensors[EMBED]
         dt = out_dtype if out_dtype and info.dtype in FLOAT_DTYPES else info.dtype
         p.outputs.append(PlannedTensor(LM_HEAD, dt, tuple(info.shape)))
@@ -350,217 +379,3 @@ def plan_mla(o, ckpt, *, max_shard_size: int, config: dict | None = None, tensor
         refuse_auto_map(ckpt.root)  # the calibration runs the model with transformers
     p.source_hash = source_fingerprint(ckpt)
     return p
-
-
-# --- writing -----------------------------------------------------------------------------------
-def provenance(p: MlaPlan, solve_info: dict) -> dict:
-    from kvtool import __version__
-    from kvtool.convert.driver import jsonable, source_provenance
-
-    s = p.shape
-    prov = {"kvtool_version": __version__, "command": "convert", "source": str(p.src), "source_hash": p.source_hash,
-            "model_type": p.arch.model_type, "to": "mla", "from_kv_heads": p.source_kv_heads,
-            "num_heads": p.num_heads,
-            "mla": {"kv_lora_rank": s.kv_lora_rank, "qk_rope_head_dim": s.qk_rope_head_dim,
-                    "qk_nope_head_dim": s.qk_nope_head_dim, "v_head_dim": s.v_head_dim,
-                    "rope_source_pairs": list(p.rope_pairs), "rope_theta": p.rope_theta},
-            "calibration": {k: v for k, v in p.settings.items() if v is not None and jsonable(v)},
-            "dtype": p.new_config.get("dtype", p.new_config.get("torch_dtype", "keep")), "exact": False}
-    if solve_info:
-        prov["solve"] = solve_info
-    previous = source_provenance(p.src)
-    if previous is not None:
-        prov["source_provenance"] = previous
-    return prov
-
-
-@dataclass
-class MlaResult:
-    plan: MlaPlan
-    dst: Path
-    files: list[str]
-    side_files: list[str]
-    provenance: dict
-
-
-def write_mla(p: MlaPlan, dst: str | Path, *, verify, force: bool = False, progress: bool | None = None,
-              device: str = "cpu") -> MlaResult:
-    """Calibrate, then stream the source once: each attention layer solved into its MLA block, every other tensor
-    copied file to file (cast when --dtype asks), written to a staged folder renamed to `dst` when complete."""
-    from kvtool import __version__
-    from kvtool import progress as kv_progress
-    from kvtool.convert.config_edit import dump_config
-    from kvtool.io.outputfile import identities, write_new
-    from kvtool.io.reader import CheckpointReader, st_to_torch_dtype
-    from kvtool.io.staging import check_destination, copy_side_files, staged_output
-    from kvtool.io.writer import ShardWriter
-
-    dst = Path(dst)
-    check_destination(dst, force=force, protect=[p.src])
-    with CheckpointReader(p.src, expect=identities(p.ckpt.headers)) as reader:
-        solved = calibrate(p, reader, device)
-
-        out_dtypes = {t.name: t.dtype for t in p.outputs}
-        layer_of = {names["q_proj.weight"]: i for i, names in p.layers.items()}
-        attn = {n for names in p.layers.values() for n in names.values()}
-        meta = {"kvtool_version": __version__, "kvtool_source_hash": p.source_hash, "kvtool_method": "mla",
-                "kvtool_kv_heads": f"{p.source_kv_heads}->mla{p.shape.kv_lora_rank}+{p.shape.qk_rope_head_dim}"}
-        with staged_output(dst, force=force, protect=[p.src], verify=verify) as tmp:
-            bar = kv_progress.task("convert", total=len(p.outputs), unit="tensors", enabled=progress)
-            try:
-                with ShardWriter(tmp, p.max_shard_size, meta, plan=p.outputs, background_copies=True,
-                                 sources=reader.identities) as writer:
-                    def copy(out_name: str, src_name: str) -> None:
-                        if out_dtypes[out_name] == reader.info(src_name).dtype:
-                            writer.copy_from(out_name, *reader.byte_range(src_name))
-                        else:
-                            t = reader.get(src_name).to(st_to_torch_dtype(out_dtypes[out_name]))
-                            writer.add(out_name, t)
-                        bar.update(1)
-
-                    for name in reader.names():
-                        if name in layer_of:
-                            i = layer_of[name]
-                            new = solved.take(i)
-                            for key, out_name in p.out_layers[i].items():
-                                writer.add(out_name, new[key].detach().to("cpu").contiguous().to(
-                                    st_to_torch_dtype(out_dtypes[out_name])))
-                                bar.update(1, note=f"layer {i}")
-                        elif name not in attn:
-                            copy(name, name)
-                    for out_name, src_name in p.copies.items():
-                        copy(out_name, src_name)
-                    result = writer.finalize()
-            finally:
-                bar.close()
-                solved.close()
-            write_new(tmp / "config.json", dump_config(p.new_config))
-            side = copy_side_files(p.src, tmp)
-            prov = provenance(p, solved.info)
-            prov["files"] = result.files
-            write_new(tmp / "kvtool.json", json.dumps(prov, indent=2) + "\n")
-    return MlaResult(plan=p, dst=dst, files=result.files, side_files=side, provenance=prov)
-
-
-class SolvedLayers:
-    """The solved MLA blocks waiting on disk for the writer (kvtool.convert.aware.spill: all layers' attention in
-    float32 can exceed a decoder layer many times over); each is read back once. info: kvtool.json's record."""
-
-    def __init__(self) -> None:
-        from kvtool.convert.aware.spill import LayerFiles
-
-        self._files = LayerFiles("kvtool-mla-", "the solved layer {layer}")
-        self.layers: set[int] = set()
-        self.info: dict = {}
-
-    def put(self, layer: int, tensors: dict) -> None:
-        self._files.save(layer, tensors)
-        self.layers.add(layer)
-
-    def peek(self, layer: int) -> dict:
-        """The layer's tensors, left in place."""
-        return self._files.load(layer)
-
-    def take(self, layer: int) -> dict:
-        out = self._files.load(layer)
-        self._files.path(layer).unlink()
-        self.layers.discard(layer)
-        return out
-
-    def close(self) -> None:
-        self._files.close()
-
-
-def calibrate(p: MlaPlan, reader, device: str = "cpu") -> SolvedLayers:
-    """The calibration ids (kvtool.convert.aware.calibration_data: --calib-text / --calib-dataset, the aware
-    merge's default mix), then one forward of the source model (kvtool.convert.mla.stats.collect_stats) that
-    solves each attention layer as it reaches it (and refines it, --refine-steps) and goes on with the converted
-    layer's output; then --distill-steps (kvtool.convert.mla.train)."""
-    import torch
-
-    from kvtool import progress as kv_progress
-    from kvtool.convert.aware.calibration_data import CalibrationData
-    from kvtool.convert.aware.method import DISTILL_LR, REFINE_TARGETS
-    from kvtool.convert.mla import solve
-    from kvtool.convert.mla.layout import check_solved
-    from kvtool.convert.mla.rope import SourceRope
-    from kvtool.convert.mla.stats import collect_stats
-    from kvtool.datasets import MERGE_CALIBRATION, check_calibration_source
-    from kvtool.io.staging import sigterm_as_interrupt
-    from kvtool.runtime.layerwise import open_layerwise
-
-    s = p.settings
-    check_calibration_source(s["calib_text"], s["calib_dataset"])
-    dataset = s["calib_dataset"] or (None if s["calib_text"] else MERGE_CALIBRATION)
-    rope = SourceRope.of_config(p.spec.config)
-    solved = SolvedLayers()
-    refine_steps, distill_steps = s["refine_steps"], s["distill_steps"]
-    if refine_steps or distill_steps:
-        from kvtool.convert.mla import train
-    # refinement fits the source attention on the converted stream: the aware merge's `layer` target and step
-    refine_lr = REFINE_TARGETS["layer"]
-    per_layer = 1 + refine_steps  # one unit per layer: its solve and each refinement step equal parts
-    bar = kv_progress.task("calibrate", total=len(p.layers), unit="layers")
-    refined: dict[int, dict] = {}
-    distilled: dict = {}
-    try:
-        data = CalibrationData.build(p.src, s["calib_text"], dataset, s["calib_tokens"], s["seq_len"],
-                                     device=torch.device(device), note=bar.set_note)
-
-        options = solve.SolveOptions(horizon=served_horizon(s, p.spec), **defaults.MLA_SOLVES[s["mla_solve"]])
-
-        def convert(layer: int, stats):
-            weights = {k: reader.get(n).float() for k, n in p.layers[layer].items()}
-            tensors = solve.solve_layer(weights, stats, p.shape, rope, options)
-            bar.update(1 / per_layer, note=f"layer {layer} solved")
-            if refine_steps:
-                step = [0]
-
-                def on_step():
-                    step[0] += 1
-                    bar.update(1 / per_layer, note=f"layer {layer}, refinement step {step[0]}/{refine_steps}")
-
-                tensors, refined[layer] = train.refine_layer(
-                    tensors, stats, p.shape, rope, steps=refine_steps, lr=refine_lr, norm=options.norm,
-                    o_ridge=options.o_ridge, device=device, on_step=on_step)
-            check_solved(tensors, p.shape, layer)
-            solved.put(layer, tensors)
-            return lambda x: solve.mla_output(x, tensors, p.shape, rope)
-
-        with sigterm_as_interrupt(), open_layerwise(p.src, device=device, dtype=torch.float32, reader=reader,
-                                                     layerwise=False) as lm:
-            teacher = None
-            if distill_steps:
-                from kvtool.convert.aware.distill import teacher_targets
-
-                bar.set_note("the source model's next-token distributions")
-                teacher = teacher_targets(lm, train.source_hidden(lm, data.ids))
-            bar.set_note(f"the source model over {data.ids.numel()} calibration tokens")
-            collect_stats(lm.model, data.ids, convert=convert)
-            if distill_steps:
-                bar.close()
-                from kvtool.convert.aware.distill import distill_with_progress
-
-                # the layers kept in `solved` are replaced when the KL fell
-                distilled = distill_with_progress(lm, data.ids, teacher, solved.peek, solved.put,
-                                                  block=train.MlaBlock(p.shape, rope, options.norm),
-                                                  steps=distill_steps, lr=DISTILL_LR)
-    except BaseException:
-        solved.close()
-        raise
-    finally:
-        bar.close()
-    missing = sorted(set(p.layers) - solved.layers)
-    if missing:
-        solved.close()
-        raise InputError(f"layer {missing[0]}: not solved (the calibration forward did not reach its attention "
-                         "module)", field="architectures")
-    solved.info = {**data.provenance(), "horizon": options.horizon, "options": dict(vars(options)),
-                   **getattr(solve, "provenance", lambda: {})()}
-    if refine_steps:
-        solved.info["refine"] = {"steps": refine_steps, "lr": refine_lr, "target": "layer",
-                                 "loss_start": [round(refined[i]["loss_start"], 6) for i in sorted(refined)],
-                                 "loss_end": [round(refined[i]["loss_end"], 6) for i in sorted(refined)]}
-    if distilled:
-        solved.info["distill"] = {"steps": distill_steps, "lr": DISTILL_LR, **distilled}
-    return solved

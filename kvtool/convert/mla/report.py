@@ -11,7 +11,7 @@ def _ratio(p) -> str:
 
 
 def render_plan(p, dst, eval_tokens: int | None = None) -> console.Text:
-    from kvtool.convert.driver import template_of
+    from kvtool.convert.source import template_of
     from kvtool.convert.mla import backends
     from kvtool.io.writer import _split
 
