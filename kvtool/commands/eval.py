@@ -76,6 +76,10 @@ def render_text(r) -> console.Text:
                     if q["checkpoint_layers"] else f", q scale {q['fallback']:g} (no q scales in the checkpoint; vLLM 0.33 "
                                                    "uses 1.0, not k_scale)")
         lines.append(f"fp8       {att}; probabilities {fa['probabilities']}")
+    tok = (r.memory or {}).get("tokenization")
+    if tok and tok["differ"]:
+        lines.append(f"tokens    the local tokenizer splits {tok['differ']} of the {tok['scored']} scored tokens "
+                     f"differently (the first at token {tok['first']}); both sides score the server's ids")
     if r.memory and r.memory.get("windows_moved"):
         lines.append(f"windows   {r.memory['windows_moved']} started up to a few tokens late so that their text "
                      "tokenizes back to their tokens")

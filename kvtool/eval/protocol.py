@@ -10,6 +10,7 @@ that token given the tokens before it, and the top-k alternatives the server ret
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -83,16 +84,41 @@ def _finite(x, where: str) -> float:
     return max(float(x), -1e30)  # -inf (a masked token) as a finite floor
 
 
-def parse_positions(family: Family, response: Any, n_prompt: int, k: int) -> list[Position | None]:
+_TOKEN_ID = re.compile(r"[0-9]{1,18}")  # a token id as a JSON key: ASCII digits, no sign, bounded (never int("²"))
+PROBABILITY_SLACK = 1e-3  # the alternatives' probabilities may sum past 1 by this much (float rounding), no more
+
+
+def _row(top: dict[str, float], k: int, where: str) -> dict[str, float]:
+    """One position's alternatives, checked against the request: at most k + 1 (the k asked for and the prompt
+    token itself), and probabilities of distinct tokens summing to at most 1."""
+    if len(top) > k + 1:
+        raise InputError(f"{where}: {len(top)} alternatives for a request of {k} (and the prompt token)")
+    total = math.fsum(math.exp(v) for v in top.values())
+    if total > 1 + PROBABILITY_SLACK:
+        raise InputError(f"{where}: the alternatives' probabilities sum to {total:.4g}, more than 1")
+    return top
+
+
+def _mismatch(where: str, got, sent) -> InputError:
+    return InputError(f"{where}: the answer is for the token {str(got)[:40]!r} where the request sent "
+                      f"{str(sent)[:40]!r}; an answer must be about the prompt it was sent")
+
+
+def parse_positions(family: Family, response: Any, n_prompt: int, k: int,
+                    expected: Sequence[int | str]) -> list[Position | None]:
     """The prompt's positions (None for the first, which has no context) from a completions response, for a
-    prompt the server tokenized to n_prompt tokens (a leading BOS the server adds is not counted). Raises
-    InputError naming what is missing or malformed."""
+    prompt the server tokenized to n_prompt tokens (a leading BOS the server adds is not counted). `expected`:
+    each prompt token as the family names it (vLLM: the ids sent; llama-cpp-python: each id's text as the server
+    prints it), checked at every position: an answer about other tokens, in another order or with positions
+    missing is refused, whatever its numbers. Raises InputError naming what is missing, malformed or mismatched."""
     try:
         choice = response["choices"][0]
     except (KeyError, IndexError, TypeError):
         raise InputError("the response has no choices[0]") from None
     if not isinstance(choice, dict):
         raise InputError("choices[0] is not an object")
+    if len(expected) != n_prompt:
+        raise ValueError(f"{len(expected)} expected tokens for a prompt of {n_prompt}")  # a caller's bug
     if family.layout == "prompt_logprobs":
         rows = choice.get("prompt_logprobs")
         ids = choice.get("prompt_token_ids")
@@ -104,20 +130,25 @@ def parse_positions(family: Family, response: Any, n_prompt: int, k: int) -> lis
         if len(rows) != len(ids) or len(ids) != n_prompt:
             raise InputError(f"choices[0]: {len(rows)} prompt_logprobs for {len(ids)} prompt tokens; expected "
                              f"{n_prompt}")
+        for j, (got, sent) in enumerate(zip(ids, expected)):
+            if got != sent:
+                raise _mismatch(f"choices[0].prompt_token_ids[{j}]", got, sent)
         out: list[Position | None] = [None]
         for j in range(1, n_prompt):
             row = rows[j]
+            where = f"choices[0].prompt_logprobs[{j}]"
             if not isinstance(row, dict):
-                raise InputError(f"choices[0].prompt_logprobs[{j}]: expected an object")
+                raise InputError(f"{where}: expected an object")
             top = {}
             for tid, lp in row.items():
+                if not _TOKEN_ID.fullmatch(tid):
+                    raise InputError(f"{where}: expected token ids as keys, got {tid[:40]!r}")
                 value = lp.get("logprob") if isinstance(lp, dict) else None
-                top[id_key(int(tid)) if str(tid).lstrip("-").isdigit() else str(tid)] = _finite(
-                    value, f"choices[0].prompt_logprobs[{j}][{tid}].logprob")
+                top[id_key(int(tid))] = _finite(value, f"{where}[{tid}].logprob")
             key = id_key(ids[j])
             if key not in top:
-                raise InputError(f"choices[0].prompt_logprobs[{j}]: no entry for the prompt token {ids[j]}")
-            out.append(Position(key, top[key], top, k))
+                raise InputError(f"{where}: no entry for the prompt token {ids[j]}")
+            out.append(Position(key, top[key], _row(top, k, where), k))
         return out
     lp = choice.get("logprobs")
     if not isinstance(lp, dict) or not isinstance(lp.get("tokens"), list) \
@@ -128,16 +159,30 @@ def parse_positions(family: Family, response: Any, n_prompt: int, k: int) -> lis
     if min(len(tokens), len(values), len(tops)) < n_prompt:
         raise InputError(f"choices[0].logprobs: {min(len(tokens), len(values), len(tops))} echoed tokens for a "
                          f"prompt of {n_prompt}")
+    for j in range(n_prompt):
+        if tokens[j] != expected[j]:
+            raise _mismatch(f"choices[0].logprobs.tokens[{j}]", tokens[j], expected[j])
     out = [None]
     for j in range(1, n_prompt):
         top = tops[j]
-        if not isinstance(top, dict) or not isinstance(tokens[j], str):
-            raise InputError(f"choices[0].logprobs.top_logprobs[{j}]: expected an object")
-        top = {str(t): _finite(v, f"choices[0].logprobs.top_logprobs[{j}]") for t, v in top.items()}
+        where = f"choices[0].logprobs.top_logprobs[{j}]"
+        if not isinstance(top, dict):
+            raise InputError(f"{where}: expected an object")
+        top = {str(t): _finite(v, where) for t, v in top.items()}
         value = _finite(values[j], f"choices[0].logprobs.token_logprobs[{j}]")
         top[tokens[j]] = value
-        out.append(Position(tokens[j], value, top, k))
+        out.append(Position(tokens[j], value, _row(top, k, where), k))
     return out
+
+
+def echoed_tokens(response: Any, n_prompt: int) -> list | None:
+    """The first n_prompt echoed token names of an echo answer, or None where it has none (parse_positions says
+    what is wrong with it)."""
+    try:
+        tokens = response["choices"][0]["logprobs"]["tokens"]
+    except (KeyError, IndexError, TypeError):
+        return None
+    return tokens[:n_prompt] + [None] * (n_prompt - len(tokens)) if isinstance(tokens, list) else None
 
 
 def tokenize_request(family: Family, model: str, text: str) -> dict:

@@ -10,6 +10,7 @@ from typing import Mapping
 from kvtool import console
 from kvtool.errors import UsageError
 from kvtool.eval.windows import check_settings
+from kvtool.io.urls import redact
 from kvtool.options.eval import EvalOptions
 
 READ = object()  # plan(texts=READ): read the options' --text / --dataset
@@ -169,9 +170,9 @@ def render_plan(p: EvalPlan) -> console.Text:
     o = p.options
     if o.server or o.baseline_server:
         local = local_paths(p.model, o)
-        cand = f"{p.model} (local)" if not o.server else f"{p.model} served at {o.server}"
+        cand = f"{p.model} (local)" if not o.server else f"{p.model} served at {redact(o.server)}"
         base = (f" against {o.baseline} (local)" if o.server and local else
-                f" against {o.baseline or p.model} at {o.baseline_server or o.server}"
+                f" against {o.baseline or p.model} at {redact(o.baseline_server or o.server or '')}"
                 if o.baseline or o.baseline_server else "")
         return console.lines([f"kvtool eval plan: {cand}{base}",
                               f"  tokens       {about}{p.tokens}, top {o.top_logprobs} log-probabilities each"])

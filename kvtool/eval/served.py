@@ -7,12 +7,15 @@ alternatives each (kvtool.eval.protocol). A family whose prompts must be text (l
 text, checked to tokenize back to the window's tokens (a window that does not, e.g. one that starts inside a
 UTF-8 character, starts up to MAX_SHIFT tokens later: less context, the same scored tokens). The scored tokens
 add to the sums local eval uses (kvtool.eval.sums); the KL divergence is the top-k estimator of
-kvtool.eval.topk. A baseline server must tokenize the text into the same ids, else one line refuses.
+kvtool.eval.topk. A baseline server must tokenize the scored tokens (the first --max-tokens) into the same ids,
+else one line refuses; every answer is checked against its request (kvtool.eval.protocol.parse_positions).
 
 A mixed run has one side served and the other a local model folder (LocalSide, torch imported only then): the
-served side tokenizes and cuts the windows, the local side runs exactly the served prompts and reports what a
-server would return for them (its top k and the target, keyed as the server keys tokens), so the estimator and
-its measured bias are those of server against server.
+served side tokenizes and cuts the windows, the local side runs exactly the served prompts (the engine's ids,
+what it serves, whatever the local tokenizer makes of the text: where the two differ over the scored tokens the
+report says how many and where, `compare_tokens`) and reports what a server would return for them (its top k and
+the target, keyed as the server keys tokens), so the estimator and its measured bias are those of server against
+server.
 """
 
 from __future__ import annotations
@@ -87,13 +90,21 @@ def evaluate_served(cand, base, text: str, *, max_length: int, stride: int, max_
     elif other is not None:
         other.connect(served)
     ids = served.tokenize(text)
-    if other is not None and other.tokenize(text) != ids:
-        raise UsageError(f"{other.model} at {other.url} and {served.model} at {served.url} tokenize the text "
-                         "differently; they cannot be compared on the same tokens", field="tokenizer")
     if max_tokens is not None:
         ids = ids[:max_tokens]
     if len(ids) < 2:
         raise InputError(f"the evaluation text has {len(ids)} token(s); at least 2 are needed", option="text")
+    tokenization = None
+    if other is not None:
+        tokenization = compare_tokens(ids, other.tokenize(text))
+        if tokenization["differ"] and (isinstance(other, Server) or tokenization["differ"] * 2 > len(ids)):
+            raise UsageError(f"{other.model} at {other.url} and {served.model} at {served.url} tokenize the text "
+                             f"differently: {tokenization['differ']} of the {len(ids)} tokens scored, the first at "
+                             f"token {tokenization['first']}; they cannot be compared on the same tokens"
+                             + ("" if isinstance(other, Server) else " (over half: not one vocabulary)"),
+                             field="tokenizer")
+        if isinstance(other, LocalSide):
+            other.check_ids(ids)
     ws = windows(len(ids), max_length, stride)
     sums = Sums()
     moved = 0
@@ -112,6 +123,8 @@ def evaluate_served(cand, base, text: str, *, max_length: int, stride: int, max_
              "seconds": time.perf_counter() - t0, "kld_estimator": ESTIMATOR}
     if isinstance(base, Server):
         about["baseline_server"] = base.url
+    if tokenization is not None:
+        about["tokenization"] = tokenization
     if local is not None:
         about["local"] = {"side": "baseline" if local is base else "candidate", "model": local.model,
                           **local.describe()}
@@ -120,6 +133,29 @@ def evaluate_served(cand, base, text: str, *, max_length: int, stride: int, max_
 
 
 ESTIMATOR = "top-k plus the remaining mass (docs/eval.md), biased low"
+
+
+def compare_tokens(served: list[int], other: list[int]) -> dict:
+    """How the other side's tokenization of the text differs from the served side's over the tokens scored
+    (served: the served side's ids, already cut to --max-tokens; other: the other side's ids of the whole text,
+    compared only as far as they cover those tokens). differ: how many of the scored tokens lie in a stretch the
+    two sides split differently; first: the position of the first (None: none). Both sides score the served
+    side's ids whatever this says (the engine's ids are what it serves): docs/eval.md."""
+    import difflib
+
+    n = len(served)
+    if other[:n] == served:
+        return {"scored": n, "differ": 0, "first": None, "scored_ids": "the server's"}
+    # the other side may split the same text into more or fewer tokens: enough of it to cover the scored span
+    # (twice as many), and what it has beyond the span's end is not a difference
+    ops = difflib.SequenceMatcher(None, served, other[:2 * n + 8], autojunk=False).get_opcodes()
+    differ, first = 0, None
+    for tag, i1, i2, _, _ in ops:
+        if tag == "equal" or tag == "insert" and i1 == n:
+            continue
+        differ += max(i2 - i1, 1)  # the served tokens in the stretch (an extra token of the other side: 1)
+        first = i1 if first is None else first
+    return {"scored": n, "differ": differ, "first": first, "scored_ids": "the server's"}
 
 
 class LocalSide:
@@ -156,6 +192,14 @@ class LocalSide:
             self._names = _token_texts(self._m.tokenizer)
         self._bos = served.bos
         return self
+
+    def check_ids(self, ids: list[int]) -> None:
+        """The served ids must exist in the local model (its embedding rows): else the local side cannot run them."""
+        rows = self._m.model.get_input_embeddings().weight.shape[0]
+        bad = next((i for i in ids if not 0 <= i < rows), None)
+        if bad is not None:
+            raise UsageError(f"the server's token id {bad} is past the {rows} token embeddings of this model; it does "
+                             "not share the server's vocabulary", file=self.model, field="tokenizer")
 
     def describe(self) -> dict:
         emu = self._emu

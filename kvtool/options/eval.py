@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from kvtool.io import urls
 from kvtool.model import kv_dtypes
 from kvtool.options.convert import TEXT_FILES
 from kvtool.options.fields import argument, operation, option
@@ -16,10 +17,9 @@ GATE_FIELDS = ("max_ppl_increase", "max_kld", "min_top1")  # kvtool.eval.gate.GA
 FP8_ATTENTION = ("cache-only", "flash-attn", "flashinfer", "triton")  # kvtool.eval.fp8_backends.CHOICES (a test checks)
 
 
-# a server's URL (kvtool.eval.server.Server): an empty or scheme-less value is refused when the options are
-# made, so a dry run, a recipe and the API refuse it too, not only the request
-SERVER_URL = r"https?://[^\s/?#]+\S*"
-SERVER_URL_FORMS = ("http://HOST[:PORT]", "https://HOST[:PORT]")
+# a server's URL: kvtool.io.urls' grammar, the one its parser takes (kvtool.eval.server.Server), refused when the
+# options are made, so a dry run, a recipe and the API refuse what a run would, with its password never shown
+SERVER_URL, SERVER_URL_FORMS = urls.SERVER_URL, urls.SERVER_URL_FORMS
 
 
 @operation("eval")
@@ -28,10 +28,10 @@ class EvalOptions:
     baseline: str | None = option(None, recipe=False, help="Reference model (same tokenizer); with a server, its "
                                                            "served name (default: MODEL), or a model folder here "
                                                            "(a mixed run).")
-    server: str | None = option(None, choices=SERVER_URL_FORMS, pattern=SERVER_URL,
+    server: str | None = option(None, choices=SERVER_URL_FORMS, pattern=SERVER_URL, shown=urls.redact,
                                 help="Score what an OpenAI-compatible server (vLLM, llama-cpp-python) at this "
                                      "URL serves under the name MODEL, from its prompt log-probabilities.")
-    baseline_server: str | None = option(None, choices=SERVER_URL_FORMS, pattern=SERVER_URL,
+    baseline_server: str | None = option(None, choices=SERVER_URL_FORMS, pattern=SERVER_URL, shown=urls.redact,
                                          help="The server of the baseline (default: --server); without "
                                               "--server, MODEL is a local folder scored against it.")
     served_model: str | None = option(None, cli=False, help="Recipe: the candidate's name on `server` (the "

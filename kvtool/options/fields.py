@@ -41,6 +41,7 @@ class Spec:
     exclusive_minimum: float | None = None
     maximum: float | None = None
     pattern: str | None = None  # a string value must match it whole; `choices` then only names the forms (cuda:N)
+    shown: Callable[[str], str] | None = None  # how an error line shows a refused value (a URL's password: ***)
     # the parser a value that matches goes to (kvtool.units: raises ValueRefused), run by `check` too: what the
     # pattern lets through, the parser reads, or the one line names the field (sizes past 4 EiB, ...)
     parse: Callable[[str], Any] | None = None
@@ -166,7 +167,8 @@ def check_value(f: Field, value: Any) -> None:
     if s.pattern is not None and not re.fullmatch(s.pattern, value) or (
             s.pattern is None and choices is not None and value not in choices):
         forms = ", ".join(choices) if choices is not None else f"/{s.pattern}/"
-        raise UsageError(f"must be one of {forms}, got {value!r:.60}", option=f.name)
+        shown = s.shown(value) if s.shown is not None else value
+        raise UsageError(f"must be one of {forms}, got {shown!r:.60}", option=f.name)
     if s.parse is not None:
         from kvtool.units import ValueRefused
 

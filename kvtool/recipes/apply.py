@@ -143,6 +143,7 @@ def run_quantize_kv_step(ctx: RunContext, step: Step) -> StepResult:
 def run_eval_step(ctx: RunContext, step: Step) -> StepResult:
     from kvtool.datasets import read_texts
     from kvtool.eval.run import apply
+    from kvtool.io.urls import redact
     from kvtool.recipes.plan import eval_plan, eval_roles
 
     files = [str(path) for _, path in ctx.recipe.text_files(step.options)] or None
@@ -152,7 +153,9 @@ def run_eval_step(ctx: RunContext, step: Step) -> StepResult:
     p = eval_plan(ctx.recipe, step.options, model=model, baseline=baseline, texts=texts, text_name=text_name)
     report = apply(p, device=_device(ctx), progress=ctx.progress)
     d = report.as_dict()
-    return StepResult(step.index, step.kind, dict(step.options), None, passed=report.passed,
+    shown = {k: redact(v) if k in ("server", "baseline_server") and isinstance(v, str) else v
+             for k, v in step.options.items()}  # a URL's password never reaches the report
+    return StepResult(step.index, step.kind, shown, None, passed=report.passed,
                       details={"metrics": d, "gates": [g.line() for g in report.gates],
                                "failed": [g.line() for g in report.failed_gates]})
 

@@ -15,6 +15,7 @@ from typing import Callable
 
 from kvtool.errors import KvtoolError, UsageError
 
+from kvtool.io.urls import redact
 from kvtool.model.checkpoint import Checkpoint
 from kvtool.recipes.load import FILE_KEYS, Recipe, Step
 
@@ -257,11 +258,12 @@ def plan_eval(recipe: Recipe, step: Step, state: PlanState) -> str:
     thresholds = o.get("thresholds") or {}
     gates = f" (gates: {', '.join(f'{k}={v}' for k, v in thresholds.items())})" if thresholds else ""
     if o.get("server") is not None:
-        against = (f"{baseline} at {o['baseline_server']}" if o.get("baseline_server") is not None
+        against = (f"{baseline} at {redact(o['baseline_server'])}" if o.get("baseline_server") is not None
                    else "the source (local)")
-        return f"eval {model} served at {o['server']} against {against}" + gates
+        return f"eval {model} served at {redact(o['server'])} against {against}" + gates
     if o.get("baseline_server") is not None:
-        return f"eval against {baseline} served at {o['baseline_server']}" + gates + _estimate_note(p.estimate())
+        return (f"eval against {baseline} served at {redact(o['baseline_server'])}" + gates
+                + _estimate_note(p.estimate()))
     return "eval against the source" + gates + _estimate_note(p.estimate())
 
 

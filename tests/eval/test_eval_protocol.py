@@ -85,7 +85,7 @@ def _vllm_response(ids, rows):
 def test_vllm_prompt_logprobs_parse_by_token_id():
     ids = [7, 3, 9]
     rows = [{3: (-0.5, 1), 4: (-1.5, 2)}, {9: (-4.0, 12), 3: (-0.1, 1), 4: (-3.0, 2)}]
-    pos = protocol.parse_positions(VLLM, _vllm_response(ids, rows), 3, 2)
+    pos = protocol.parse_positions(VLLM, _vllm_response(ids, rows), 3, 2, ids)
     assert pos[0] is None
     assert pos[1].key == "id:3" and pos[1].logprob == -0.5 and pos[1].top == {"id:3": -0.5, "id:4": -1.5}
     assert pos[2].key == "id:9" and pos[2].logprob == -4.0 and set(pos[2].top) == {"id:9", "id:3", "id:4"}
@@ -94,11 +94,11 @@ def test_vllm_prompt_logprobs_parse_by_token_id():
 def test_vllm_response_without_the_prompt_token_is_refused():
     bad = _vllm_response([7, 3], [{4: (-1.5, 1)}])
     with pytest.raises(InputError, match="no entry for the prompt token 3"):
-        protocol.parse_positions(VLLM, bad, 2, 1)
+        protocol.parse_positions(VLLM, bad, 2, 1, [7, 3])
     with pytest.raises(InputError, match="expected 5"):
-        protocol.parse_positions(VLLM, _vllm_response([7, 3], [{3: (-1.0, 1)}]), 5, 1)
+        protocol.parse_positions(VLLM, _vllm_response([7, 3], [{3: (-1.0, 1)}]), 5, 1, [7, 3, 1, 2, 3])
     with pytest.raises(InputError, match="no prompt log-probabilities"):
-        protocol.parse_positions(VLLM, {"choices": [{"text": "x"}]}, 2, 1)
+        protocol.parse_positions(VLLM, {"choices": [{"text": "x"}]}, 2, 1, [7, 3])
 
 
 def test_echo_layout_parses_token_strings():
@@ -107,11 +107,11 @@ def test_echo_layout_parses_token_strings():
     assert fields["top_logprobs"] == "list[dict[str, float] | None]" and fields["tokens"] == "list[str]"
     resp = {"choices": [{"logprobs": {"tokens": ["a", " b", " c", " d"], "token_logprobs": [None, -1.0, -2.0, -0.5],
                                       "top_logprobs": [None, {" x": -0.7}, {" c": -2.0, " y": -0.3}, {" d": -0.5}]}}]}
-    pos = protocol.parse_positions(LLAMA, resp, 3, 1)  # the generated 4th entry is not the prompt's
+    pos = protocol.parse_positions(LLAMA, resp, 3, 1, ["a", " b", " c"])  # the generated 4th entry is not the prompt's
     assert len(pos) == 3 and pos[1].top == {" x": -0.7, " b": -1.0} and pos[2].key == " c"
     resp["choices"][0]["logprobs"]["token_logprobs"][2] = float("nan")
     with pytest.raises(InputError, match="expected a log-probability"):
-        protocol.parse_positions(LLAMA, resp, 3, 1)
+        protocol.parse_positions(LLAMA, resp, 3, 1, ["a", " b", " c"])
 
 
 def test_tokenize_and_detokenize_bodies_are_vllms():
@@ -147,3 +147,76 @@ def test_max_logprobs_is_vllms_default_and_its_validator_refuses_more():
     with pytest.raises(VLLMValidationError, match="greater than max allowed: 20"):
         validate(params(VLLM.max_logprobs + 1), config)
     assert not math.isnan(VLLM.max_logprobs)
+
+
+# --- an answer is checked against the request (issue 39, class 1) ---------------------------------------------
+def _honest(ids, k=2):
+    rows = [{t: (-1.0, 1), 999: (-2.0, 2)} for t in ids[1:]]
+    return _vllm_response(list(ids), rows)
+
+
+SENT = [5, 8, 13, 21, 34, 55]
+
+
+def _lies(ids):
+    """Answers about other tokens than the prompt sent, each consistent with itself (the rows name the ids the
+    answer claims): off by N, reordered, a position dropped or repeated, one id changed anywhere."""
+    n = len(ids)
+    out = {f"off-by-{d}": [t + d for t in ids] for d in (1, -1, 7, 1000)}
+    out.update({"reversed": ids[::-1], "rotated": ids[1:] + ids[:1], "sorted-desc": sorted(ids, reverse=True)})
+    for j in range(n - 1):
+        out[f"swap-{j}"] = ids[:j] + [ids[j + 1], ids[j]] + ids[j + 2:]
+    for j in range(n):
+        out[f"changed-{j}"] = ids[:j] + [ids[j] + 1] + ids[j + 1:]
+        out[f"dropped-{j}-padded"] = ids[:j] + ids[j + 1:] + [ids[0]]
+    assert all(lie != ids for lie in out.values())
+    return out
+
+
+@pytest.mark.parametrize("name, claimed", sorted(_lies(SENT).items()))
+def test_a_vllm_answer_about_other_tokens_is_refused(name, claimed):
+    with pytest.raises(InputError, match="the request sent"):
+        protocol.parse_positions(VLLM, _honest(claimed), len(SENT), 2, SENT)
+
+
+@pytest.mark.parametrize("j", range(len(SENT)))
+def test_a_vllm_answer_with_a_position_dropped_is_refused(j):
+    claimed = SENT[:j] + SENT[j + 1:]
+    with pytest.raises(InputError, match="expected 6"):
+        protocol.parse_positions(VLLM, _honest(claimed), len(SENT), 2, SENT)
+
+
+def test_the_honest_answer_passes_the_same_check():
+    pos = protocol.parse_positions(VLLM, _honest(SENT), len(SENT), 2, SENT)
+    assert [p.key for p in pos[1:]] == [f"id:{t}" for t in SENT[1:]]
+
+
+def _echo(tokens):
+    return {"choices": [{"logprobs": {"tokens": list(tokens) + ["x"], "token_logprobs": [None] + [-1.0] * len(tokens),
+                                      "top_logprobs": [None] + [{t: -1.0} for t in tokens[1:]] + [{"x": -0.5}]}}]}
+
+
+@pytest.mark.parametrize("name, claimed", [
+    ("changed-0", list("Xbcdef")), ("changed-3", list("abcXef")), ("changed-last", list("abcdeX")),
+    ("reversed", list("fedcba")), ("rotated", list("bcdefa")), ("swap", list("abdcef")),
+    ("dropped", list("abdefx"))])
+def test_an_echo_answer_about_other_tokens_is_refused(name, claimed):
+    with pytest.raises(InputError, match="the request sent"):
+        protocol.parse_positions(LLAMA, _echo(claimed), 6, 2, list("abcdef"))
+
+
+@pytest.mark.parametrize("row, said", [
+    ({3: (-1.0, 1), 4: (-2.0, 2), 5: (-3.0, 3), 6: (-4.0, 4)}, "4 alternatives for a request of 2"),
+    ({3: (-0.1, 1), 4: (-0.2, 2)}, "sum to 1.72"),
+])
+def test_alternatives_the_request_cannot_produce_are_refused(row, said):
+    with pytest.raises(InputError, match=said):
+        protocol.parse_positions(VLLM, _vllm_response([7, 3], [row]), 2, 2, [7, 3])
+
+
+@pytest.mark.parametrize("key", ["-3", "abc", "\u00b2", "9" * 5000, "3.0", " 3", ""])
+def test_a_row_key_that_is_no_token_id_is_one_error(key):
+    key = json.loads(f'"{key}"')
+    resp = {"choices": [{"prompt_token_ids": [7, 3], "prompt_logprobs": [None, {key: {"logprob": -1.0}}]}]}
+    with pytest.raises(InputError, match="expected token ids as keys"):
+        protocol.parse_positions(VLLM, resp, 2, 2, [7, 3])

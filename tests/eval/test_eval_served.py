@@ -140,7 +140,7 @@ def test_a_server_that_does_not_answer_times_out(text_file, capsys):
             t.join()
             for c in held:
                 c.close()
-    assert "no answer within 1 s" in line and "--server" in line
+    assert "no complete answer within 1 s" in line and "--server" in line
 
 
 @pytest.mark.parametrize("answer, said", [
@@ -263,6 +263,42 @@ def test_served_candidate_against_a_local_baseline(llama_server, text_file, smol
     print(f"served vs local: ratio {d['ppl_ratio']:.4f} ± {d['ppl_ratio_se']:.4f}, KLD^ {d['kld_mean']:.4f} ± "
           f"{d['kld_se']:.4f}, top-1 {d['top1_agreement']:.3f} ± {d['top1_se']:.3f}; local vs served: KLD^ "
           f"{r['kld_mean']:.4f} ± {r['kld_se']:.4f}")
+
+
+# 550 characters of the pydoc evaluation text (kvtool.datasets, at character 47,172) where llama.cpp's tokenizer and
+# SmolLM2's transformers tokenizer split "16)\n   3" differently: the server's token 176 (its BOS first)
+SPLIT_TEXT_AT = 47172, 550
+SPLIT_AT = 176
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("max_tokens, differ", [(160, False), (224, True)])
+def test_a_mixed_run_compares_tokenization_only_over_the_tokens_scored(max_tokens, differ, llama_server,
+                                                                      smollm2_path, tmp_path, capsys):
+    """Issue 38, item 6: a difference past --max-tokens is not looked at; one inside it is reported (how many
+    tokens, the first position) and both sides score the server's ids, instead of the run being refused."""
+    from kvtool.datasets import evaluation_text
+
+    start, length = SPLIT_TEXT_AT
+    p = tmp_path / "split.txt"
+    p.write_text(evaluation_text()[start:start + length], encoding="utf-8")
+    rc, out, err = _run(capsys, "smollm2", "--server", llama_server, "--baseline", str(smollm2_path), "--text",
+                        str(p), "--max-length", "64", "--stride", "32", "--max-tokens", str(max_tokens), *LOCAL,
+                        "--format", "json")
+    assert rc == 0, err
+    d = json.loads(out)
+    tok = d["memory"]["tokenization"]
+    assert tok["scored"] == max_tokens and tok["scored_ids"] == "the server's"
+    if differ:
+        assert tok["first"] == SPLIT_AT and 1 <= tok["differ"] <= 4, tok
+    else:
+        assert tok["differ"] == 0 and tok["first"] is None, tok
+    assert abs(d["ppl_ratio"] - 1) < SERVED_VS_LOCAL
+    with capsys.disabled():
+        print(f"max_tokens {max_tokens}: {tok}; ratio {d['ppl_ratio']:.4f}, KLD^ {d['kld_mean']:.4f}")
+    rc, out, _ = _run(capsys, "smollm2", "--server", llama_server, "--baseline", str(smollm2_path), "--text", str(p),
+                      "--max-length", "64", "--max-tokens", str(max_tokens), *LOCAL)
+    assert rc == 0 and (f"differently (the first at token {SPLIT_AT})" in out) == differ, out
 
 
 @pytest.mark.torch

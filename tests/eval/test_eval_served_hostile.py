@@ -97,7 +97,7 @@ def test_an_honest_answer_scores(hostile, text, capsys):
     ("infinity", "expected a log-probability, got 'inf'"),
     ("string-ids", "prompt_token_ids: expected a list of token ids"),
     ("oversize", "larger than the"),
-    ("deep", "nested too deep"),
+    ("deep", "nested more than 64 levels"),
 ])
 def test_a_hostile_answer_is_one_line(model, said, hostile, text, capsys):
     rc = main(["eval", model, "--server", hostile, "--text", text, *WINDOW])
