@@ -394,7 +394,7 @@ def compute(ckpt, spec, opts: BudgetOptions) -> Budget:
                      f"{row.mla_block_size} for MLA; {step:,} batched tokens as `vllm serve` steps, vllm.LLM "
                      f"{row.batched_tokens(is_mla=spec.is_mla, max_model_len=seq_len, world_size=opts.tensor_parallel_size, llm=True):,}"
                      + ("; MLA: chunked prefill off, max(max_model_len, 2048)" if spec.is_mla else "")
-                     + "; the pool is {row.pool_env}"
+                     + f"; the pool is {row.pool_env}"
                      + ("" if opts.cpu_kvcache_bytes else ", not given: vLLM then takes memory x "
                         "--gpu-memory-utilization less its own resident memory, which kvtool cannot know") + ")")
     kv_dtype, eb, dnote = kv_elem(spec, opts.kv_cache_dtype, opts.dtype)

@@ -56,6 +56,16 @@ def fp8_store(job: dict) -> dict:
     return {"name": job["name"], "stored": stored}
 
 
+def batch_defaults(job: dict) -> dict:
+    """vLLM's own EngineArgs.get_batch_defaults on this (CPU) platform, for `vllm serve` and vllm.LLM."""
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.usage.usage_lib import UsageContext
+
+    tokens, seqs = EngineArgs.get_batch_defaults(1)
+    return {"name": job["name"], "serve": tokens[UsageContext.OPENAI_API_SERVER], "llm": tokens[UsageContext.LLM_CLASS],
+            "serve_seqs": seqs[UsageContext.OPENAI_API_SERVER], "llm_seqs": seqs[UsageContext.LLM_CLASS]}
+
+
 def run(job: dict, capture: Capture) -> dict:
     from vllm import LLM, SamplingParams
 
@@ -109,7 +119,8 @@ def main() -> None:
     logging.getLogger("vllm").addHandler(capture)
     results = []
     for job in jobs:
-        results.append(fp8_store(job) if job.get("probe") == "fp8_store" else run(job, capture))
+        probe = {"fp8_store": fp8_store, "batch_defaults": batch_defaults}.get(job.get("probe"))
+        results.append(probe(job) if probe else run(job, capture))
         print(json.dumps({k: v for k, v in results[-1].items() if k not in ("prompt_logprobs", "traceback", "stored")}),
               file=sys.stderr, flush=True)
         with open(sys.argv[2], "w", encoding="utf-8") as f:  # after each job: a crash keeps the earlier ones
