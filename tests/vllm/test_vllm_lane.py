@@ -44,6 +44,7 @@ TOL = 1e-3  # fp32: max |logprob(vLLM) - logprob(transformers)| per prompt token
 TOL_FP8 = 3e-2  # FP8 cache against kvtool's CPU emulation: a K/V element on a truncation boundary may fall either way
 TOL_MLA = 1e-3
 EVAL = ["--max-length", "256", "--stride", "255", "--max-tokens", "2048"]
+SERVED_NAME = "smollm2"  # both API servers: eval --server scores one model name on both sides
 RESULTS = Path(os.environ.get("KVTOOL_VLLM_LANE_OUT", "/tmp/kvtool-vllm-lane"))
 
 
@@ -191,7 +192,7 @@ class ApiServer:
         self.proc = subprocess.Popen(
             [vllm_python(), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--dtype", "float32",
              "--enforce-eager", "--max-model-len", str(MAX_LEN), "--port", str(self.port), "--host", "127.0.0.1",
-             "--max-logprobs", "20", *extra],
+             "--max-logprobs", "20", "--served-model-name", SERVED_NAME, *extra],
             stdout=log.open("w"), stderr=subprocess.STDOUT, env=_env(), start_new_session=True)
 
     def wait(self, timeout: float = 420) -> str:
@@ -352,9 +353,9 @@ def _eval(capsys, *argv) -> dict:
 
 def test_eval_server_mixed_server_against_server_and_the_fp8_emulation(lane, capsys):
     urls, sm, fp8 = lane["urls"], str(lane["smollm2"]), str(lane["sm_fp8"])
-    served_mixed = _eval(capsys, fp8, "--server", urls["fp8"], "--baseline", sm, *EVAL)
-    served_both = _eval(capsys, fp8, "--server", urls["fp8"], "--baseline-server", urls["original"], *EVAL)
-    original = _eval(capsys, sm, "--server", urls["original"], "--baseline", sm, *EVAL)
+    served_mixed = _eval(capsys, SERVED_NAME, "--server", urls["fp8"], "--baseline", sm, *EVAL)
+    served_both = _eval(capsys, SERVED_NAME, "--server", urls["fp8"], "--baseline-server", urls["original"], *EVAL)
+    original = _eval(capsys, SERVED_NAME, "--server", urls["original"], "--baseline", sm, *EVAL)
     emulated = _eval(capsys, fp8, "--baseline", sm, "--fp8-attention", "cpu", *EVAL)
     nearest = _eval(capsys, fp8, "--baseline", sm, *EVAL)
     (RESULTS / "eval.json").write_text(json.dumps(dict(served_mixed=served_mixed, served_both=served_both,
