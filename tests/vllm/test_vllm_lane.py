@@ -369,9 +369,11 @@ def test_eval_server_mixed_server_against_server_and_the_fp8_emulation(lane, cap
                f"--fp8-attention cpu: {e['ppl_ratio']:.4f} / {e['kld_mean']:.4f}; local cache-only (nearest): "
                f"{n['ppl_ratio']:.4f} / {n['kld_mean']:.4f}"))
     assert o["kld_mean"] < 0.01  # the same weights: only the engines' arithmetic differs
-    se_ratio, se_kld = s["ppl_ratio_se"], s["kld_se"]
+    se_ratio = s["ppl_ratio_se"]
     assert abs(e["ppl_ratio"] - s["ppl_ratio"]) <= 2 * se_ratio, (e["ppl_ratio"], s["ppl_ratio"], se_ratio)
-    assert abs(e["kld_mean"] - s["kld_mean"]) <= 2 * se_kld, (e["kld_mean"], s["kld_mean"], se_kld)
+    assert abs(n["ppl_ratio"] - s["ppl_ratio"]) > abs(e["ppl_ratio"] - s["ppl_ratio"])  # truncation, not nearest
+    # KLD is not compared at 2 SE: the served figure is the top-20 estimator (kvtool.eval.topk), the local one the
+    # full-distribution KLD; the run that measured them is in docs/vllm-lane.md
 
 
 def test_api_server_facts(lane, capsys):
