@@ -17,6 +17,7 @@ import sys
 
 from kvtool import console
 from kvtool.errors import EXIT_INPUT, SIGNALS_RECEIVED, KvtoolError, one_line
+from kvtool.units import ValueRefused
 
 
 @functools.cache
@@ -76,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     # kvtool never reads stdin: a library prompt (transformers' "run the custom code? [y/N]") gets EOF
     # at once, never an answer piped in by `yes y |`, and never stalls on an open pipe
     saved, sys.stdin = sys.stdin, _ClosedStdin()
+    console.FAILED.clear()  # what this run could not write (main() may run several times in one process: tests)
     try:
         return _main(argv)
     finally:
@@ -95,8 +97,8 @@ def _main(argv: list[str] | None) -> int:
         return _error(f"kvtool: error: {exc.line()}", exc.exit_code)
     except (KeyboardInterrupt, _CommandInterrupted):  # Ctrl-C, or SIGTERM (kvtool.io.staging.Interrupted)
         return _interrupted()
-    except BrokenPipeError:
-        return 0
+    except (BrokenPipeError, _PipeClosed):  # the reader of stdout went away: the shell's SIGPIPE status, no line
+        return console.EXIT_PIPE
     except Exception if SIGNALS_RECEIVED else ():  # an interrupt a library turned into its own error
         return _interrupted()
     except ModuleNotFoundError as exc:
@@ -116,6 +118,8 @@ def _main(argv: list[str] | None) -> int:
     except OSError as exc:  # the system refused (a name too long, a read-only or vanished place): not a kvtool bug
         where = f"{exc.filename}: " if exc.filename else ""
         return _error(f"kvtool: error: {one_line(where + (exc.strerror or str(exc)))}", EXIT_INPUT)
+    except ValueRefused as exc:  # a parser of an untrusted value no caller named the field of: still one line
+        return _error(f"kvtool: error: {one_line(str(exc))}", EXIT_INPUT)
     except Exception as exc:  # noqa: BLE001 - the contract is one line, not a traceback
         return _internal(exc)
     return rv if isinstance(rv, int) else 0
@@ -130,12 +134,19 @@ def _typer_main(argv: list[str] | None) -> int:
     for sub in getattr(cmd, "commands", {}).values():
         sub.callback = _carry_interrupts(sub.callback)
     _plain_help(cmd)
+    streams = console.standard_streams()
     try:
         rv = cmd.main(args=argv, prog_name="kvtool", standalone_mode=False)
         if rv == 130:  # typer's silent exit for a Ctrl-C outside a command's body (while parsing arguments)
             return _interrupted()
     except click.exceptions.Exit as exc:
         return exc.exit_code
+    except SystemExit:
+        if console.standard_streams() == streams:
+            raise
+        # click ends a broken pipe (its help, a usage line) with exit 1 over its own stream wrappers: kvtool's
+        console.restore_streams(streams)
+        return console.EXIT_PIPE
     except click.exceptions.Abort:
         console.out("kvtool: aborted", err=True)
         return 130
@@ -152,6 +163,10 @@ class _CommandInterrupted(BaseException):
     """Ctrl-C / SIGTERM in a command, carried past typer (which turns KeyboardInterrupt into a silent 130)."""
 
 
+class _PipeClosed(BaseException):
+    """stdout's reader went away in a command, carried past click (which turns EPIPE into exit 1)."""
+
+
 def _carry_interrupts(callback):
     if callback is None or getattr(callback, "_kvtool_carries", False):
         return callback
@@ -162,6 +177,8 @@ def _carry_interrupts(callback):
             return callback(*args, **kwargs)
         except KeyboardInterrupt as exc:
             raise _CommandInterrupted() from exc
+        except BrokenPipeError as exc:
+            raise _PipeClosed() from exc
 
     run._kvtool_carries = True
     return run
@@ -247,17 +264,43 @@ def _plain_help(cmd) -> None:
     for name, c in [(None, cmd), *getattr(cmd, "commands", {}).items()]:
         c.context_class = Context
         c.format_arguments = lambda ctx, formatter: None  # typer writes the arguments (with their help) itself
+        if not isinstance(c, click.Group):  # a group's options section also lists its commands
+            c.format_options = functools.partial(_sections, c)
         for param in c.params:
             if isinstance(param, click.Argument) and not getattr(param, "help", None):
                 param.help = arg_help.get(name, {}).get(param.name)
 
 
+def _sections(cmd, ctx, formatter) -> None:
+    """Arguments, Options, then one section per group of options that work with one target or method
+    ("With --to mla": kvtool.options.fields.Spec.applies): the plain-help twin of typer's rich_help_panel, which
+    typer's plain formatter drops."""
+    args: list = []
+    sections: dict[str, list] = {"Options": []}
+    for param in cmd.get_params(ctx):
+        record = param.get_help_record(ctx)
+        if record is None:
+            continue
+        if param.param_type_name == "argument":
+            args.append(record)
+        else:
+            sections.setdefault(getattr(param, "rich_help_panel", None) or "Options", []).append(record)
+    for title, rows in [("Arguments", args), *sections.items()]:
+        if rows:
+            with formatter.section(title):
+                formatter.write_dl(rows)
+
+
 def _entry() -> None:
+    console.claim_standard_streams()  # first: a closed stdout / stderr never lends its number to a file
     # fd 0 too, so no library (or child process) can read the caller's stdin
     fd = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(fd, 0)
-    os.close(fd)
+    if fd != 0:  # with stdin closed (`<&-`) /dev/null is opened as fd 0 itself: keep it there
+        os.dup2(fd, 0)
+        os.close(fd)
     signal.signal(signal.SIGTERM, _sigterm)
+    if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:  # a closed terminal: SIGTERM's cleanup; nohup's stands
+        signal.signal(signal.SIGHUP, _sigterm)
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not where the caller ignores Ctrl-C
         signal.signal(signal.SIGINT, _sigint)
     console.guard_streams()  # a library's own log lines are escaped too
@@ -265,7 +308,7 @@ def _entry() -> None:
         rc = main()
     except KeyboardInterrupt:  # between main's own handler and the exit
         rc = _interrupted()
-    console.settle()
+    rc = console.settle(rc)  # output that could not be delivered never ends in success
     if sys.argv[1:2] and sys.argv[1] in _NO_TEARDOWN and "torch" not in sys.modules:
         os._exit(rc)  # console.settle() has flushed stdout and stderr
     sys.exit(rc)

@@ -17,9 +17,12 @@ carry characters that rewrite a terminal (ESC, CSI U+009B, OSC), end a line (CR,
 
 from __future__ import annotations
 
+import errno
+import io
 import json
 import os
 import re
+import select
 import sys
 import unicodedata
 from typing import Iterable, TextIO
@@ -109,6 +112,10 @@ def command(name: str, props: dict, message_lines: Iterable[str]) -> str:
     return _Command(_neutral(f"::{name}{' ' + shown if shown else ''}::{data}", command=True))
 
 
+EXIT_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a tool ended by a closed pipe (`yes | head`)
+FAILED: dict[str, OSError] = {}  # the first write that failed on "stdout" / "stderr" this process
+
+
 class OutputFailed(OSError):
     """Writing kvtool's output failed (a full device): cli.main reports it as one line on stderr."""
 
@@ -134,22 +141,43 @@ def redraw(line: str, stream: TextIO) -> None:
     _write("\r" + _neutral(escape(line)), err=True, stream=stream)
 
 
-def settle() -> None:
-    """At exit: a guarded stream's last partial line is written; output a full device refused stays unwritten
-    (dropped), so the interpreter's last flush adds no second error report (and no exit 120) to the one line
-    already printed."""
-    try:
-        for stream in (sys.stderr, sys.stdout):
+def settle(code: int = 0) -> int:
+    """At exit: a guarded stream's last partial line and every buffer written; the exit code to use. Output that
+    could not be delivered to stdout never leaves a success (docs/exit-codes.md): a reader that closed the pipe
+    makes it `EXIT_PIPE` (141, what a shell reports for a tool SIGPIPE ended), any other failure 2 with one line
+    (unless an error line was printed already). A stream that failed is pointed at /dev/null, so the interpreter's
+    last flush adds no second report (and no exit 120); stderr is best effort (diagnostics, never the verdict)."""
+    for name, stream in (("stderr", sys.stderr), ("stdout", sys.stdout)):
+        try:
             if isinstance(stream, _Guard):
                 stream.close_line()
-        sys.stdout.flush()
-    except (OSError, ValueError):
-        fd = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(fd, 1)
-        os.close(fd)
-    try:  # all of stderr out too: kvtool.cli may end the process with os._exit, which flushes nothing
-        sys.stderr.flush()
-    except (OSError, ValueError):
+            if stream is not None:
+                stream.flush()
+        except (OSError, ValueError) as exc:
+            _note_failure(name, exc if isinstance(exc, OSError) else OSError(errno.EBADF, os.strerror(errno.EBADF)))
+    lost = FAILED.get("stdout")
+    if lost is not None:
+        _silence(1)
+        if isinstance(lost, BrokenPipeError):
+            code = EXIT_PIPE if code != 130 else code
+        elif code not in (2, 130):
+            try:
+                _deliver(lines([f"kvtool: error: stdout: cannot write: {lost.strerror or lost}"]), sys.stderr)
+            except (OSError, ValueError, AttributeError):
+                pass
+            code = 2
+    if "stderr" in FAILED:
+        _silence(2)
+    return code
+
+
+def _silence(fd: int) -> None:
+    """Point `fd` at /dev/null (what failed there stays unwritten; nothing can land there either)."""
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, fd)
+        os.close(null)
+    except OSError:
         pass
 
 
@@ -169,14 +197,24 @@ class _Guard:
 
     def write(self, text: str) -> int:
         *done, self._pending = (self._pending + text).split("\n")
-        for line in done:
-            self.guarded.write(_neutral(escape(line)) + "\n")
+        if done:
+            self._put("".join(_neutral(escape(line)) + "\n" for line in done))
         return len(text)
 
     def close_line(self) -> None:
         if self._pending:
-            self.guarded.write(_neutral(escape(self._pending)) + "\n")
-            self._pending = ""
+            pending, self._pending = self._pending, ""
+            self._put(_neutral(escape(pending)) + "\n")
+
+    def _put(self, data: str) -> None:
+        """A library's line, delivered as kvtool's own (a failure is remembered: settle() reports lost stdout)."""
+        try:
+            _deliver(data, self.guarded)
+        except OSError as exc:
+            name = "stderr" if self is sys.stderr else "stdout"
+            _note_failure(name, exc)
+            if name == "stdout":
+                raise exc if isinstance(exc, BrokenPipeError) else OutputFailed(name, exc) from None
 
     def __getattr__(self, name):  # flush, isatty, fileno, encoding...: the stream's own
         return getattr(self.guarded, name)
@@ -185,19 +223,91 @@ class _Guard:
 def guard_streams() -> None:
     """Route every other writer of sys.stdout / sys.stderr through the escaping (the CLI's entry point calls it
     before any command, so transformers' and Python's handlers, made later, write through it)."""
-    if not isinstance(sys.stdout, _Guard):
+    if sys.stdout is not None and not isinstance(sys.stdout, _Guard):
         sys.stdout = _Guard(sys.stdout)
-    if not isinstance(sys.stderr, _Guard):
+    if sys.stderr is not None and not isinstance(sys.stderr, _Guard):
         sys.stderr = _Guard(sys.stderr)
 
 
 def _write(data: str, *, err: bool, stream: TextIO | None) -> None:
     target = stream if stream is not None else (sys.stderr if err else sys.stdout)
+    standard = stream is None or target is sys.stdout or target is sys.stderr
+    name = "stderr" if err or (target is not None and target is sys.stderr) else "stdout"
     target = getattr(target, "guarded", target)  # kvtool's own output is escaped already
     try:
+        _deliver(data, target)
+    except OSError as exc:
+        if standard:
+            _note_failure(name, exc)
+        if name == "stderr":
+            return  # diagnostics: dropped (the exit code still carries the verdict, docs/exit-codes.md)
+        if isinstance(exc, BrokenPipeError):
+            raise
+        raise OutputFailed(name, exc) from None
+
+
+def _note_failure(name: str, exc: OSError) -> None:
+    FAILED.setdefault(name, exc)
+
+
+def _deliver(data: str, target: TextIO | None) -> None:
+    """All of `data` written, or an OSError: a stream on a file descriptor is written with os.write until every
+    byte is out, so a short write (a file-size limit, a full device) is an error, never output silently cut
+    (Python's buffered writer can drop the error of the write after a short one). A non-blocking descriptor is
+    waited on; characters the stream's encoding lacks are written as backslash escapes (PYTHONIOENCODING=ascii)."""
+    if target is None:  # the stream was closed before Python started
+        raise OSError(errno.EBADF, os.strerror(errno.EBADF))
+    fd = _fileno(target)
+    if fd is None:
         target.write(data)
         target.flush()
-    except BrokenPipeError:
-        raise
-    except OSError as exc:
-        raise OutputFailed("stderr" if err else "stdout", exc) from None
+        return
+    target.flush()  # what a library left in the stream's buffer goes first
+    view = memoryview(data.encode(getattr(target, "encoding", None) or "utf-8", "backslashreplace"))
+    while view:
+        try:
+            n = os.write(fd, view)
+        except BlockingIOError:  # a descriptor someone set O_NONBLOCK on: wait until it takes more
+            select.select([], [fd], [])
+            continue
+        if n <= 0:
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        view = view[n:]
+
+
+def _fileno(target) -> int | None:
+    """The descriptor under a file stream (stdout, stderr, an opened file), None for an in-memory one."""
+    if not isinstance(target, io.TextIOWrapper):
+        return None
+    try:
+        return target.fileno()
+    except (OSError, ValueError):  # io.UnsupportedOperation: a StringIO-like stream (pytest's capsys)
+        return None
+
+
+def standard_streams() -> tuple:
+    """sys.stdout and sys.stderr as they are now (kvtool.cli puts them back after click replaced them)."""
+    return sys.stdout, sys.stderr
+
+
+def restore_streams(saved: tuple) -> None:
+    sys.stdout, sys.stderr = saved
+
+
+def claim_standard_streams() -> None:
+    """Before anything opens a file: a standard descriptor the caller closed (`>&-`, `2>&-`) gets a read-only
+    /dev/null in its place, so no file kvtool opens later takes its number (and no library's or child's print
+    lands in it), and a Python stream on it whose writes fail (EBADF): kvtool reports stdout it cannot deliver,
+    and drops stderr."""
+    for fd, name in ((1, "stdout"), (2, "stderr")):
+        try:
+            os.fstat(fd)
+            continue
+        except OSError:
+            pass
+        null = os.open(os.devnull, os.O_RDONLY)
+        if null != fd:
+            os.dup2(null, fd)
+            os.close(null)
+        if getattr(sys, name) is None:  # a stream on the descriptor just held (no file is created or opened)
+            setattr(sys, name, io.TextIOWrapper(io.FileIO(fd, "w", closefd=False), encoding="utf-8"))

@@ -1,7 +1,8 @@
 """Errors that end a command with a documented exit code (ruff's contract).
 
 Exit codes: 0 success / nothing at failing severity, 1 findings or a failed quality gate,
-2 usage error, unreadable or invalid input, or internal error.
+2 usage error, unreadable or invalid input, internal error, or stdout that could not be written;
+141 (kvtool.console.EXIT_PIPE) stdout's reader went away (docs/exit-codes.md).
 """
 
 from __future__ import annotations
@@ -17,6 +18,19 @@ def one_line(text: str) -> str:
     """`text` with every character that could break the one-line error contract escaped: a folder or
     shard named with a newline must not let a checkpoint forge a second `kvtool: error:` line."""
     return escape(text)
+
+
+MAX_LINE = 4000  # characters of one error line (escaped); longer is cut, saying how much was left out
+LIST_LIMIT = 8  # names one message lists before "and N more" (a line stays a line: tests/hostile)
+
+
+def listed(items, limit: int = LIST_LIMIT, sep: str = ", ") -> str:
+    """`items` joined for a message, at most `limit` of them, then "and N more": a model folder or a
+    registry of 40,000 names never makes a 640 KB error line."""
+    items = [str(i) for i in items]
+    if len(items) <= limit:
+        return sep.join(items)
+    return f"{sep.join(items[:limit])}{sep}and {len(items) - limit:,} more"
 
 
 class KvtoolError(Exception):
@@ -52,7 +66,10 @@ class KvtoolError(Exception):
             where = f"{self.file}: "
         if self.field or self.option:
             where += f"{self.field or self.option}: "
-        return one_line(f"{where}{self.message}")
+        text = one_line(f"{where}{self.message}")
+        if len(text) > MAX_LINE:  # the backstop behind `listed`: no value a file supplies makes a line of megabytes
+            text = f"{text[:MAX_LINE]}... ({len(text) - MAX_LINE:,} characters more)"
+        return text
 
 
 class InputError(KvtoolError):

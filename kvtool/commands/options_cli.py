@@ -9,7 +9,7 @@ import inspect
 from typing import TYPE_CHECKING, Any, Callable, List, Optional
 
 from kvtool.errors import KvtoolError
-from kvtool.options.fields import Field, field_named, fields_of
+from kvtool.options.fields import Field, check_paths, field_named, fields_of
 
 if TYPE_CHECKING:
     import typer
@@ -35,6 +35,8 @@ def typer_default(f: Field) -> Any:
         extra["metavar"] = s.metavar
     if not s.show_default:
         extra["show_default"] = False
+    if f.applies_to:  # its own section of --help (kvtool.cli._plain_help writes the sections)
+        extra["rich_help_panel"] = f"With {f.applies_to}"
     if s.positional:
         return typer.Argument(default, help=s.help, **extra)
     names = list(f.flags)
@@ -42,7 +44,30 @@ def typer_default(f: Field) -> Any:
         names = [f"{n}/--no-{n[2:]}" for n in names]
     if s.short:
         names.append(s.short)
+    if f.base_type in (int, float) and not f.is_list:
+        extra["click_type"] = _number_type(f.base_type)
     return typer.Option(default, *names, help=s.help, **extra)
+
+
+def _number_type(kind: type):
+    """click's INT / FLOAT read with kvtool.units.cli_number: ASCII digits only, one meaning with the fast reader
+    (kvtool/commands/argv.py) and a recipe (issue 39: '٣' was 3 here and refused elsewhere)."""
+    import click
+
+    from kvtool.units import ValueRefused, cli_number
+
+    class AsciiNumber(click.ParamType):
+        name = "integer" if kind is int else "float"
+
+        def convert(self, value, param, ctx):
+            if isinstance(value, kind) and not isinstance(value, bool):
+                return value
+            try:
+                return cli_number(str(value), kind)
+            except ValueRefused as exc:
+                self.fail(str(exc), param, ctx)
+
+    return AsciiNumber()
 
 
 def signature_of(cls) -> tuple[inspect.Signature, dict]:
@@ -68,6 +93,7 @@ def command(app: typer.Typer, options, help: str, **command_kw) -> Callable:
         @functools.wraps(body)
         def callback(**kwargs: Any) -> int:
             try:
+                check_paths(options, kwargs)
                 return body(options(**kwargs))  # the options check themselves (kvtool.options.fields.check)
             except KvtoolError as exc:
                 if exc.option and not exc.field:

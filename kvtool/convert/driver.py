@@ -23,7 +23,7 @@ from kvtool.model.architectures import Architecture
 from kvtool.model.checkpoint import Checkpoint
 from kvtool.convert.config_edit import dump_config, kv_field_is_boolean, rewrite_config
 from kvtool.convert.methods import MergeMethod
-from kvtool.errors import InputError, UsageError
+from kvtool.errors import InputError, UsageError, listed
 from kvtool.io.writer import PlannedTensor
 from kvtool.io.jsonfile import load_json_object
 from kvtool.model.spec import ModelSpec, build_spec, get_path
@@ -337,7 +337,7 @@ def _check_merged(before, after, plan: ConvertPlan) -> None:
             problems.append(f"{f} does not have {target_kv_heads}*{hd} rows")
     if problems:
         raise RuntimeError(f"merge method {plan.method.name!r} returned bad tensors for layer {before.layer}: "
-                           + "; ".join(problems))
+                           + listed(problems, sep="; "))
 
 
 # --- running -----------------------------------------------------------------------------------
@@ -392,7 +392,7 @@ def _torch_dtype(st: str):
     return {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32}[st]
 
 
-def write(plan: ConvertPlan, dst: str | Path, *, force: bool = False, progress: bool | None = None,
+def write(plan: ConvertPlan, dst: str | Path, *, verify, force: bool = False, progress: bool | None = None,
           device: str = "cpu") -> ConvertResult:
     """Write the converted checkpoint to `dst` (staged; the source is only read)."""
     from kvtool.convert.methods import MergeJob
@@ -416,7 +416,7 @@ def write(plan: ConvertPlan, dst: str | Path, *, force: bool = False, progress: 
                 "kvtool_kv_heads": f"{plan.source_kv_heads}->{plan.target_kv_heads}"}
         layer_of = {n: i for i, names in plan.layers.items() for n in names.values()}
         io = _NumpyIO(reader, plan) if not torch_api else _TorchIO(reader, plan)
-        with staged_output(dst, force=force, protect=[plan.src]) as tmp:
+        with staged_output(dst, force=force, protect=[plan.src], verify=verify) as tmp:
             bar = kv_progress.task("convert", total=reader.total_bytes, scale="bytes", enabled=progress)
             try:
                 kept = {t.name: reader.byte_range(t.name)[1] for t in plan.outputs

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Callable
 
 from kvtool.convert.driver import ConvertPlan, ConvertResult, plan_checkpoint, write
 from kvtool.errors import InputError, UsageError
@@ -81,11 +82,13 @@ def plan(o, *, ckpt=None, config: dict | None = None, tensors: dict | None = Non
     return p
 
 
-def apply(p: ConvertPlan, dst: str | Path, *, force: bool = False, progress: bool | None = None,
-          device: str = "cpu") -> ConvertResult:
-    """Write the planned conversion to `dst` (staged, then renamed; the source is only read)."""
+def apply(p: ConvertPlan, dst: str | Path, *, verify: Callable[[Path], None] | None, force: bool = False,
+          progress: bool | None = None, device: str = "cpu") -> ConvertResult:
+    """Write the planned conversion to `dst` (staged, then renamed; the source is only read). `verify`: the
+    check the staged output must pass before it is published (`partial(kvtool.rules.output_check.verify_output,
+    source=SRC)`: convert cannot import lint, so its callers pass it; kvtool.io.staging.staged_output)."""
     if getattr(p, "target", None) == "mla":
         from kvtool.convert.mla.plan import write_mla
 
-        return write_mla(p, dst, force=force, progress=progress, device=device)
-    return write(p, dst, force=force, progress=progress, device=device)
+        return write_mla(p, dst, force=force, progress=progress, device=device, verify=verify)
+    return write(p, dst, force=force, progress=progress, device=device, verify=verify)

@@ -24,7 +24,8 @@ DETECTORS: Registry[Callable] = Registry("engine fact detector")
 # Detectors about what a release does with a key: where another fact says that release does not read the key at
 # all (its `drops`), they do not hold there (a class that ignores rope_scaling never meets an unknown rope type).
 READS = {"rope_type_unknown": "rope_scaling", "yarn_original_ignored": "rope_scaling",
-         "yarn_factor_from_context": "rope_scaling", "yarn_context": "rope_scaling"}
+         "yarn_factor_from_context": "rope_scaling", "yarn_context": "rope_scaling",
+         "yarn_mscale_ignored": "rope_scaling"}
 
 
 def _top(spec, key: str):
@@ -225,3 +226,115 @@ def kv_scales_declared(spec, args) -> list[Hit]:
     if not isinstance(scheme, dict) or scheme.get("dynamic") not in (False, None):
         return []
     return [Hit("quantization_config.kv_cache_scheme", {"model_type": spec.model_type or outer})]
+
+
+def _rope_dicts(spec):
+    """(path, rope dict as written, rope type) of each RoPE parameter set the config writes ({} for plain RoPE)."""
+    from kvtool.model.rope.params import raw_dict
+
+    out = []
+    for key, rp in spec.rope.items():
+        raw = raw_dict(spec, rp, key)
+        out.append((rp.path, raw if isinstance(raw, dict) else {}, rp.rope_type or "default"))
+    return out
+
+
+@DETECTORS.register("partial_rotary_forward")
+def partial_rotary_forward(spec, args) -> list[Hit]:
+    """partial_rotary_factor < 1 read by the release's shared RoPE init (frequencies for head_dim x factor dims)
+    on a class whose attention rotates the whole head: the first forward fails on the shape. args: model_types;
+    where: "top" (only the top-level key: 4.x reads the config attribute) or "any" (also inside the rope dict: 5.x
+    moves it there); rope_types: "any", "scaled" (not default: 5.x's default init ignores the factor) or
+    "default"."""
+    if spec.model_type not in args["model_types"] or spec.position != "rope":
+        return []
+    hd = spec.head_dim
+    for path, raw, rope_type in _rope_dicts(spec) or [("rope_scaling", {}, "default")]:
+        scaled = rope_type not in ("default", "mrope")
+        if args["rope_types"] == "scaled" and not scaled or args["rope_types"] == "default" and scaled:
+            continue
+        prf, where = _top(spec, "partial_rotary_factor"), spec.prefixed("partial_rotary_factor")
+        if args["where"] == "any" and raw.get("partial_rotary_factor") is not None:
+            prf, where = raw["partial_rotary_factor"], f"{path}.partial_rotary_factor"
+        if not is_number(prf) or not 0 < prf < 1:
+            continue
+        dims = f"{int(hd * prf)} of {hd}" if hd else f"{prf:g} of the head"
+        return [Hit(where, {"factor": f"{prf:g}", "dims": dims, "rope_type": rope_type})]
+    return []
+
+
+@DETECTORS.register("rope_required_keys")
+def rope_required_keys(spec, args) -> list[Hit]:
+    """A release's rope validation (transformers 5: _check_received_keys) after its own filling-in
+    (standardize_rope_params): rope_theta from the top level, original_max_position_embeddings from the top level
+    (else max_position_embeddings) only for the types written as one of args["fill_original"]; a written alias
+    (args["aliases"], the config class's own mapping) is renamed after that. A hit names the required keys
+    (args["required"][type]) still missing."""
+    if spec.model_type not in args.get("model_types", [spec.model_type]):
+        return []
+    for path, raw, _ in _rope_dicts(spec):
+        if not raw:
+            continue
+        written = raw.get("rope_type", raw.get("type", "default"))
+        if not isinstance(written, str):
+            continue
+        have = set(raw) | {"rope_type"}
+        if _top(spec, "rope_theta") is not None:
+            have.add("rope_theta")
+        if written in args["fill_original"]:
+            have.add("original_max_position_embeddings")
+        canonical = args["aliases"].get(written, written)
+        missing = sorted(set(args["required"].get(canonical, ())) - have)
+        if missing:
+            return [Hit(path, {"rope_type": canonical, "written": written, "missing": ", ".join(missing)})]
+    return []
+
+
+@DETECTORS.register("yarn_mscale_ignored")
+def yarn_mscale_ignored(spec, args) -> list[Hit]:
+    """yarn with mscale / mscale_all_dim and no attention_factor, on a release whose yarn init scales attention by
+    0.1 ln(factor) + 1 without reading them: a hit where that differs from what the dict says."""
+    import math
+
+    from kvtool.model.rope.params import rope_dict
+
+    for rp in spec.rope.values():
+        if rp.rope_type != "yarn":
+            continue
+        from kvtool.model.rope.freqs import yarn_attention_factor  # numpy: only for a yarn config
+
+        p = rope_dict(rp, spec)
+        raw = p.get("factor")
+        if p.get("attention_factor") is not None or not ({"mscale", "mscale_all_dim"} & set(p)) \
+                or not isinstance(raw, (int, float)) or not is_number(raw) or raw <= 0:
+            continue
+        factor = float(raw)
+        try:
+            written = yarn_attention_factor(p, factor)
+        except (TypeError, ValueError):
+            continue
+        plain = 0.1 * math.log(factor) + 1.0
+        if not math.isclose(plain, written, rel_tol=1e-9):
+            return [Hit(rp.path, {"plain": f"{plain:.6g}", "written": f"{written:.6g}"})]
+    return []
+
+
+@DETECTORS.register("rotary_dim_ignored")
+def rotary_dim_ignored(spec, args) -> list[Hit]:
+    """rotary_dim below head_dim on a release whose class of args["model_types"] does not read it yet."""
+    if spec.model_type not in args["model_types"]:
+        return []
+    rd, hd = _top(spec, "rotary_dim"), spec.head_dim
+    if not isinstance(rd, int) or isinstance(rd, bool) or not hd or not 0 < rd < hd:
+        return []
+    return [Hit(spec.prefixed("rotary_dim"), {"rotary_dim": rd, "head_dim": hd})]
+
+
+@DETECTORS.register("key_absent")
+def key_absent(spec, args) -> list[Hit]:
+    """A config of args["model_types"] without one of args["keys"], which the release's model reads off its config
+    class while the class declares no default for it."""
+    if spec.model_type not in args["model_types"] or not isinstance(spec.config, dict):
+        return []
+    missing = [k for k in args["keys"] if k not in spec.config]
+    return [Hit(spec.prefixed(missing[0]), {"key": missing[0]})] if missing else []

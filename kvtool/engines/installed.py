@@ -7,6 +7,10 @@ the common case, in the order it searches (sys.path in order, each folder in lis
 METADATA), and hands every case it does not read the same way to importlib.metadata: another metadata finder on
 sys.meta_path, a zip or `.egg` entry on sys.path, an `.egg-info`, a METADATA without a plain header, a value
 that is not a plain release number.
+
+Only absolute sys.path entries are searched, by both: an empty or relative entry follows the working folder, and
+a model folder kvtool runs in must not plant a `transformers-99.0.dist-info` that lint then reads as the installed
+release (issue 39; the command line also strips the working folder from sys.path, kvtool/__init__.py).
 """
 
 from __future__ import annotations
@@ -35,9 +39,15 @@ def version(name: str) -> str | None:
     from importlib import metadata
 
     try:
-        return metadata.version(name)
-    except Exception:  # PackageNotFoundError, or a broken dist-info: no reason to stop lint
+        found = next(iter(metadata.distributions(name=name, path=trusted_path())), None)
+        return None if found is None else found.version
+    except Exception:  # a broken dist-info: no reason to stop lint
         return None
+
+
+def trusted_path() -> list[str]:
+    """sys.path without the entries that follow the working folder ('' and relative ones)."""
+    return [p for p in sys.path if isinstance(p, str) and os.path.isabs(p)]
 
 
 def _from_dist_info(name: str):
@@ -50,10 +60,12 @@ def _from_dist_info(name: str):
     for entry in sys.path:
         if not isinstance(entry, str) or os.path.basename(entry).lower().endswith(".egg"):
             return _UNSURE
+        if not os.path.isabs(entry):
+            continue  # the working folder's: never an installed release
         try:
-            children = _metadata_folders(entry or ".")
+            children = _metadata_folders(entry)
         except OSError:
-            if os.path.exists(entry or "."):
+            if os.path.exists(entry):
                 return _UNSURE  # a zip file (importlib.metadata reads its member names)
             continue  # a missing folder: importlib.metadata finds nothing there either
         for normalized, child in children:

@@ -51,6 +51,10 @@ def newest(engine: str) -> str:
     return known()[engine][-1]
 
 
+MAX_SEGMENT_DIGITS = 18  # no release number anywhere has a longer segment; int64-safe for every comparison
+_LONG_NUMBER = re.compile(r"[0-9]{%d,}" % (MAX_SEGMENT_DIGITS + 1))
+
+
 def parse(requirement: str, *, option: str | None = None, file: str | None = None, field: str | None = None):
     """'transformers>=4.45,<5' -> ('transformers', SpecifierSet('>=4.45,<5')); one-line UsageError otherwise."""
     from packaging.specifiers import InvalidSpecifier, SpecifierSet
@@ -64,9 +68,14 @@ def parse(requirement: str, *, option: str | None = None, file: str | None = Non
     name = m.group(1).lower().replace("_", "-")
     if name not in ENGINES:
         raise bad(f"unknown engine {m.group(1)!r}; choose from {', '.join(ENGINES)}")
+    text = m.group(2).strip()
+    if not text.isascii():  # packaging's patterns are ASCII; say so before it does, in one message
+        raise bad("a version specifier is written in ASCII (digits 0-9)")
+    if _LONG_NUMBER.search(text):  # packaging reads each release segment with int(): Python's 4300-digit limit
+        raise bad(f"a release number segment has more than {MAX_SEGMENT_DIGITS} digits")
     try:
-        spec = SpecifierSet(m.group(2).strip())
-    except InvalidSpecifier as exc:
+        spec = SpecifierSet(text)
+    except (InvalidSpecifier, ValueError) as exc:
         raise bad(f"invalid version specifier: {exc}") from None
     return name, spec
 
@@ -133,13 +142,15 @@ def installed(engine: str) -> str | None:
     from kvtool.engines.installed import PLAIN_RELEASE, version
 
     v = version(engine)
+    if v is not None and _LONG_NUMBER.search(v):
+        return None  # not a release kvtool can compare (packaging's int() of every segment)
     if v is None or PLAIN_RELEASE.fullmatch(v):  # a plain release number is a valid version: no packaging import
         return v
     from packaging.version import InvalidVersion, Version
 
     try:
         Version(v)
-    except InvalidVersion:
+    except (InvalidVersion, ValueError):
         return None
     return v
 
@@ -158,9 +169,24 @@ def one_release(requirement: str | None, engine: str, *, option: str) -> Checked
     return Checked(engine, versions, "--engine", requirement)
 
 
-def vllm_max_len_switches(requirement: str | None, *, option: str = "engine") -> tuple[Checked, frozenset[str]]:
-    """(the vLLM release, the arithmetic switches of schemas/engines/facts.json that hold there)."""
+def one_release_of(requirements, engine: str, *, option: str) -> Checked:
+    """The one release of `engine` a command follows, from `--engine` as every command declares it (a list of
+    requirements, kvtool.options.fields.engine_option; a lone string from the Python API counts as one). Two
+    requirements for this engine are refused by name, never the last kept; one for another engine is refused
+    by `one_release` (this command follows `engine` only)."""
+    reqs = [requirements] if isinstance(requirements, str) else [r for r in (requirements or ()) if r is not None]
+    if len(reqs) > 1:
+        from kvtool.errors import listed
+
+        raise UsageError(f"given {len(reqs)} times ({listed(repr(r) for r in reqs)}); this command follows one "
+                         f"{engine} release: give --engine once", option=option)
+    return one_release(reqs[0] if reqs else None, engine, option=option)
+
+
+def vllm_max_len_switches(requirement, *, option: str = "engine") -> tuple[Checked, frozenset[str]]:
+    """(the vLLM release, the arithmetic switches of schemas/engines/facts.json that hold there); `requirement`:
+    --engine's requirements (none: the installed or newest known release)."""
     from kvtool.engines.facts import arithmetic
 
-    release = one_release(requirement, "vllm", option=option)
+    release = one_release_of(requirement, "vllm", option=option)
     return release, arithmetic("vllm", release.versions[0])

@@ -245,7 +245,7 @@ def _score_whole(base, runs, emulation, accs, ws, bs, stream, n_ids: int, progre
             keep = group[0].n_scored
             targets = batch[:, -keep:]
             base_logits = base.logits(batch, keep) if base is not None else None
-            for (c, m), emu, acc in zip(runs, emulation, accs):
+            for (_c, m), emu, acc in zip(runs, emulation, accs):
                 with (_hooked(m, emu[0]) if emu else contextlib.nullcontext()):
                     logits = m.logits(batch, keep)
                 acc.add(logits, targets, base_logits)
@@ -495,11 +495,12 @@ def _max_memory(spec):
     """accelerate's max_memory from {device: bytes or "70GiB"} (GPU indices as int)."""
     if not spec:
         return None
-    from kvtool.units import parse_size
+    from kvtool.units import parse_size, plain_int
 
     out = {}
     for dev, size in spec.items():
-        key = int(dev) if isinstance(dev, int) or str(dev).isdigit() else str(dev)
+        key = dev if isinstance(dev, int) else plain_int(str(dev), max_digits=6)
+        key = str(dev) if key is None else key
         try:
             out[key] = size if isinstance(size, int) else parse_size(str(size))
         except ValueError as exc:
@@ -527,14 +528,17 @@ def _device_budget(spec):
 
 def parse_max_memory(text: str) -> dict:
     """'0=70GiB,1=70GiB,cpu=200GiB' -> {0: "70GiB", 1: "70GiB", "cpu": "200GiB"} (checked by _max_memory)."""
+    from kvtool.units import plain_int
+
     out: dict = {}
     for item in (text or "").split(","):
         dev, sep, size = item.strip().partition("=")
         dev = dev.strip()
-        if not sep or not dev or not (dev.isdigit() or dev in ("cpu", "mps")):
+        index = plain_int(dev, max_digits=6)
+        if not sep or not dev or not ((index is not None and index >= 0) or dev in ("cpu", "mps")):
             raise UsageError(f"expected DEVICE=SIZE items (0=70GiB,cpu=100GiB), got {item.strip()!r}",
                              option="max_memory")
-        out[int(dev) if dev.isdigit() else dev] = size.strip()
+        out[dev if index is None else index] = size.strip()
     _max_memory(out)
     return out
 

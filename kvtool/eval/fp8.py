@@ -162,18 +162,20 @@ def read_checkpoint_scales(folder: str | Path) -> KVScales:
     scan = scan_weights(root)  # the shared checks: no path outside the folder, no file the library refuses
     raise_first_error(scan, root)
     out = KVScales(source="checkpoint")
+    params = _scale_params(root, [n for h in scan.headers for n in h.tensors])  # what vLLM loads, and as which scale: kvtool.model.kv_scale_names.vllm_target
     for h in scan.headers:
         path = root / h.file
-        names = [n for n in h.tensors if kv_scale_names.is_kv_scale(n)]
-        q_names = [n for n in h.tensors if kv_scale_names.match_q(n)]
+        targets = {n: t for n in h.tensors if (t := kv_scale_names.vllm_target(n, params)) is not None}
+        names = [n for n, (_, role) in targets.items() if role in ("k", "v")]
+        q_names = [n for n, (_, role) in targets.items() if role == "q"]
         if not names and not q_names:
             continue
         try:
             with safe_open(str(path), framework="pt") as f:
                 for name in names:
-                    _store(out, name, f.get_tensor(name), str(path))
+                    _store(out, name, targets[name], f.get_tensor(name), str(path))
                 for name in q_names:
-                    _store_q(out, name, f.get_tensor(name), str(path))
+                    _store_q(out, name, targets[name], f.get_tensor(name), str(path))
         except (OSError, RuntimeError, ValueError, SafetensorError) as exc:
             raise InputError(f"cannot read KV scales: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}",
                              file=str(path)) from None
@@ -194,19 +196,31 @@ def _layer_of(prefix: str, file: str, name: str) -> int:
     return layer
 
 
-def _store_q(out: KVScales, name: str, tensor: torch.Tensor, file: str) -> None:
-    prefix, _spelling = kv_scale_names.match_q(name)
-    out.q[_layer_of(prefix, file, name)] = _checked_scale(tensor, file, name)
+def _scale_params(root: Path, names=()) -> dict:
+    """The scale parameters vLLM gives the model in `root` (its config's attention layers). A folder of scales
+    without a config.json (the API's kv_scales from a calibration folder) is read as a llama's layers."""
+    from kvtool.model.checkpoint import open_checkpoint
+    from kvtool.model.spec import build_spec
+
+    if not (root / "config.json").is_file():
+        layers = {i for n in names if (i := layer_index(n)) is not None}
+        return kv_scale_names.scale_params([f"model.layers.{i}.self_attn" for i in sorted(layers)], "mha")
+    return kv_scale_names.model_params(build_spec(open_checkpoint(str(root), read_side_files=False).config))
 
 
-def _store(out: KVScales, name: str, tensor: torch.Tensor, file: str) -> None:
-    prefix, spelling = kv_scale_names.match(name)
-    if not spelling.vllm_loads:
-        return  # vLLM drops this spelling and runs the layer with 1.0 (kvtool.model.kv_scale_names)
+def _store_q(out: KVScales, name: str, target: tuple[str, str], tensor: torch.Tensor, file: str) -> None:
+    out.q[_layer_of(target[0], file, name)] = _checked_scale(tensor, file, name)
+
+
+def _store(out: KVScales, name: str, target: tuple[str, str], tensor: torch.Tensor, file: str) -> None:
+    """A tensor vLLM loads as a k / v scale (kv_scale_names.vllm_target; a dropped one never reaches here)."""
+    prefix, role_loaded = target
     layer = _layer_of(prefix, file, name)
     t = _checked_scale(tensor, file, name)
-    rank = kv_scale_names.SPELLINGS.index(spelling)
-    for role in ("k", "v") if spelling.role == "kv" else (spelling.role,):
+    m = kv_scale_names.match(name)
+    spelling = m[1] if m else None
+    rank = kv_scale_names.SPELLINGS.index(spelling) if spelling else len(kv_scale_names.SPELLINGS) - 1
+    for role in ("k", "v") if name.endswith(".kv_scale") else (role_loaded,):
         table = out.k if role == "k" else out.v
         # several spellings for one layer: the first in SPELLINGS order (the post-RoPE ones) wins
         if out._rank.get((role, layer), len(kv_scale_names.SPELLINGS)) > rank:

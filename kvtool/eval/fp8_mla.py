@@ -42,7 +42,7 @@ from kvtool.errors import InputError, UsageError
 from kvtool.eval.fp8 import KVScales, fp8_roundtrip, layer_index
 from kvtool.eval.fp8_backends import Citation
 
-# attention-relative names vLLM 0.33's DeepSeek loader loads as the MLA layer's k_scale, first wins
+# precedence among the names vLLM loads as an MLA layer's k_scale (which ones it loads: kv_scale_names.vllm_target)
 K_SCALE_NAMES = ("mla_attn.mla_attn.k_scale", "k_proj.k_scale")
 _MLA = "vllm/model_executor/layers/attention/mla_attention.py"
 CITED = (
@@ -125,24 +125,29 @@ def read_mla_scales(folder: str | Path) -> MLAScales:
     root = Path(folder)
     scan = scan_weights(root)
     raise_first_error(scan, root)
+    from kvtool.eval.fp8 import _scale_params
+    from kvtool.model.kv_scale_names import vllm_target
+
     out = MLAScales(source="checkpoint")
     rank: dict[int, int] = {}
+    params = _scale_params(root, [n for h in scan.headers for n in h.tensors])  # the one answer to "which tensor does vLLM load as the layer's k_scale"
     for h in scan.headers:
-        found = [(n, i) for n in h.tensors for i, s in enumerate(K_SCALE_NAMES) if n.endswith("." + s)]
+        found = [(n, next((i for i, s in enumerate(K_SCALE_NAMES) if n.endswith("." + s)), len(K_SCALE_NAMES)),
+                  t[0]) for n in h.tensors if (t := vllm_target(n, params)) is not None and t[1] == "k"]
         if not found:
             continue
         path = root / h.file
         try:
             with safe_open(str(path), framework="pt") as f:
-                for name, i in found:
-                    layer = layer_index(name[:-len(K_SCALE_NAMES[i]) - 1])
+                for name, i, prefix in found:
+                    layer = layer_index(prefix)
                     if layer is None:
                         raise InputError("scale tensor name has no layer number", file=str(path), field=name)
                     t = _checked_scale(f.get_tensor(name), str(path), name)
                     if t.numel() != 1:
                         raise InputError(f"an MLA layer has one latent scale; this one has {t.numel()} values",
                                          file=str(path), field=name)
-                    if rank.get(layer, len(K_SCALE_NAMES)) > i:
+                    if rank.get(layer, len(K_SCALE_NAMES) + 1) > i:
                         out.k[layer], rank[layer] = float(t), i
         except (OSError, RuntimeError, ValueError, SafetensorError) as exc:
             raise InputError(f"cannot read KV scales: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}",

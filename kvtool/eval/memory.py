@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvtool.errors import InputError, UsageError
+from kvtool.units import plain_int
 
 LIMIT_ENV = "KVTOOL_MEMORY_LIMIT"
 _LAYER_RE = re.compile(r"(?:^|\.)(?:layers|h|blocks|block)\.(\d+)\.")
@@ -87,12 +88,15 @@ def _cgroup_headroom(root: Path = Path("/sys/fs/cgroup")) -> int | None:
                                    ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes")):
         try:
             limit = (root / limit_file).read_text().strip()
-            usage = int((root / usage_file).read_text().strip())
+            usage = plain_int((root / usage_file).read_text().strip(), max_digits=30)
         except (OSError, ValueError):
             continue
-        if limit == "max" or not limit.isdigit() or int(limit) >= 2**60:  # v1 "no limit" is ~2**63
+        if usage is None:
+            continue
+        bound = plain_int(limit, max_digits=30)
+        if bound is None or bound >= 2**60:  # "max"; v1's "no limit" is ~2**63
             return None
-        return max(0, int(limit) - usage)
+        return max(0, bound - usage)
     return None
 
 

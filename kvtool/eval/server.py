@@ -12,7 +12,7 @@ import urllib.error
 import urllib.request
 from typing import Any, Sequence
 
-from kvtool.errors import InputError
+from kvtool.errors import InputError, listed
 from kvtool.eval import protocol
 from kvtool.eval.protocol import FAMILIES, Family
 
@@ -99,7 +99,7 @@ class Server:
             raise self.error(exc.message) from None
         self.names = names
         if self.model not in names:
-            raise self.error(f"serves {', '.join(repr(n) for n in names) or 'no model'}, not {self.model!r} "
+            raise self.error(f"serves {listed(repr(n) for n in names) or 'no model'}, not {self.model!r} "
                              "(the model name to score)")
         for family in FAMILIES.values():
             answer = self.request(family.tokenize_path, protocol.tokenize_request(family, self.model, ""),

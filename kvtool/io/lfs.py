@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvtool.units import fmt_bytes
+from kvtool.units import fmt_bytes, plain_int
 
 MAGIC = b"version https://git-lfs.github.com/spec/v1"
 MAX_POINTER_BYTES = 1024
@@ -39,7 +39,7 @@ def read_pointer(path: Path, name: str | None = None) -> LfsPointer | None:
     size = oid = None
     for line in head.decode("utf-8", "replace").splitlines():
         key, _, value = line.partition(" ")
-        if key == "size" and value.strip().isdigit():
+        if key == "size" and plain_int(value.strip(), max_digits=30) is not None:
             size = int(value.strip())
         elif key == "oid":
             oid = value.strip()
@@ -49,7 +49,9 @@ def read_pointer(path: Path, name: str | None = None) -> LfsPointer | None:
 def not_pulled_message(pointers: list[LfsPointer]) -> str:
     """One sentence naming every pointer and the size it stands for."""
     total = sum(p.size or 0 for p in pointers)
-    files = ", ".join(f"{p.file} ({fmt_bytes(p.size) if p.size is not None else 'size unknown'})" for p in pointers)
+    from kvtool.errors import listed
+
+    files = listed(f"{p.file} ({fmt_bytes(p.size) if p.size is not None else 'size unknown'})" for p in pointers)
     return f"the weights were not pulled: {len(pointers)} file(s) are Git LFS pointers ({fmt_bytes(total)} in all): {files}"
 
 

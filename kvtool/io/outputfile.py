@@ -16,7 +16,7 @@ What it guarantees (docs/safety.md, "Writing"), whatever a model folder holds:
   has one), copied from that descriptor, and checked once more after the copy, both the descriptor and the
   path. A change is `SourceChanged` (exit 2, one line naming the file); the staged output is removed.
 
-tests/test_writes.py fails when a module of the package writes files any other way.
+tests/io/test_writes.py fails when a module of the package writes files any other way.
 """
 
 from __future__ import annotations

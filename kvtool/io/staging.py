@@ -31,10 +31,10 @@ import socket
 import threading
 import uuid
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 from kvtool.console import out
-from kvtool.errors import SIGNALS_RECEIVED, InputError, KvtoolError, UsageError
+from kvtool.errors import SIGNALS_RECEIVED, InputError, KvtoolError, UsageError, listed
 from kvtool.io.outputfile import copy_source, make_dir, make_parents, move, write_new
 
 TMP_MARK = ".kvtool-tmp-"
@@ -117,15 +117,23 @@ def sigterm_as_interrupt() -> Iterator[None]:
         SIGNALS_RECEIVED.append(signum)
         raise Interrupted()
 
+    # SIGHUP too (the terminal closed, an ssh session dropped): the same cleanup, unless the caller ignores it
+    # (nohup), whose choice stands
+    sigs = [signal.SIGTERM] + ([signal.SIGHUP] if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN else [])
+    olds = []
     try:
-        old = signal.signal(signal.SIGTERM, _raise)
+        for sig in sigs:
+            olds.append((sig, signal.signal(sig, _raise)))
     except (ValueError, OSError):
+        for sig, old in olds:
+            signal.signal(sig, old)
         yield
         return
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, old)
+        for sig, old in olds:
+            signal.signal(sig, old)
 
 
 def os_error_file(exc: OSError, default: str | Path) -> str:
@@ -212,21 +220,27 @@ def sweep_stale(parent: Path, dst_name: str) -> None:
             gone.append(p.name)
     if gone:
         out(f"kvtool: removed {len(gone)} staging folder(s) left by an interrupted kvtool run: "
-                    f"{', '.join(gone)}", err=True)
+                    f"{listed(gone)}", err=True)
     if foreign:
         out(f"kvtool: note: left alone {len(foreign)} folder(s) named like kvtool staging but without its "
-                    f"marker (or from another host): {', '.join(str(p) for p in foreign)}", err=True)
+                    f"marker (or from another host): {listed(str(p) for p in foreign)}", err=True)
 
 
 @contextlib.contextmanager
-def staged_output(dst: str | Path, *, force: bool = False, protect: Iterable[Path] = ()) -> Iterator[Path]:
-    """Yield a temporary folder next to `dst`; rename it to `dst` only if the block succeeds."""
+def staged_output(dst: str | Path, *, force: bool = False, protect: Iterable[Path] = (),
+                  verify: Callable[[Path], None] | None) -> Iterator[Path]:
+    """Yield a temporary folder next to `dst`; rename it to `dst` only if the block succeeds and `verify(tmp)`
+    (kvtool's own checks of the finished output, passed in by the operation: kvtool.rules.output_check) raises
+    nothing. `verify` has no default: every writer says which check it publishes under (None only for outputs
+    that are no model, and tests)."""
     dst = Path(dst)
     check_destination(dst, force=force, protect=protect)
     tmp = staging_dir_for(dst)
     try:
         with sigterm_as_interrupt():
             yield tmp
+            if verify is not None:
+                verify(tmp)
             _commit(tmp, dst, force)
             COMPLETED.append(dst)
     except BaseException as exc:

@@ -8,7 +8,7 @@ validated strictly: an unknown key is an error, so dead fields cannot creep in.
 Weight names are the ones hub checkpoints store (which transformers sometimes renames at load:
 exaone, nemotron_h, gpt_neox's embed_out). `defaults` are transformers' config-class defaults, applied
 when a key is absent (an explicit null wins). `legacy_keys` lists keys a table reads that
-transformers' class does not define (remote-code or pre-v5 spellings); tests/test_architectures.py
+transformers' class does not define (remote-code or pre-v5 spellings); tests/model/test_architectures.py
 checks every other key against transformers. Multimodal wrappers (text_config & co.) are described
 in schemas/wrappers.json: the inner table to use and the weight-name prefixes the wrapper adds.
 """
@@ -16,7 +16,7 @@ in schemas/wrappers.json: the inner table to use and the weight-name prefixes th
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 

@@ -107,3 +107,100 @@ def match_q(name: str) -> tuple[str, str] | None:
 def q_canonical_name(attn_prefix: str) -> str:
     """The name quantize-kv writes for a layer's q scale (beside its k_scale / v_scale)."""
     return f"{attn_prefix}.{Q_SPELLINGS[0]}"
+
+
+# --- what vLLM loads: one function (eval, lint and quantize-kv ask it) ------------------------------------------
+# vLLM 0.33.0 vllm/model_executor/model_loader/weight_utils.py, maybe_remap_kv_scale_name, ported rule by rule (the
+# DeepSeek loader, vllm/model_executor/models/deepseek_v2.py DeepseekV2ForCausalLM.load_weights, and the llama one
+# call it on every checkpoint name; a None answer is `continue`: the tensor is dropped and the layer keeps 1.0).
+# The same function in vLLM 0.32.0 (tests/oracle/test_vllm_facts.py compares both excerpts with this table).
+REMAP_RELEASE = "0.33.0"
+REMAP_CITATION = ("vllm/model_executor/model_loader/weight_utils.py, maybe_remap_kv_scale_name, 0.33.0 (and 0.32.0); "
+                  "vllm/model_executor/layers/quantization/kv_cache.py, BaseKVCacheMethod.create_weights / "
+                  "process_weights_after_loading, 0.33.0")
+# the names the function remaps at all (any other name is taken only when it is a parameter)
+REMAP_ENDINGS = (".k_scale", ".v_scale", ".q_scale", ".q.scale", ".k_cache.scale", ".v_cache.scale")
+# (pattern, replacement) in order of precedence; {attn} is "mla_attn.mla_attn" in a model with MLA parameters
+REMAP_PATTERNS = (
+    (r"\.self_attn\.([kv])_proj\.([kv])_scale$", r".self_attn.{attn}.\2_scale"),  # ModelOpt
+    (r"\.self_attn\.qkv_proj\.([kv])_scale$", r".self_attn.attn.\1_scale"),
+    (r"\.self_attn\.qkqkv_proj\.([kv])_scale$", r".self_attn.attn.\1_scale"),  # Qwen3 MoE
+    (r"\.mixer\.[kv]_proj\.([kv])_scale$", r".mixer.attn.\1_scale"),  # NemotronH
+    (r"\.self_attn\.q\.scale$", r".self_attn.attn.q_scale"),  # HYV3
+    (r"\.self_attn\.([kv])_cache\.scale$", r".self_attn.attn.\1_scale"),  # HYV3
+    (r"\.([qkv])_scale$", r".attn.\1_scale"),  # default
+)
+# the scale parameters each attention layer registers (BaseKVCacheMethod.create_weights: q_scale, k_scale, v_scale,
+# prob_scale), under the module vLLM's attention layer sits at: `<attention>.attn` (Attention), or
+# `<attention>.mla_attn.mla_attn` (DeepseekV2MLAAttention -> MultiHeadLatentAttentionWrapper -> MLAAttention)
+PARAM_ROLES = ("k", "v", "q", "prob")
+LAYER_MODULE = {"mha": "attn", "mla": "mla_attn.mla_attn"}
+
+
+def scale_params(prefixes: Iterable[str], attention: str) -> dict[str, tuple[str, str]]:
+    """vLLM's scale parameters of a model: parameter name -> (attention prefix, role)."""
+    mod = LAYER_MODULE[attention]
+    return {f"{p}.{mod}.{r}_scale": (p, r) for p in prefixes for r in PARAM_ROLES}
+
+
+def vllm_target(name: str, params: dict[str, tuple[str, str]]) -> tuple[str, str] | None:
+    """Where vLLM loads checkpoint tensor `name` among a model's scale parameters (`scale_params`): (attention
+    prefix, role "k" / "v" / "q" / "prob"), or None when it drops it (not a scale parameter, or one the remap
+    sends to a parameter the model has not). The legacy `kv_scale` loads as k and vLLM duplicates it to v."""
+    if name in params:
+        return params[name]
+    if name.endswith(".kv_scale"):
+        return params.get(name[:-len(".kv_scale")] + ".attn.k_scale")
+    if not name.endswith(REMAP_ENDINGS):
+        return None
+    attn = LAYER_MODULE["mla"] if any("mla_attn" in k for k in params) else LAYER_MODULE["mha"]
+    for pattern, repl in REMAP_PATTERNS:
+        if re.search(pattern, name):
+            return params.get(re.sub(pattern, repl.replace("{attn}", attn), name))
+    return None
+
+
+def model_params(spec) -> dict[str, tuple[str, str]]:
+    """The scale parameters vLLM gives `spec`'s KV-caching attention layers (their prefixes from the table)."""
+    from kvtool.model.layer_types import KV_CACHE_TYPES
+
+    prefixes = [spec.arch.attn_prefix(i) for i, lt in enumerate(spec.layer_types) if lt in KV_CACHE_TYPES]
+    return scale_params(prefixes, "mla" if spec.is_mla else "mha")
+
+
+def loaded(names: Iterable[str], params: dict[str, tuple[str, str]]) -> dict[tuple[str, str], list[str]]:
+    """(attention prefix, role) -> the checkpoint tensors vLLM loads into that parameter, in checkpoint name order
+    (a legacy kv_scale fills v too); vLLM loads each in turn, so the last one loaded wins."""
+    out: dict[tuple[str, str], list[str]] = {}
+    for n in sorted(names):
+        t = vllm_target(n, params)
+        if t is None:
+            continue
+        out.setdefault(t, []).append(n)
+        if n.endswith(".kv_scale"):
+            out.setdefault((t[0], "v"), []).append(n)
+    return out
+
+
+def looks_like_scale(name: str) -> bool:
+    """A name a reader would take for a K / V / Q scale (any spelling kvtool or vLLM knows), loaded or not."""
+    return name.endswith((*REMAP_ENDINGS, ".kv_scale", ".prob_scale", "_proj.output_scale"))
+
+
+def shape_problem(role: str, numel: int, *, attention: str, per_head: bool, heads: int, kv_heads: int) -> str | None:
+    """Why vLLM's loader refuses a scale of `numel` values for `role`, None when it takes it.
+    BaseKVCacheMethod.process_weights_after_loading (0.33.0): k / v one value each (a scalar or [1]: the loader
+    fills a one-element parameter from any one-element tensor), q and prob one value ("Only support per-tensor
+    scaling factor"). compressed-tensors' attn_head strategy (per_head) takes one value per KV head for k / v
+    and one per query head for q (CompressedTensorsKVCacheMethod); an MLA layer caches one latent: one value."""
+    if numel == 1:
+        return None
+    if attention == "mla":
+        return f"an MLA layer takes one {role} scale, not {numel} values"
+    if per_head and role in ("k", "v") and numel == kv_heads:
+        return None
+    if per_head and role == "q" and numel in (heads, kv_heads):
+        return None
+    want = {"k": f"1 or {kv_heads} (attn_head)", "v": f"1 or {kv_heads} (attn_head)",
+            "q": f"1 or {heads} (attn_head)", "prob": "1"}[role] if per_head else "1"
+    return f"vLLM takes {want} value(s) for a {role} scale, not {numel}"

@@ -33,13 +33,136 @@ def layer_types_problems(cfg: dict, key: str):
     if not isinstance(lt, list):
         yield "KV305", key, f"is a {type(lt).__name__}; it must be a list of layer-type names"
         return
-    bad = [(i, v) for i, v in enumerate(lt) if not isinstance(v, str) or v not in KNOWN_LAYER_TYPES]
+    # 5.25.0 checks layer_types against ALLOWED_ATTN_LAYER_TYPES: the MLP names (sparse, dense) are refused there
+    bad = [(i, v) for i, v in enumerate(lt) if not isinstance(v, str) or v not in KNOWN_LAYER_TYPES
+           or v in MLP_LAYER_TYPES]
     if bad:
-        shown = ", ".join(f"[{i}] {v!r}" for i, v in bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
-        yield "KV305", f"{key}[{bad[0][0]}]", f"has unknown values: {shown}"
+        yield "KV305", f"{key}[{bad[0][0]}]", f"has unknown values: {_shown(bad)}"
     n = cfg.get("num_hidden_layers")
     if isinstance(n, int) and not isinstance(n, bool) and n >= 0 and len(lt) != n:
         yield "KV304", key, f"has {len(lt)} entries but num_hidden_layers is {n}"
+    # mlp_layer_types: PreTrainedConfig.validate_layer_type (5.25.0) checks it after layer_types, in the same loop,
+    # which returns at the first list that is None: only a config with layer_types has it checked
+    mlt = cfg.get("mlp_layer_types")
+    if mlt is None:
+        return
+    mkey = key.rsplit(".", 1)[0] + ".mlp_layer_types" if "." in key else "mlp_layer_types"
+    if not isinstance(mlt, list):
+        yield "KV305", mkey, f"is a {type(mlt).__name__}; it must be a list of {', '.join(MLP_LAYER_TYPES)}"
+        return
+    bad = [(i, v) for i, v in enumerate(mlt) if not isinstance(v, str) or v not in MLP_LAYER_TYPES]
+    if bad:
+        yield "KV305", f"{mkey}[{bad[0][0]}]", f"has values transformers refuses: {_shown(bad)} (it takes " \
+                                               f"{', '.join(MLP_LAYER_TYPES)})"
+    elif isinstance(n, int) and not isinstance(n, bool) and n >= 0 and len(mlt) != n:
+        yield "KV304", mkey, f"has {len(mlt)} entries but num_hidden_layers is {n}"
+
+# nemotron_h: hybrid_override_pattern letters -> transformers' layer type (configuration_nemotron_h.py,
+# NemotronHConfig._pattern_to_list, 5.25.0: `pattern_mapping[char]`, a KeyError on any other letter) and the
+# layer types its validate_layer_type accepts (`valid_types`, a ValueError on any other).
+NEMOTRON_H_LETTERS = {"M": "linear_attention", "E": "moe", "*": "full_attention", "-": "mlp"}
+NEMOTRON_H_TYPES = ("full_attention", "linear_attention", "moe", "mlp")
+# kvtool's own names for them (KV is cached by "full_attention" only)
+_NEMOTRON_H_KVTOOL = {"M": "mamba", "*": "full_attention", "-": "mlp", "E": "moe"}
+
+
+def _shown(bad: list) -> str:
+    return ", ".join(f"[{i}] {v!r}" for i, v in bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
+
+
+def _nemotron_layer_types(cfg: dict, key: str):
+    """nemotron_h's layers_block_type / layer_types: transformers 5.25.0 configuration_nemotron_h.py,
+    NemotronHConfig.validate_layer_type (a list of strings from `valid_types`; its length, not
+    num_hidden_layers, is the layer count: no length check)."""
+    from_key = "layers_block_type" if "layers_block_type" in cfg else "layer_types"
+    lt = cfg.get(from_key)
+    if lt is None:
+        return
+    path = key.rsplit(".", 1)[0] + "." + from_key if "." in key else from_key
+    if not isinstance(lt, list):
+        yield "KV305", path, f"is a {type(lt).__name__}; transformers needs a list of strings (NemotronHConfig." \
+                             "validate_layer_type)"
+        return
+    legacy = {"mamba": "linear_attention", "attention": "full_attention"}  # remap_legacy_layer_types
+    bad = [(i, v) for i, v in enumerate(lt) if not isinstance(v, str) or legacy.get(v, v) not in NEMOTRON_H_TYPES]
+    if bad:
+        yield "KV305", f"{path}[{bad[0][0]}]", (f"has values transformers refuses: {_shown(bad)}; nemotron_h takes "
+                                                f"{', '.join(NEMOTRON_H_TYPES)} (NemotronHConfig.validate_layer_type)")
+    elif not lt:
+        yield "KV304", path, "is empty: a model with no layers"
+
+
+def hybrid_pattern_problems(cfg: dict, key: str):
+    """nemotron_h's hybrid_override_pattern, read only where layers_block_type / layer_types is absent (as
+    transformers 5.25.0 NemotronHConfig.__post_init__ does): a string of the letters M E * -, one per layer.
+    Anything else fails in `_pattern_to_list` (KeyError on a letter, TypeError on a number)."""
+    if cfg.get("layers_block_type") is not None or cfg.get("layer_types") is not None or \
+            "hybrid_override_pattern" not in cfg:
+        return
+    pat = cfg["hybrid_override_pattern"]
+    path = key.rsplit(".", 1)[0] + ".hybrid_override_pattern" if "." in key else "hybrid_override_pattern"
+    if isinstance(pat, list) and all(isinstance(c, str) for c in pat):
+        pat = "".join(c if len(c) == 1 else "\x00" for c in pat)  # transformers iterates a list as it does a string
+    if not isinstance(pat, str):
+        yield "KV305", path, (f"is {_clip(pat)}, not a string; transformers needs a string of the letters "
+                              f"{' '.join(NEMOTRON_H_LETTERS)}, one per layer (NemotronHConfig._pattern_to_list)")
+        return
+    bad = [(i, c) for i, c in enumerate(pat) if c not in NEMOTRON_H_LETTERS]
+    if bad:
+        yield "KV305", path, (f"has letters transformers refuses: {_shown(bad)}; each layer is one of "
+                              f"{', '.join(f'{k} ({v})' for k, v in NEMOTRON_H_LETTERS.items())} "
+                              "(NemotronHConfig._pattern_to_list)")
+    elif not pat:
+        yield "KV304", path, "is empty: a model with no layers"
+
+
+def _clip(v) -> str:
+    text = repr(v)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def sliding_pattern_problems(cfg: dict, key: str):
+    """sliding_window_pattern where transformers builds layer_types from it (no layer_types given, a window
+    set): `(i + 1) % pattern` (gemma3 / cohere2 / exaone4 configuration files, 5.25.0) fails on 0 and on
+    anything but an integer; embedding_gemma2 refuses below 1 in so many words ("must be a positive integer")."""
+    if cfg.get("layer_types") is not None or cfg.get("sliding_window") is None:
+        return
+    for name in ("sliding_window_pattern", "sliding_window_pattern_size"):
+        if name not in cfg or cfg[name] is None:
+            continue
+        v = cfg[name]
+        path = key.rsplit(".", 1)[0] + "." + name if "." in key else name
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            if isinstance(v, str) and v and set(v) <= {"L", "G"}:
+                continue  # exaone4's "LLLG" spelling (its docstring; kvtool reads it as that)
+            yield "KV305", path, (f"is {_clip(v)}; it must be a positive integer (every N-th layer global): "
+                                  "transformers computes (i + 1) % sliding_window_pattern")
+        return
+
+
+def pattern_message(path: str, what: str) -> str:
+    """The line a pattern problem is reported with: the field (without its index), then what is wrong."""
+    return f"{path.split('[', 1)[0]} {what}"
+
+
+def pattern_problems(spec):
+    """(rule code, config path, what is wrong) for every layer-pattern field of spec's config that kvtool reads
+    (the resolvers its architecture table lists) and transformers would refuse. lint reports them (KV304 /
+    KV305); every command that computes per layer refuses the config (kvtool.model.numbers)."""
+    cfg = spec.config
+    key = spec.prefixed("layer_types")
+    resolvers = spec.arch.attention.get("layer_types", []) if spec.arch is not None else []
+    if "hybrid_override_pattern" in resolvers:  # nemotron_h: its own layer-type names and pattern letters
+        yield from _nemotron_layer_types(cfg, key)
+        yield from hybrid_pattern_problems(cfg, key)
+    else:
+        yield from layer_types_problems(cfg, key)
+    if "sliding_window_pattern" in resolvers:
+        yield from sliding_pattern_problems(cfg, key)
+
+
+# configuration_utils.ALLOWED_MLP_LAYER_TYPES (transformers 5.25.0)
+MLP_LAYER_TYPES = ("sparse", "dense")
 
 KV_CACHE_TYPES = ("full_attention", "sliding_attention", "chunked_attention")
 KNOWN_TYPES = KV_CACHE_TYPES + ("linear_attention", "mamba", "none", "mlp", "moe")
@@ -123,11 +246,12 @@ def _sliding_if_window(spec, n):
 
 def _hybrid_override_pattern(spec, n):
     pat = spec.config.get("hybrid_override_pattern")
+    if isinstance(pat, list) and all(isinstance(c, str) for c in pat):
+        pat = "".join(pat)  # ["M", "*"]: transformers iterates it as it iterates "M*"
     if not isinstance(pat, str) or not pat:
         return None
-    # nemotron_h: M = mamba, * = attention, - = MLP, E = MoE
-    table = {"M": "mamba", "*": "full_attention", "-": "mlp", "E": "moe"}
-    return [table.get(c, "none") for c in pat]
+    # nemotron_h: M = mamba, * = attention, - = MLP, E = MoE (any other letter: pattern_problems refuses it)
+    return [_NEMOTRON_H_KVTOOL.get(c, "none") for c in pat]
 
 
 def _no_rope_flags(spec, n):

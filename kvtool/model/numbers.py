@@ -226,11 +226,10 @@ def require_valid_numbers(spec, file: str, *, heads: bool = True) -> None:
     split = head_split_problem(spec) if heads else None
     if split is not None:
         raise InputError(split[1], file=file, field=split[0])
-    from kvtool.model.layer_types import layer_types_problems
+    from kvtool.model.layer_types import pattern_message, pattern_problems
 
-    key = spec.prefixed("layer_types")
-    for _code, path, what in layer_types_problems(spec.config, key):
-        raise InputError(f"{key} {what}", file=file, field=path)
+    for _code, path, what in pattern_problems(spec):
+        raise InputError(pattern_message(path, what), file=file, field=path)
     for path, what in rope_refusals(spec):
         raise InputError(what, file=file, field=path)
 

@@ -6,9 +6,13 @@ from kvtool.convert import defaults as aware
 from kvtool.convert.defaults import AWARE_FIELDS, GROUPINGS, MLA_PRESETS, MLA_SOLVE, MLA_SOLVES, TARGETS
 from kvtool.options.fields import argument, operation, option
 from kvtool.progress import FLAG_HELP
+from kvtool.units import parse_kv_budget
 
 DTYPES = ("keep", "bf16", "fp16", "fp32")
 TEXT_FILES = {"$ref": "#/$defs/text_files"}  # one path or a list, relative to the recipe
+# what an option works with (fields.Spec.applies): its section of --help, its label in the docs table
+GQA, MLA, EVAL = ("--to gqa",), ("--to mla",), ("--eval",)
+CALIBRATED = ("--method aware", "--to mla")  # both calibrate: kvtool/convert/aware and kvtool/convert/mla
 KV_BUDGET_PATTERN = "^([0-9]*\\.?[0-9]+ ?[KMGTkmgt]?i?[Bb]|[0-9]*\\.?[0-9]+ ?%?)$"  # bytes with a unit, or a fraction
 
 
@@ -25,22 +29,23 @@ class ConvertOptions:
     src: str = argument(help="Source model folder (config.json + safetensors).")
     dst: str | None = argument(None, help="Output folder; required, except with --dry-run.")
     to: str = option(choices=TARGETS, recipe_required=True, help=" | ".join(TARGETS))
-    groups: int | None = option(None, short="-g", minimum=1, help="KV heads after conversion (with --to gqa).")
-    kv_rank: int | None = option(None, minimum=1,
-                                 help="--to mla: latent dimensions cached per token and layer (kv_lora_rank).")
-    rope_dim: int | None = option(None, minimum=2,
-                                  help="--to mla: dimensions of the shared RoPE key cached beside the latent "
+    groups: int | None = option(None, short="-g", minimum=1, applies=GQA, help="KV heads after conversion.")
+    kv_rank: int | None = option(None, minimum=1, applies=MLA,
+                                 help="Latent dimensions cached per token and layer (kv_lora_rank).")
+    rope_dim: int | None = option(None, minimum=2, applies=MLA,
+                                  help="Dimensions of the shared RoPE key cached beside the latent "
                                        "(qk_rope_head_dim; even, at most head_dim - 2; default: docs/convert-mla.md).")
     kv_budget: str | None = option(None, choices=("BYTES (7.5KiB, 7680B)", "FRACTION (0.33, 33%)"),
-                                   pattern=KV_BUDGET_PATTERN, metavar="BYTES|FRACTION",
-                                   help="--to mla: KV cache per token instead of --kv-rank, as bytes (7.5KiB, 7680B) "
+                                   pattern=KV_BUDGET_PATTERN, parse=parse_kv_budget, metavar="BYTES|FRACTION",
+                                   applies=MLA,
+                                   help="KV cache per token instead of --kv-rank, as bytes (7.5KiB, 7680B) "
                                         "or a fraction of the source's (0.33, 33%).")
-    preset: str | None = option(None, choices=tuple(MLA_PRESETS),
-                                help="--to mla: the dimensions an MLA kernel fixes: "
+    preset: str | None = option(None, choices=tuple(MLA_PRESETS), applies=MLA,
+                                help="The dimensions an MLA kernel fixes: "
                                      + ", ".join(f"{k} = kv_lora_rank {r} + rope {d}" for k, (r, d) in MLA_PRESETS.items())
                                      + " (FlashMLA, CUTLASS MLA).")
-    mla_solve: str | None = option(None, choices=tuple(MLA_SOLVES),
-                                   help="--to mla: how each layer is solved: mqa-seed (the aware MQA merge written as "
+    mla_solve: str | None = option(None, choices=tuple(MLA_SOLVES), applies=MLA,
+                                   help="How each layer is solved: mqa-seed (the aware MQA merge written as "
                                         "MLA, plus per-head keys from the latent) | joint (the rope key merged per "
                                         f"pair, keys and values in one latent); default {MLA_SOLVE}.")
     dry_run: bool = option(False, recipe=False, help="Print the plan and write nothing.")
@@ -53,34 +58,35 @@ class ConvertOptions:
                                    help="KEY=VALUE option for the merge method (repeatable).")
     eval: bool | None = option(None, negatable=True, recipe=False,
                                help="Run the perplexity check on the result (default: on with a CUDA GPU).")
-    eval_tokens: int = option(4096, recipe=False, minimum=2, help="Tokens of the built-in evaluation text for --eval.")
-    max_ppl_increase: str | None = option(None, recipe=False,
-                                          help="--eval gate: fail (exit 1) above this perplexity rise, e.g. 5%.")
-    max_kld: float | None = option(None, recipe=False, help="--eval gate: fail above this mean KL divergence.")
+    eval_tokens: int = option(4096, recipe=False, minimum=2, applies=EVAL,
+                              help="Tokens of the built-in evaluation text.")
+    max_ppl_increase: str | None = option(None, recipe=False, applies=EVAL,
+                                          help="Fail (exit 1) above this perplexity rise, e.g. 5%.")
+    max_kld: float | None = option(None, recipe=False, applies=EVAL, help="Fail (exit 1) above this mean KL divergence.")
     progress: bool | None = option(None, negatable=True, recipe=False, help=FLAG_HELP)
     calib_dataset: str | None = option(None, recipe="calibration.dataset", schema={"type": "string", "minLength": 1},
-                                       help="--method aware: mixed (the default: pydoc, The Devil's Dictionary and the "
+                                       applies=CALIBRATED, help="Calibration text: mixed (the default: pydoc, The Devil's Dictionary and the "
                                             "Jargon File, built-in, offline) | pydoc (built-in) | self | pydoc+self "
                                             "(text the model writes itself, offline) | wikitext2 | wikitext103 "
                                             "(train split; need `datasets`).")
-    calib_text: str | None = option(None, recipe="calibration.text", schema=TEXT_FILES,
-                                    help="--method aware: calibration text file (instead of --calib-dataset).")
+    calib_text: str | None = option(None, recipe="calibration.text", schema=TEXT_FILES, applies=CALIBRATED,
+                                    help="Calibration text file (instead of --calib-dataset).")
     calib_tokens: int | None = option(None, recipe="calibration.tokens", minimum=aware.MIN_CALIB_TOKENS,
-                                      help=f"--method aware: calibration tokens ({aware.CALIB_TOKENS}; "
+                                      applies=CALIBRATED, help=f"Calibration tokens ({aware.CALIB_TOKENS}; "
                                            f"{aware.CALIB_TOKENS_REFINE} with --refine-steps and no --distill-steps).")
-    refine_steps: int | None = option(None, minimum=0,
-                                      help="--method aware, --to mla: optimizer steps per layer after the merge or "
+    refine_steps: int | None = option(None, minimum=0, applies=CALIBRATED,
+                                      help="Optimizer steps per layer after the merge or "
                                            "solve (0).")
-    distill_steps: int | None = option(None, minimum=0,
-                                       help="--method aware, --to mla: end-to-end distillation steps after the "
+    distill_steps: int | None = option(None, minimum=0, applies=CALIBRATED,
+                                       help="End-to-end distillation steps after the "
                                             "merge or solve (0).")
-    seq_len: int | None = option(None, recipe="calibration.seq_len", minimum=aware.MIN_SEQ_LEN,
-                                 help=f"--method aware: tokens per calibration sequence ({aware.SEQ_LEN_CLOSED_FORM}; "
+    seq_len: int | None = option(None, recipe="calibration.seq_len", minimum=aware.MIN_SEQ_LEN, applies=CALIBRATED,
+                                 help=f"Tokens per calibration sequence ({aware.SEQ_LEN_CLOSED_FORM}; "
                                       f"{aware.SEQ_LEN_REFINE} with --refine-steps or --distill-steps).")
-    grouping: str | None = option(None, choices=GROUPINGS,
-                                  help=f"--method aware: which KV heads share a group: {' | '.join(GROUPINGS)} "
+    grouping: str | None = option(None, choices=GROUPINGS, applies=("--method aware",),
+                                  help=f"Which KV heads share a group: {' | '.join(GROUPINGS)} "
                                        f"(default {aware.GROUPING}: the groups whose measured merge error is lowest).")
-    serve_context: int | None = option(None, minimum=2,
-                                       help="--method aware: the longest context the result will serve, in tokens "
+    serve_context: int | None = option(None, minimum=2, applies=CALIBRATED,
+                                       help="The longest context the result will serve, in tokens "
                                             "(the config's max_position_embeddings); shorter merges better within it.")
 

@@ -50,7 +50,8 @@ def table(cls) -> str:
     rows = ["| Flag | Recipe key | Type | Default | Help |", "|---|---|---|---|---|"]
     for f in fields_of(cls):
         recipe = f"`{f.recipe_key}`" if f.recipe_key else ""
-        rows.append(f"| {_flag(f)} | {recipe} | {_type(f)} | {_default(f)} | {_cell(f.spec.help)} |")
+        text = f"{f.applies_to}: {f.spec.help}" if f.applies_to else f.spec.help  # --help's "With --to mla:"
+        rows.append(f"| {_flag(f)} | {recipe} | {_type(f)} | {_default(f)} | {_cell(text)} |")
     return "\n".join(rows) + "\n"
 
 

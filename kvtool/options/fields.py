@@ -41,12 +41,18 @@ class Spec:
     exclusive_minimum: float | None = None
     maximum: float | None = None
     pattern: str | None = None  # a string value must match it whole; `choices` then only names the forms (cuda:N)
+    # the parser a value that matches goes to (kvtool.units: raises ValueRefused), run by `check` too: what the
+    # pattern lets through, the parser reads, or the one line names the field (sizes past 4 EiB, ...)
+    parse: Callable[[str], Any] | None = None
     recipe: str | bool = True  # the recipe key ("calibration.tokens" nests), True: the name, False: not in recipes
     recipe_required: bool = False
     schema: dict | None = None  # the recipe value's JSON schema, when the type alone does not say it
     cli: bool = True  # False: no flag (a library-only setting, e.g. quantize-kv's layerwise)
     metavar: str | None = None
     show_default: bool = True
+    # the choices of other options this one works with, as flags ("--to mla", "--method aware"): where --help lists
+    # it ("With --to mla:") and what the docs table says before its help; () works with every choice
+    applies: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,6 +73,11 @@ class Field:
     def registry_choices(self) -> bool:
         """The choices come from a registry: the committed schema leaves them to be filled in at load."""
         return callable(self.spec.choices)
+
+    @property
+    def applies_to(self) -> str | None:
+        """"--method aware or --to mla", or None for an option of every target and method."""
+        return " or ".join(self.spec.applies) or None
 
     @property
     def required(self) -> bool:
@@ -114,6 +125,19 @@ def option(default: Any = MISSING, *, default_factory: Any = MISSING, **spec: An
     return dataclasses.field(default=default, default_factory=default_factory, metadata={_KEY: Spec(**spec)})
 
 
+ENGINE_HELP = ("Engine release kvtool answers for, as a requirement (e.g. vllm==0.28.0, transformers==4.44.2); "
+               "repeatable, one meaning in every command (docs/lint.md#engine-versions): ")
+
+
+def engine_option(purpose: str, *, recipe: Any = False):
+    """`--engine REQ`, declared once for every command that takes it: a repeatable list of requirements.
+    `purpose` ends the help: what this command does with them. A command that follows one release (kv-budget,
+    rope --show) refuses two requirements for that engine by name (kvtool.engines.releases.one_release_of),
+    never keeping the last silently."""
+    return option(default_factory=list, repeatable=True, recipe=recipe, metavar="REQ",
+                  schema={"type": "array", "items": {"type": "string", "minLength": 1}}, help=ENGINE_HELP + purpose)
+
+
 def argument(default: Any = MISSING, **spec: Any):
     """A positional CLI argument (SRC, DST, MODEL): never a recipe key."""
     return dataclasses.field(default=default, metadata={_KEY: Spec(positional=True, recipe=False, **spec)})
@@ -129,7 +153,7 @@ def check_value(f: Field, value: Any) -> None:
 
     s = f.spec
     if value is None or f.is_list or (s.choices is None and s.minimum is None and s.exclusive_minimum is None
-                                      and s.maximum is None and s.pattern is None):
+                                      and s.maximum is None and s.pattern is None and s.parse is None):
         return
     t = f.base_type
     ok = {int: lambda v: isinstance(v, int) and not isinstance(v, bool),
@@ -143,11 +167,33 @@ def check_value(f: Field, value: Any) -> None:
             s.pattern is None and choices is not None and value not in choices):
         forms = ", ".join(choices) if choices is not None else f"/{s.pattern}/"
         raise UsageError(f"must be one of {forms}, got {value!r:.60}", option=f.name)
+    if s.parse is not None:
+        from kvtool.units import ValueRefused
+
+        try:
+            s.parse(value)
+        except ValueRefused as exc:
+            raise UsageError(str(exc), option=f.name) from None
     for bound, fails, words in ((s.minimum, lambda b: value < b, "at least"),
                                 (s.exclusive_minimum, lambda b: value <= b, "greater than"),
                                 (s.maximum, lambda b: value > b, "at most")):
         if bound is not None and fails(bound):
             raise UsageError(f"must be {words} {_number(bound)}, got {_number(value)}", option=f.name)
+
+
+def check_paths(cls, values: dict[str, Any]) -> None:
+    """A command line's MODEL / SRC / DST: an empty or blank one is no path (Path("") is the working folder, which
+    no one names this way: `kvtool lint ""` linted it, `kvtool rope m ""` staged a write into it). A recipe's
+    planner fills these with "" itself, so the CLI asks this, not `check`."""
+    from kvtool.errors import UsageError
+
+    for f in fields_of(cls):
+        value = values.get(f.name)
+        if not f.spec.positional or value is None:
+            continue
+        for item in value if isinstance(value, (list, tuple)) else [value]:
+            if isinstance(item, str) and not item.strip():
+                raise UsageError(f"{item!r} is not a path or model id (an empty name)", option=f.name)
 
 
 def check_fields(cls, **values: Any) -> None:
@@ -161,7 +207,10 @@ def _number(v: float) -> str:
     """1,024 / 0.5 / 1e+300; a huge integer by its size, not its 4,000 digits."""
     if isinstance(v, float):
         return f"{v:g}" if not v.is_integer() or abs(v) >= 1e16 else f"{int(v):,}"
-    return f"{v:,}" if abs(v) < 10**30 else f"an integer of {len(str(abs(v)))} digits"
+    if abs(v) < 10**30:
+        return f"{v:,}"
+    digits = int(abs(v).bit_length() * 0.30103) + 1  # str() of a 5000-digit int is Python's ValueError
+    return f"an integer of about {digits:,} digits"
 
 
 def check(opts: Any) -> None:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from kvtool.model.kvcache import KV_CACHE_DTYPES, SERVED_DTYPES
 from kvtool.model.numbers import QUANTITY_BOUNDS
-from kvtool.options.fields import argument, operation, option
+from kvtool.options.fields import argument, engine_option, operation, option
 
 FORMATS = ("text", "json")
 PLATFORMS = ("gpu", "cpu")  # "gpu" and the rows of kvtool/budget/platforms.json (a test checks)
+ENTRYPOINTS = ("serve", "llm")  # kvtool.budget.batch.USAGES
 TOKENS = QUANTITY_BOUNDS["max_position"].high  # the config bound on a context length
 
 
@@ -43,16 +44,20 @@ class KvBudgetOptions:
     reserve: str | None = option(None, help="Memory per GPU held back for activations / CUDA graphs (e.g. 2GiB; "
                                             "default 0).")
     max_num_batched_tokens: int | None = option(None, minimum=1, maximum=TOKENS,
-                                                help="Scheduler step for sliding-window sizing (default: vLLM's, 8192 "
-                                                     "on >=70 GiB non-A100 GPUs, else 2048).")
+                                                help="Scheduler step for sliding-window sizing (default: vLLM's for "
+                                                     "the GPU, release and --entrypoint: `vllm serve` 16384 on "
+                                                     ">=160 GiB, 8192 on other >=70 GiB non-A100 GPUs, else 2048).")
+    entrypoint: str = option("serve", choices=ENTRYPOINTS,
+                             help="Whose batch defaults: serve (`vllm serve`, the API server) or llm (the offline "
+                                  "LLM class).")
     disable_hybrid_kv_cache_manager: bool = option(False, help="Size sliding-window and chunked layers like full "
                                                                "ones beside full-attention layers, as vLLM does with "
                                                                "this flag (or with KV connectors that lack hybrid "
                                                                "support); a model whose layers all slide keeps its "
                                                                "window.")
-    engine: str | None = option(None, metavar="REQ",
-                                help="Size the default sequence as this vLLM release derives max_model_len from the "
-                                     "config, e.g. vllm==0.28.0 (yarn: original x factor before 0.30).")
+    engine: list[str] = engine_option("kv-budget sizes as the one vLLM release named (its max_model_len derivation: yarn "
+                                      "is original x factor before 0.30; its paging rules); a range or a second vLLM "
+                                      "release is refused. Default: the installed vLLM, else the newest known.")
     what_if: str | None = option(None, help="Variants side by side: gqa:N, mqa, mha, a KV dtype, or +-joined, e.g. "
                                             "gqa:8,mqa,fp8,gqa:4+fp8.")
     format: str = option("text", choices=FORMATS, help="text | json")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kvtool.options.fields import argument, operation, option
+from kvtool.options.fields import argument, engine_option, operation, option
 
 _CODES = {"type": "array", "items": {"type": "string", "pattern": "^KV[0-9]*$"}}  # a recipe lists codes
 
@@ -23,11 +23,9 @@ class LintOptions:
                                               help="Check vLLM's divisibility rules for this TP size.")
     config: Path | None = option(None, recipe=False, help="Read [tool.kvtool] from this pyproject.toml.")
     isolated: bool = option(False, recipe=False, help="Ignore every pyproject.toml.")
-    engine: list[str] = option(default_factory=list, repeatable=True, recipe="engines", metavar="REQ",
-                               schema={"type": "array", "items": {"type": "string", "minLength": 1}},
-                               help="Engine releases to check, e.g. transformers==4.44.2 or 'vllm>=0.6,<0.9' (a range "
-                                    "checks every known release in it; repeatable). Default: [tool.kvtool] engines, "
-                                    "else the installed releases, else the newest known.")
+    engine: list[str] = engine_option("lint checks every release they name (a range such as 'vllm>=0.6,<0.9' checks "
+                                      "every known release in it). Default: [tool.kvtool] engines, else the installed "
+                                      "releases, else the newest known.", recipe="engines")
     compat: bool = option(False, recipe=False,
                           help="Print one row per engine release (transformers 4.38.., vLLM 0.5..): reads it as "
                                "written, reads it differently, or refuses.")

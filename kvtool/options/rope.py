@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from kvtool.model.rope.types import applicable_types
-from kvtool.options.fields import argument, operation, option
+from kvtool.options.fields import argument, engine_option, operation, option
 
 
 def rope_types() -> list[str]:
@@ -38,9 +38,9 @@ class RopeOptions:
     link: bool = option(False, recipe=False, help="Hard-link unchanged files into DST instead of copying: saves "
                                                   "disk, but editing either copy in place changes both.")
     show: bool = option(False, recipe=False, help="Explain the RoPE setup: wavelengths before/after, served context.")
-    engine: str | None = option(None, recipe=False, metavar="REQ",
-                                help="The vLLM release whose max_model_len arithmetic --show uses, e.g. vllm==0.28.0 "
-                                     "(default: the installed one, else the newest known).")
+    engine: list[str] = engine_option("--show follows the one vLLM release named (its max_model_len arithmetic); a "
+                                      "range or a second vLLM release is refused. Default: the installed vLLM, else "
+                                      "the newest known.")
     plot: str | None = option(None, recipe=False,
                               help="Draw wavelength per dimension, before/after, to FILE.png (needs matplotlib).")
 

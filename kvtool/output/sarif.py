@@ -80,8 +80,17 @@ def render_sarif(reports) -> console.Text:
     run = {
         "tool": {"driver": {"name": "kvtool", "version": __version__, "semanticVersion": __version__,
                             "rules": rules}},
-        "originalUriBaseIds": {SRCROOT: {"uri": Path.cwd().as_uri() + "/"}},
+        "originalUriBaseIds": {SRCROOT: {"uri": _working_folder_uri()}},
         "invocations": [{"executionSuccessful": not notes, "toolExecutionNotifications": notes}],
         "results": results,
     }
     return console.json_text({"$schema": SARIF_SCHEMA, "version": "2.1.0", "runs": [run]}, indent=2)
+
+
+def _working_folder_uri() -> str:
+    """SRCROOT: the working folder's file URI; the root where it was removed under the shell (findings in it are
+    absolute then, kvtool.io.locations.display_path)."""
+    try:
+        return Path.cwd().as_uri() + "/"
+    except OSError:
+        return "file:///"

@@ -67,7 +67,7 @@ def place_except(module: torch.nn.Module, keep: torch.nn.Module, device) -> None
             place_except(child, keep, device)
         else:
             child.to(device)
-    for name, p in module.named_parameters(recurse=False):
+    for p in module.parameters(recurse=False):
         p.data = p.data.to(device)
     for name, b in module.named_buffers(recurse=False):
         module._buffers[name] = b.to(device)

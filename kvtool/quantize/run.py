@@ -218,7 +218,12 @@ def apply(p: QuantizePlan, *, log=None) -> QuantizeResult:
                              "tokens")}}
                            for r in quality]
     del model
-    with staged_output(Path(dst), force=opts.force, protect=[Path(src)]) as tmp:
+    from functools import partial
+
+    from kvtool.rules.output_check import verify_output
+
+    with staged_output(Path(dst), force=opts.force, protect=[Path(src)],
+                       verify=partial(verify_output, source=Path(src))) as tmp:
         summary = write_output(Path(src), tmp, config=new_config, scales=scales, metadata=meta, provenance=prov,
                                link=opts.link, validated=identities(p.ckpt.headers))
     return QuantizeResult(dst=Path(dst), calibration=result, scale_tensors=summary.scale_tensors,

@@ -52,6 +52,13 @@ def scale_tensors(result, attn_prefix, per_head: bool) -> dict[str, torch.Tensor
             t = s.detach().to(torch.float32).cpu().reshape(-1)
             t = t.reshape(-1, 1, 1) if per_head else t.reshape(1)
             out[kv_scale_names.canonical_name(attn_prefix(layer), role)] = t.contiguous()
+    # every name written is one vLLM loads as the scale it is meant as (the one answer lint and eval ask too)
+    layers = {layer for table in (result.k, result.v, getattr(result, "q", {})) for layer in table}
+    params = kv_scale_names.scale_params([attn_prefix(layer) for layer in layers], "mha")
+    for name in out:
+        target = kv_scale_names.vllm_target(name, params)
+        if target is None or not name.endswith(f"{target[1]}_scale"):
+            raise RuntimeError(f"quantize-kv would write {name}, which vLLM does not load as that scale")
     return dict(sorted(out.items()))
 
 

@@ -72,8 +72,11 @@ def _texts(ctx: RunContext, section: dict, purpose: str) -> list[str]:
 
 # --- step runners ---------------------------------------------------------------------------------
 def run_convert_step(ctx: RunContext, step: Step) -> StepResult:
+    from functools import partial
+
     from kvtool.convert.run import apply, plan
     from kvtool.recipes.plan import calibrated, convert_options
+    from kvtool.rules.output_check import verify_output
 
     out = ctx.new_folder(step)
     o = convert_options(step.options, src=str(ctx.current), dst=str(out))
@@ -84,7 +87,8 @@ def run_convert_step(ctx: RunContext, step: Step) -> StepResult:
         files = _texts(ctx, section, "calibration")
         o.calib_text, o.calib_dataset = (files if len(files) > 1 else files[0]), None
     p = plan(o)  # `kvtool convert`'s plan and apply: the same refusals, now on the written model
-    res = apply(p, out, progress=ctx.progress, device=_device(ctx))
+    res = apply(p, out, progress=ctx.progress, device=_device(ctx),
+                verify=partial(verify_output, source=ctx.current))
     return StepResult(step.index, step.kind, dict(step.options), str(out),
                       details={"kv_heads": f"{p.source_kv_heads}->{p.target_kv_heads}", "method": o.method,
                                "files": res.files})
@@ -174,14 +178,12 @@ def _device(ctx: RunContext) -> str:
 
 # --- the run --------------------------------------------------------------------------------------
 def _versions() -> dict:
-    from importlib.metadata import PackageNotFoundError, version
+    from kvtool.engines.installed import version
 
     out = {"kvtool": __version__, "python": platform.python_version()}
     for dist in ("torch", "transformers", "safetensors"):
-        try:
-            out[dist] = version(dist)  # from the installed metadata: a rope-only recipe never imports torch
-        except PackageNotFoundError:
-            out[dist] = None
+        # from the installed metadata (a rope-only recipe never imports torch), never the working folder's
+        out[dist] = version(dist)
     return out
 
 
@@ -221,9 +223,10 @@ def apply_recipe(recipe_path: str | Path, src: str | Path, dst: str | Path, *, d
                     outputfile.check_files_unchanged(src, ctx.validated)
                 with scratch_outputs():  # a step's folder is scratch: an interrupted run has not written it
                     res = RUNNERS[step.kind](ctx, step)
-            except KvtoolError as exc:  # name DST, not the hidden work folder the steps write into
-                for s in recipe.steps:
-                    exc.relocate(str(ctx.new_folder(s)), str(dst))
+            except KvtoolError as exc:  # name DST, not the hidden work folder the steps write into; an earlier
+                for s in recipe.steps:  # step's output (this step's input) by what it is, never as DST or SRC
+                    exc.relocate(str(ctx.new_folder(s)), str(dst) if s.index >= step.index else
+                                 f"step {s.index}'s output")
                 _name_step_key(exc, step)
                 raise
             res.seconds = round(time.perf_counter() - t0, 3)
@@ -331,7 +334,11 @@ def _finish(ctx: RunContext, dst: Path, report: dict, *, force: bool) -> None:
     from kvtool.io.staging import staged_output
     from kvtool.recipes.report import render_markdown
 
-    with staged_output(dst, force=force, protect=[ctx.src]) as tmp:
+    from functools import partial
+
+    from kvtool.rules.output_check import verify_output
+
+    with staged_output(dst, force=force, protect=[ctx.src], verify=partial(verify_output, source=ctx.src)) as tmp:
         final = ctx.current
         if final == ctx.src:
             _copy_tree(final, tmp, ctx.validated)

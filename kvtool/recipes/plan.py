@@ -28,6 +28,16 @@ class PlanState:
     config: dict  # the config as the steps so far leave it
     tensors: dict | None = None  # name -> dtype / shape as the steps so far leave them; None: the source's
     notes: list[str] = field(default_factory=list)
+    written_by: int | None = None  # the last step that wrote the model the next step reads (None: SRC itself)
+
+    def input_name(self, exc: KvtoolError) -> KvtoolError:
+        """An error about the step's input names that input: SRC's files only while no step has written the
+        model; after one has, `step N's output/config.json` (the model the step reads), never SRC's file."""
+        root = str(self.ckpt.root if self.ckpt.root is not None else self.ckpt.config_path.parent)
+        if self.written_by is not None and exc.file and (exc.file == root or exc.file.startswith(root + "/")):
+            exc.file = f"step {self.written_by}'s output" + exc.file[len(root):]  # the file only: a short SRC
+            exc.args = (exc.line(),)  # name ("t") also occurs inside words of the message
+        return exc
 
     @property
     def has_weights(self) -> bool:
@@ -110,9 +120,10 @@ def plan_convert(recipe: Recipe, step: Step, state: PlanState) -> str:
     try:  # `kvtool convert`'s plan, on the model as the previous steps leave it
         p = plan(o, ckpt=state.ckpt, config=state.config, tensors=state.tensors)
     except KvtoolError as exc:
-        raise _refused(recipe, step, exc) from None
+        raise _refused(recipe, step, state.input_name(exc)) from None
     state.config = p.new_config
     state.tensors = {t.name: t for t in p.outputs}
+    state.written_by = step.index
     return f"{o.to}: {p.headline}" + _estimate_note(estimate(p))
 
 
@@ -141,8 +152,9 @@ def plan_rope(recipe: Recipe, step: Step, state: PlanState) -> str:
     try:
         p = plan_change(state.config, str(state.ckpt.config_path), rope_options(step.options, recipe))
     except KvtoolError as exc:
-        raise _refused(recipe, step, exc) from None
+        raise _refused(recipe, step, state.input_name(exc)) from None
     state.config = p.config
+    state.written_by = step.index
     o = step.options
     size = f"factor {o['factor']}" if "factor" in o else (f"target context {o['target_context']}" if "target_context" in o else "")
     return f"{o['type']} {size}".strip()
@@ -160,12 +172,13 @@ def plan_quantize_kv(recipe: Recipe, step: Step, state: PlanState) -> str:
         parse_spec(step.options.get("observer") or DEFAULT_OBSERVER)
         check_model(state.ckpt, config=state.config, tensors=state.tensors)
     except KvtoolError as exc:
-        raise _refused(recipe, step, exc) from None
+        raise _refused(recipe, step, state.input_name(exc)) from None
     o = from_recipe(QuantizeOptions, step.options, src="", dst="")
     from kvtool.model import costs
 
     # a recipe's quantize-kv step writes no quality report: its eval step measures
     est = costs.quantize_kv(_shape(state), o.calib_tokens)
+    state.written_by = step.index
     return f"FP8 KV scales ({o.strategy}, observer {o.observer})" + _estimate_note(est)
 
 
@@ -175,7 +188,7 @@ def plan_lint(recipe: Recipe, step: Step, state: PlanState) -> str:
     try:  # `kvtool lint`'s plan: a code that matches no rule is refused as the command refuses it
         plan(recipe_step_options(step.options), recipe_settings())
     except KvtoolError as exc:
-        raise _refused(recipe, step, exc) from None
+        raise _refused(recipe, step, state.input_name(exc)) from None
     return "lint" + (" --strict" if step.options.get("strict") else "")
 
 
@@ -237,7 +250,7 @@ def plan_eval(recipe: Recipe, step: Step, state: PlanState) -> str:
         p = eval_plan(recipe, o, model=model, baseline=baseline, texts=None,
                       tokens=_eval_tokens(recipe, o), shape=_shape(state))
     except KvtoolError as exc:
-        raise _refused(recipe, step, exc) from None
+        raise _refused(recipe, step, state.input_name(exc)) from None
     thresholds = o.get("thresholds") or {}
     gates = f" (gates: {', '.join(f'{k}={v}' for k, v in thresholds.items())})" if thresholds else ""
     if o.get("server") is not None:

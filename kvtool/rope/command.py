@@ -184,7 +184,11 @@ def _write_dst(ckpt, dst: Path, text: str, *, link: bool = False) -> str:
         raise UsageError("destination folder is not empty; give a new or empty DST, or --in-place", file=str(dst))
     linked = copied = 0
     validated = outputfile.identities(ckpt.headers)  # the weights as preflight checked them
-    with staged_output(dst, protect=protect) as tmp:
+    from functools import partial
+
+    from kvtool.rules.output_check import verify_output
+
+    with staged_output(dst, protect=protect, verify=partial(verify_output, source=ckpt.root or ckpt.config_path)) as tmp:
         outputfile.write_new(tmp / "config.json", text)
         if ckpt.root is not None:
             for p in sorted(ckpt.root.rglob("*")):

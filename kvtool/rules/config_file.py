@@ -60,7 +60,10 @@ def _matches(path: str, pattern: str) -> bool:
 
 def find_pyproject(start: Path | None = None) -> Path | None:
     """The nearest pyproject.toml from `start` (default: the working directory) upward."""
-    here = (start or Path.cwd()).resolve()
+    try:
+        here = (start or Path.cwd()).resolve()
+    except FileNotFoundError:  # the working folder was removed under the shell: it holds no pyproject.toml
+        return None
     for folder in (here, *here.parents):
         cand = folder / "pyproject.toml"
         if cand.is_file():

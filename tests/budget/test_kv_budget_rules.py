@@ -93,11 +93,15 @@ def test_every_gpu_table_entry_resolves_by_name_and_alias():
 
 
 def test_vllm_scheduler_default_depends_on_gpu():
-    assert gpus.resolve("H100").large_scheduler_defaults
-    assert gpus.resolve("H200").large_scheduler_defaults
-    assert not gpus.resolve("A100-80GB").large_scheduler_defaults  # vLLM excludes A100s on purpose
-    assert not gpus.resolve("L40S").large_scheduler_defaults
-    assert gpus.resolve("80GiB").large_scheduler_defaults
+    from kvtool.budget.batch import defaults
+
+    step = {g: defaults(gpus.resolve(g), "0.33.0").max_num_batched_tokens
+            for g in ("H100", "H200", "A100-80GB", "L40S", "80GiB", "B200", "MI300X", "GB10")}
+    # A100s and GB10 stay on the small tier on purpose; >= 160 GiB steps 16,384 from 0.28
+    assert step == {"H100": 8192, "H200": 8192, "A100-80GB": 2048, "L40S": 2048, "80GiB": 8192, "B200": 16384,
+                    "MI300X": 16384, "GB10": 2048}
+    assert defaults(gpus.resolve("B200"), "0.27.1").max_num_batched_tokens == 8192
+    assert defaults(gpus.resolve("GB10"), "0.32.0").max_num_batched_tokens == 8192
     assert gpus.resolve("80GiB").basis == "user"
 
 

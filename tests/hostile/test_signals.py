@@ -101,7 +101,7 @@ def _staging_left(parent: Path) -> list[str]:
     return sorted(p.name for p in parent.iterdir() if ".kvtool-" in p.name)
 
 
-SIGNALS = {"SIGINT": signal.SIGINT, "SIGTERM": signal.SIGTERM}
+SIGNALS = {"SIGINT": signal.SIGINT, "SIGTERM": signal.SIGTERM, "SIGHUP": signal.SIGHUP}  # SIGHUP: issue 39
 
 
 @pytest.mark.parametrize("sig", list(SIGNALS))

@@ -18,7 +18,7 @@ def _leftovers(parent):
 
 def test_success_renames_into_place(tmp_path):
     dst = tmp_path / "out"
-    with staged_output(dst) as tmp:
+    with staged_output(dst, verify=None) as tmp:
         assert tmp.parent == tmp_path and tmp.name.startswith(".out.kvtool-tmp-")
         (tmp / "a.txt").write_text("x")
         assert not dst.exists()
@@ -30,7 +30,7 @@ def test_success_renames_into_place(tmp_path):
 def test_exception_leaves_no_dst_and_no_temp(tmp_path, exc):
     dst = tmp_path / "out"
     with pytest.raises(type(exc)):
-        with staged_output(dst) as tmp:
+        with staged_output(dst, verify=None) as tmp:
             (tmp / "model.safetensors").write_bytes(b"half")
             raise exc
     assert not dst.exists()
@@ -40,7 +40,7 @@ def test_exception_leaves_no_dst_and_no_temp(tmp_path, exc):
 def test_sigterm_cleans_up(tmp_path):
     dst = tmp_path / "out"
     with pytest.raises(KeyboardInterrupt):
-        with staged_output(dst) as tmp:
+        with staged_output(dst, verify=None) as tmp:
             (tmp / "x").write_text("1")
             os.kill(os.getpid(), signal.SIGTERM)
     assert not dst.exists() and _leftovers(tmp_path) == []
@@ -49,7 +49,7 @@ def test_sigterm_cleans_up(tmp_path):
 def test_enospc_becomes_one_line_input_error(tmp_path):
     dst = tmp_path / "out"
     with pytest.raises(InputError, match="no space left on device") as ei:
-        with staged_output(dst):
+        with staged_output(dst, verify=None):
             raise OSError(errno.ENOSPC, "No space left on device")
     assert "\n" not in ei.value.line()
     assert not dst.exists() and _leftovers(tmp_path) == []
@@ -60,10 +60,10 @@ def test_non_empty_destination_needs_force_and_is_replaced_whole(tmp_path):
     dst.mkdir()
     (dst / "old.txt").write_text("old")
     with pytest.raises(UsageError, match="not empty"):
-        with staged_output(dst):
+        with staged_output(dst, verify=None):
             pass
     assert (dst / "old.txt").exists()
-    with staged_output(dst, force=True) as tmp:
+    with staged_output(dst, force=True, verify=None) as tmp:
         (tmp / "new.txt").write_text("new")
     assert sorted(p.name for p in dst.iterdir()) == ["new.txt"]
     assert _leftovers(tmp_path) == []
@@ -74,19 +74,19 @@ def test_failed_forced_run_keeps_the_previous_output(tmp_path):
     dst.mkdir()
     (dst / "old.txt").write_text("old")
     with pytest.raises(RuntimeError):
-        with staged_output(dst, force=True):
+        with staged_output(dst, force=True, verify=None):
             raise RuntimeError("boom")
     assert (dst / "old.txt").read_text() == "old"
 
 
 def test_empty_destination_folder_is_fine_and_file_is_refused(tmp_path):
     (tmp_path / "empty").mkdir()
-    with staged_output(tmp_path / "empty") as tmp:
+    with staged_output(tmp_path / "empty", verify=None) as tmp:
         (tmp / "f").write_text("1")
     assert (tmp_path / "empty" / "f").exists()
     (tmp_path / "file").write_text("x")
     with pytest.raises(UsageError, match="not a folder"):
-        with staged_output(tmp_path / "file", force=True):
+        with staged_output(tmp_path / "file", force=True, verify=None):
             pass
 
 
@@ -96,7 +96,7 @@ def test_refuses_source_as_destination(tmp_path):
     (src / "config.json").write_text("{}")
     for dst in (src, tmp_path):
         with pytest.raises(UsageError, match="input checkpoint"):
-            with staged_output(dst, force=True, protect=[src]):
+            with staged_output(dst, force=True, protect=[src], verify=None):
                 pass
     assert (src / "config.json").exists()
 
@@ -119,7 +119,7 @@ def test_copy_side_files_skips_weights_config_and_index(tmp_path):
 def test_errors_name_dst_not_the_staging_folder(tmp_path):
     dst = tmp_path / "out"
     with pytest.raises(InputError) as e:
-        with staged_output(dst) as tmp:
+        with staged_output(dst, verify=None) as tmp:
             raise InputError(f"bad tensor in {tmp}/model.safetensors", file=str(tmp / "config.json"))
     assert e.value.file == str(dst / "config.json")
     assert e.value.message == f"bad tensor in {dst}/model.safetensors" and ".kvtool-tmp-" not in str(e.value)

@@ -44,8 +44,12 @@ CLASSES = {cls.COMMAND: cls for cls in (_EveryKind, *(load_all()[c] for c in dir
 
 
 def _made(cls, kwargs: dict) -> str:
-    """repr of the options object, or the error its own checks raise (the same object the command body gets)."""
+    """repr of the options object, or the error its own checks raise (the same object the command body gets, through
+    the callback both readers call: kvtool.commands.options_cli.command, which checks the paths first)."""
+    from kvtool.options.fields import check_paths
+
     try:
+        check_paths(cls, kwargs)
         return repr(cls(**kwargs))
     except KvtoolError as exc:
         return f"{type(exc).__name__}: {exc.message}"

@@ -107,3 +107,39 @@ def test_a_recipe_error_on_the_command_line_names_the_steps_key(capsys, tmp_path
     assert main(["apply", str(r), str(d), str(tmp_path / "o"), "--dry-run"]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"kvtool: error: {r}: steps[0].rope.layer_type: line 3: step 1 (rope): ")
+
+
+@pytest.mark.parametrize("cmd", sorted(OPERATIONS))
+def test_an_option_for_some_targets_or_methods_is_listed_under_them(capsys, cmd):
+    """`applies` ("--to mla", "--method aware") names a declared flag and one of its choices (a flag alone for a
+    switch), and --help lists the option in that section, not among every target's options."""
+    cls = OPERATIONS[cmd]
+    for f in fields_of(cls):
+        for label in f.spec.applies:
+            flag, _, value = label.partition(" ")
+            other = next((g for g in fields_of(cls) if flag in g.flags), None)
+            assert other is not None, f"{f.name}: {label}: no such flag"
+            assert (value in (other.choices or ())) if value else other.base_type is bool, f"{f.name}: {label}"
+    assert main([cmd, "--help"]) == 0
+    sections, title = {}, None
+    for line in capsys.readouterr().out.splitlines():
+        if line and not line.startswith(" "):
+            title = line.rstrip(":")
+        elif line.startswith("  -"):
+            sections.setdefault(title, []).append(line.split()[0].rstrip(","))
+    for f in fields_of(cls):
+        if f.spec.cli and not f.spec.positional:
+            where = f"With {f.applies_to}" if f.applies_to else "Options"
+            assert f.spec.short or f.flags[0] in sections.get(where, []), (f.name, where, sections)
+
+
+def test_convert_help_groups_its_options_by_target():
+    from kvtool.options.convert import ConvertOptions
+
+    applies = {f.name: f.spec.applies for f in fields_of(ConvertOptions)}
+    assert applies["kv_rank"] == applies["mla_solve"] == ("--to mla",) and applies["groups"] == ("--to gqa",)
+    # --to mla calibrates too (kvtool/convert/mla/plan.py reads these): they are no --method aware options only
+    for name in ("calib_dataset", "calib_text", "calib_tokens", "seq_len", "refine_steps", "distill_steps",
+                 "serve_context"):
+        assert "--to mla" in applies[name], name
+    assert applies["grouping"] == ("--method aware",)  # --to mla refuses it

@@ -59,12 +59,6 @@ RELEASE_DIFFERENCES: tuple[ReleaseDifference, ...] = (
         "vLLM reads it from the rope dict (kvtool's KV202 covers the dict)",
         error="NoneType"),
     ReleaseDifference(
-        "partial-rotary-shape-error", ">=4.43,<5", ("refused-unexplained",), ("*/rope_partial_top",),
-        "4.43-4.57's _compute_default_rope_parameters builds frequencies for head_dim x partial_rotary_factor dims "
-        "while these classes' apply_rotary_pos_emb rotates the whole head: the first forward fails; kvtool's KV219 "
-        "warning (transformers 5 ignores the factor, vLLM rotates the partial dims) describes the newest releases",
-        error="must match the size of tensor b"),
-    ReleaseDifference(
         "scaled-rope-none-mixtral", ">=4.57,<=5.25", ("refused-unexplained",),
         ("mixtral/rope_dynamic_2", "mixtral/rope_longrope", "mixtral/rope_yarn*", "mistral/rope_dynamic_2",
          "mistral/rope_longrope", "mistral/rope_yarn*", "kvtool-rope/mistral/*", "kvtool-rope/mixtral/*"),

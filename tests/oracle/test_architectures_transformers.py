@@ -1,5 +1,5 @@
 """Architecture tables agree with transformers 5.x: field names, defaults, module names, per-layer attention
-types, and every real config in tests/data/configs/ (moved out of tests/test_architectures.py: torch-free lane)."""
+types, and every real config in tests/data/configs/ (moved out of tests/model/test_architectures.py: torch-free lane)."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ model, one forward, the RoPE inverse frequencies). kvtool's verdict for that rel
 (kvtool/engines/facts.py) that hold there plus lint's errors. They must agree:
 - a fact that says the release refuses: the release refuses (config or forward);
 - the release refuses: a fact says so, or lint reports an error;
-- the release's RoPE frequencies and theta are kvtool's for the config as the facts say the release reads it (the
+- the release's RoPE frequencies, attention scaling (cos at position 0) and theta are kvtool's for the config as the facts say the release reads it (the
   keys a `reads-differently` row `drops` removed): as written where no fact holds;
 - `dtype` written alone: the release's torch_dtype is None exactly where the dtype fact says so;
 - an explicit head_dim: the attention module uses it exactly where no head_dim fact says otherwise;
@@ -96,13 +96,13 @@ def kvtool_view(cfg: dict, version: str):
     dropped = {k for e in found for k in e.fact.drops}
     read = {k: v for k, v in cfg.items() if k not in dropped}
     kv_read, _, theta = _numbers(read) if dropped else (kv, spec, _numbers(cfg)[2])
-    return found, kv, kv_read.inv_freq, theta
+    return found, kv, kv_read.inv_freq, theta, kv_read.attention_scaling
 
 
 def disagreements(case: dict, version: str, r: dict) -> list[tuple[str, str]]:
     """(kind, text) for each way the release and kvtool's verdict for it differ on one case."""
     cfg = case["config"]
-    found, kv, inv, theta = kvtool_view(cfg, version)
+    found, kv, inv, theta, scaling = kvtool_view(cfg, version)
     refuses = [e for e in found if e.fact.effect == "refuses"]
     detectors = {e.fact.detector for e in found}
     runs = r["loads"] and r.get("forward") is not False
@@ -133,6 +133,16 @@ def disagreements(case: dict, version: str, r: dict) -> list[tuple[str, str]]:
         if not same:
             out.append(("freqs-differ", f"inv_freq differ: release {np.round(r['inv_freq'][:3], 6).tolist()}... "
                                         f"kvtool {np.round(inv[:3], 6).tolist()}... (facts: {sorted(detectors)})"))
+    # the factor cos / sin are multiplied by (the longrope / yarn / deepseek attention factors), as the release's
+    # rotary embedding applies it in its own forward: every rope type's formula, release by release
+    got = r.get("attention_scaling")
+    if "yarn_mscale_ignored" in detectors:  # the release's own formula: 0.1 ln(factor) + 1
+        scaling = 0.1 * np.log(float(cfg["rope_scaling"]["factor"])) + 1.0
+    elif "yarn_factor_from_context" in numeric:  # the release derives its own factor: other numbers, checked above
+        scaling = None
+    if got is not None and scaling is not None and not np.isclose(got, scaling, rtol=1e-5):
+        out.append(("scaling-differs", f"the release scales cos / sin by {got:.6g}, kvtool {scaling:.6g} "
+                                       f"(facts: {sorted(detectors)})"))
     if r.get("rope_theta") is not None and theta is not None:
         if not np.isclose(r["rope_theta"], theta, rtol=1e-9, equal_nan=True):
             out.append(("theta-differs", f"the release reads rope_theta {r['rope_theta']:g}, kvtool {theta:g} "

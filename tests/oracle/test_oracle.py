@@ -129,6 +129,27 @@ def test_rope_writes_only_what_transformers_loads(name: str, rope_type: str, tmp
         assert not problems, problems
 
 
+def test_the_rope_oracle_sees_written_outputs(tmp_path) -> None:
+    """test_rope_writes_only_what_transformers_loads checks nothing for a refused case: kvtool refusing every case
+    would pass it. Measured 2026-12-04: 215 of 272 written, 57 refused."""
+    import json
+
+    from kvtool.options.rope import RopeOptions
+    from kvtool.rope.command import run
+
+    written = 0
+    for name, config in ROPE_CASES:
+        for rope_type in ROPE_TYPES:
+            src, dst = tmp_path / "config.json", tmp_path / f"{name.replace('/', '-')}-{rope_type}.json"
+            src.write_text(json.dumps(config))
+            try:
+                run(RopeOptions(src=str(src), dst=str(dst), type=rope_type, factor=2.0), echo=lambda line: None)
+            except (UsageError, InputError):
+                continue
+            written += 1
+    assert written >= 2 * len(ROPE_CASES) * len(ROPE_TYPES) // 3, written
+
+
 def test_inputs_cover_the_issue() -> None:
     """Every config under tests/data/configs and hundreds of mutations over each area."""
     assert len(REAL) >= 70 and len(REMOTE) <= 12, REMOTE

@@ -9,7 +9,8 @@ from packaging.specifiers import SpecifierSet
 from release_differences import RELEASE_DIFFERENCES, render_markdown
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "lint.md"
-KINDS = {"fact-not-refused", "fact-freqs-equal", "refused-unexplained", "freqs-differ", "theta-differs", "dtype", "head-dim"}
+KINDS = {"fact-not-refused", "fact-freqs-equal", "refused-unexplained", "freqs-differ", "scaling-differs", "theta-differs",
+         "dtype", "head-dim"}
 
 
 def test_entries_are_well_formed() -> None:

@@ -112,7 +112,7 @@ def test_a_failure_while_writing_leaves_no_destination_and_the_source_intact(tin
     monkeypatch.setattr(write_mod, "write_new", full_disk)
     dst = tmp_path / "out"
     with pytest.raises(InputError) as e:
-        with staged_output(dst, protect=[src]) as tmp:
+        with staged_output(dst, protect=[src], verify=None) as tmp:
             write_output(src, tmp, config={"model_type": "llama"}, provenance={}, metadata={},
                          scales={"model.layers.0.self_attn.k_scale": torch.ones(1)})
     assert "no space left" in e.value.message
@@ -131,7 +131,7 @@ def test_write_output_maps_every_tensor_and_copies_or_links_the_shards(tiny, tmp
 
     src, _ = tiny
     dst = tmp_path / "out"
-    with staged_output(dst, protect=[src]) as tmp:
+    with staged_output(dst, protect=[src], verify=None) as tmp:
         summary = write_output(src, tmp, config={"model_type": "llama"}, provenance={"command": "quantize-kv"},
                                metadata={"kvtool.kv_scale_point": "post_rope"},
                                scales={"model.layers.0.self_attn.k_scale": torch.full((1,), 0.5),

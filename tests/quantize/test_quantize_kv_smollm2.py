@@ -11,6 +11,7 @@ import math
 from pathlib import Path
 
 import pytest
+from kvtest import fixture_or_skip
 
 pytestmark = pytest.mark.slow
 
@@ -32,13 +33,10 @@ def _sha(path: Path) -> str:
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     from kvtool.cli import main
-    from kvtool.testing.fixtures import FixtureUnavailable, smollm2_dir
+    from kvtool.testing.fixtures import smollm2_dir
     from kvtool.testing.text import write_text_files
 
-    try:
-        src = smollm2_dir()
-    except FixtureUnavailable as exc:
-        pytest.skip(str(exc))
+    src = fixture_or_skip(smollm2_dir)
     tmp = tmp_path_factory.mktemp("qkv")
     calib, ev = write_text_files(tmp / "text")
     before = _snapshot(src)
@@ -208,13 +206,10 @@ def test_layer_by_layer_replay_sees_exactly_what_a_full_forward_writes():
 
     from kvtool.quantize.calibrate import calibrate
     from kvtool.quantize.formats import FORMATS
-    from kvtool.testing.fixtures import FixtureUnavailable, smollm2_dir
+    from kvtool.testing.fixtures import smollm2_dir
     from kvtool.runtime.torch_utils import load_model
 
-    try:
-        src = smollm2_dir()
-    except FixtureUnavailable as exc:
-        pytest.skip(str(exc))
+    src = fixture_or_skip(smollm2_dir)
     model = load_model(src, device=torch.device("cpu"), dtype=torch.float32)
     g = torch.Generator().manual_seed(0)
     batches = [torch.randint(100, 30000, (2, 24), generator=g), torch.randint(100, 30000, (1, 40), generator=g)]

@@ -66,7 +66,10 @@ def subspace_merge(ws: torch.Tensor, metric: torch.Tensor, cov: torch.Tensor, ri
     u = u * torch.where(e_u > 0, (e_heads / e_u.clamp_min(1e-300)).sqrt(), torch.ones_like(e_u))[:, None, None]
     ucu = u @ cov @ u.transpose(-1, -2)  # [G, n, n]
     eye = torch.eye(n, dtype=cov.dtype, device=cov.device)
-    ucu = ucu + ridge * ucu.diagonal(dim1=-2, dim2=-1).mean(-1).clamp_min(1e-300)[:, None, None] * eye
+    # the ridge follows the energy; with none (inputs zero on the calibration: zeroed layer norms) a ridge of
+    # 1e-310 would make 0/1e-310 NaN in the solve, so it is 1 there (rhs is zero too: B = 0, exact)
+    energy = ucu.diagonal(dim1=-2, dim2=-1).mean(-1)
+    ucu = ucu + ridge * torch.where(energy > 1e-200, energy, torch.ones_like(energy))[:, None, None] * eye
     rhs = torch.einsum("gkd,de,gane->gakn", u, cov, ws)  # U C W_j^T  [G, m, n, n]
     b = torch.linalg.solve(ucu[:, None], rhs)
     return u, b

@@ -15,6 +15,8 @@ and the config says `rope_interleave: true` (kvtool/convert/mla/config.py).
 
 from __future__ import annotations
 
+from kvtool.errors import listed
+
 # the solve's output, by name under `self_attn.` (MlaShape.weight_shapes), in the order they are written
 ATTENTION_TENSORS = ("q_proj.weight", "kv_a_proj_with_mqa.weight", "kv_a_layernorm.weight", "kv_b_proj.weight",
                      "o_proj.weight")
@@ -65,4 +67,4 @@ def check_solved(tensors: dict, shape, layer: int) -> None:
             problems.append(f"{name} has non-finite values")
     if problems:
         raise RuntimeError(f"kvtool.convert.mla.solve.solve_layer returned bad tensors for layer {layer}: "
-                           + "; ".join(problems))
+                           + listed(problems, sep="; "))

@@ -120,22 +120,13 @@ def refuse_options_for_other_targets(o) -> None:
 
 def _budget_bytes(text: str, source_bytes: float) -> float:
     """--kv-budget: bytes with a unit (7.5KiB, 7680B), or a fraction of the source's KV bytes (0.33, 33%)."""
-    from kvtool.units import parse_size
+    from kvtool.units import ValueRefused, parse_kv_budget
 
-    t = text.strip()
-    if t.endswith("%"):
-        frac = float(t[:-1]) / 100
-    elif t[-1:] in "Bb":
-        return float(parse_size(t))
-    else:
-        frac = float(t)
-        if frac > 1:
-            raise UsageError(f"{text!r}: give bytes with a unit (e.g. {int(frac)}B) or a fraction of the source's "
-                             "KV cache (0.33, 33%)", option="kv_budget")
-    if not 0 < frac <= 1:
-        raise UsageError(f"{text!r}: a fraction of the source's KV cache must be above 0 and at most 1",
-                         option="kv_budget")
-    return frac * source_bytes
+    try:
+        kind, value = parse_kv_budget(text)
+    except ValueRefused as exc:
+        raise UsageError(str(exc), option="kv_budget") from None
+    return value if kind == "bytes" else value * source_bytes
 
 
 def default_rope_dim(solve: str, head_dim: int, theta: float, horizon: int) -> int:
@@ -188,12 +179,15 @@ def resolve_shape(o, spec, source_bytes: float, elem: float, attn_layers: int, d
         raise UsageError(f"{what}{rank} latent + {rope} rope dimensions per layer cache no less than the source's "
                          f"{source_dims} (2 x {KV} KV heads x head_dim {hd}); MLA would save nothing",
                          option="preset" if o.preset else ("kv_budget" if o.kv_budget else "kv_rank"))
-    if rope % 2 or rope > hd - 2:
-        # qk_nope_head_dim 0 is what lint's KV401 refuses (MLA needs positive dimensions): never write it
-        raise UsageError(f"{rope} must be even and at most head_dim - 2 = {hd - 2} (the rope part keeps the fastest "
-                         f"rope / 2 of the source's {hd // 2} pairs; qk_nope_head_dim, the rest of each key head, comes "
-                         "from the latent and must be at least 1: lint's KV401)",
-                         option="preset" if o.preset else "rope_dim")
+    if rope % 2 or not 2 <= rope <= hd - 2:
+        # qk_rope_head_dim 0 or qk_nope_head_dim 0 is what lint's KV401 refuses (MLA needs positive dimensions)
+        # named as the user gave it: the option (the line's field), a preset, or the value kvtool derived
+        named = "" if o.rope_dim is not None else (f"{o.preset}'s rope dimensions " if o.preset else
+                                                   "the rope dimensions derived from the model (no --rope-dim given) ")
+        raise UsageError(f"{named}{rope} must be even, at least 2 and at most head_dim - 2 = {hd - 2} (the rope "
+                         f"part keeps the fastest rope / 2 of the source's {hd // 2} pairs; qk_nope_head_dim, the rest "
+                         "of each key head, comes from the latent and must be at least 1: lint's KV401)",
+                         option="preset" if o.preset else "rope_dim" if o.rope_dim is not None else None)
     # q/k heads keep the source's width (nope + rope = head_dim: the softmax scale is unchanged), v heads theirs
     return MlaShape(hidden_size=hidden, num_heads=H, kv_lora_rank=rank, qk_rope_head_dim=rope,
                     qk_nope_head_dim=hd - rope, v_head_dim=hd)
@@ -232,7 +226,7 @@ def _refuse_source(o, arch, spec, config: dict, tensors: dict, layers: dict, whe
     act = spec.get("hidden_act") or config.get("hidden_act", "silu")
     if act != "silu":
         raise UsageError(f"hidden_act {act!r}: vLLM's DeepseekV2MLP takes silu only", file=where, field="hidden_act")
-    for i, names in layers.items():
+    for names in layers.values():
         extra = sorted(set(names) - set(SOURCE_ATTENTION) - set(SOURCE_BIASES))
         if extra:
             raise InputError("o_proj bias or q/k norm: vLLM 0.33's DeepseekV2MLAAttention has neither (its o_proj "
@@ -293,6 +287,12 @@ def plan_mla(o, ckpt, *, max_shard_size: int, config: dict | None = None, tensor
         val = getattr(spec, name)
         if not val or val <= 0:
             raise InputError(f"cannot read {name} from the config", file=where, field=spec.key(name))
+    if spec.head_dim < 4:
+        # qk_rope_head_dim and qk_nope_head_dim must both be positive (lint's KV401) and the rope part even (KV402):
+        # a key head of fewer than two pairs cannot be split, whatever the options say
+        raise UsageError(f"{spec.head_dim} is too small for --to mla: the rope part (qk_rope_head_dim, even) and the "
+                         "latent's part of each key head (qk_nope_head_dim) need at least one pair each, so head_dim "
+                         "must be at least 4 (lint's KV401)", file=where, field=spec.key("head_dim") or "head_dim")
     weights_file = _weights_file(ckpt)
     layers = _source_layers(arch, spec, tensors, weights_file)
     theta = _refuse_source(o, arch, spec, config, tensors, layers, where, weights_file)
@@ -383,7 +383,7 @@ class MlaResult:
     provenance: dict
 
 
-def write_mla(p: MlaPlan, dst: str | Path, *, force: bool = False, progress: bool | None = None,
+def write_mla(p: MlaPlan, dst: str | Path, *, verify, force: bool = False, progress: bool | None = None,
               device: str = "cpu") -> MlaResult:
     """Calibrate, then stream the source once: each attention layer solved into its MLA block, every other tensor
     copied file to file (cast when --dtype asks), written to a staged folder renamed to `dst` when complete."""
@@ -405,7 +405,7 @@ def write_mla(p: MlaPlan, dst: str | Path, *, force: bool = False, progress: boo
         attn = {n for names in p.layers.values() for n in names.values()}
         meta = {"kvtool_version": __version__, "kvtool_source_hash": p.source_hash, "kvtool_method": "mla",
                 "kvtool_kv_heads": f"{p.source_kv_heads}->mla{p.shape.kv_lora_rank}+{p.shape.qk_rope_head_dim}"}
-        with staged_output(dst, force=force, protect=[p.src]) as tmp:
+        with staged_output(dst, force=force, protect=[p.src], verify=verify) as tmp:
             bar = kv_progress.task("convert", total=len(p.outputs), unit="tensors", enabled=progress)
             try:
                 with ShardWriter(tmp, p.max_shard_size, meta, plan=p.outputs, background_copies=True,

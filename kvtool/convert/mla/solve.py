@@ -173,7 +173,7 @@ def _assemble(parts: Parts, stats: MlaStats, shape: MlaShape, rope: SourceRope, 
     t = xs @ targets[..., :D].reshape(-1, D).T + targets[..., D].reshape(-1)
     cc = c.T @ c
     cc = cc + 1e-9 * cc.diagonal().mean() * torch.eye(cc.shape[0], dtype=cc.dtype)
-    b = torch.linalg.solve(cc, c.T @ t).T.reshape(KV, -1, latent.shape[0])  # [KV, n + hd, r]
+    b = _solve(cc, c.T @ t).T.reshape(KV, -1, latent.shape[0])  # [KV, n + hd, r]
     n = qn.shape[1]
     ccov = cc / len(c)
     q_nope, k_up = _fit_rank(qn, b[:, :n].repeat_interleave(rq, 0), cov, ccov, shape.qk_nope_head_dim)
@@ -202,6 +202,16 @@ def _rows(w: torch.Tensor, heads: int, hd: int, rope: SourceRope) -> torch.Tenso
     return w[:, order]
 
 
+def _solve(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a^-1 b for the symmetric PSD systems of the solve; the minimum-norm least-squares answer (pinv) where `a` is
+    singular: a layer whose inputs are all zero (zeroed layer norms) has a zero covariance, whose ridge (a
+    fraction of its mean diagonal) is zero too. The aware merge converts such a model; so does this (issue 39)."""
+    x, info = torch.linalg.solve_ex(a, b)
+    if bool((info != 0).any()) or not bool(torch.isfinite(x).all()):
+        x = torch.linalg.pinv(a, hermitian=True) @ b
+    return x
+
+
 def _drop_bias(rows: torch.Tensor, cov: torch.Tensor) -> torch.Tensor:
     """[n, D+1] augmented rows -> [n, D], the least-squares fit of the affine map by a linear one on the calibration
     (exact when the bias column is zero): DeepSeek's q_proj and kv_a_proj_with_mqa have no bias in this layout."""
@@ -209,7 +219,7 @@ def _drop_bias(rows: torch.Tensor, cov: torch.Tensor) -> torch.Tensor:
     if not bool(rows[:, D].any()):
         return rows[:, :D]
     cxx = cov[:D, :D] + 1e-9 * cov[:D, :D].diagonal().mean() * torch.eye(D, dtype=cov.dtype)
-    return torch.linalg.solve(cxx, cov[:D] @ rows.T).T
+    return _solve(cxx, cov[:D] @ rows.T).T
 
 
 def _latent(y: torch.Tensor, cov: torch.Tensor, x: torch.Tensor, rank: int, norm: str) -> torch.Tensor:
@@ -221,7 +231,10 @@ def _latent(y: torch.Tensor, cov: torch.Tensor, x: torch.Tensor, rank: int, norm
     evals, evecs = torch.linalg.eigh((g + g.T) / 2)
     u = evecs[:, -top:].T @ y if top else y.new_zeros(0, D + 1)
     u = _drop_bias(u, cov)
-    u = u / (u @ cov[:D, :D] @ u.T).diagonal().clamp_min(1e-300).sqrt()[:, None]
+    energy = (u @ cov[:D, :D] @ u.T).diagonal()
+    # unit RMS on the calibration; a row with none there (inputs all zero: zeroed layer norms) carries nothing and
+    # stays zero, where dividing by 1e-150 would overflow every product after it
+    u = torch.where((energy > 1e-200)[:, None], u / energy.clamp_min(1e-300).sqrt()[:, None], torch.zeros_like(u))
     if len(u) < top:  # more latent room than targets: the spare dims stay zero
         u = torch.cat([u, u.new_zeros(top - len(u), D)])
     if norm not in ("constant", "span"):
@@ -253,7 +266,7 @@ def constant_direction(cov: torch.Tensor) -> torch.Tensor:
     mu = cov[:D, D]
     sigma = cov[:D, :D] - torch.outer(mu, mu)
     sigma = sigma + 1e-6 * sigma.diagonal().mean() * torch.eye(D, dtype=cov.dtype)
-    w = torch.linalg.solve(sigma, mu)
+    w = _solve(sigma, mu)
     return w / (w @ cov[:D, :D] @ w).clamp_min(1e-300).sqrt()
 
 

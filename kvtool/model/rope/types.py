@@ -10,6 +10,8 @@ entry the engines use for them.
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 from typing import Callable
 
@@ -317,11 +319,19 @@ def served_context(params: dict, max_position_embeddings: int | None, model_type
             return max_position_embeddings
         orig = params.get("original_max_position_embeddings")
         if kind.name == "yarn" and isinstance(orig, int) and not isinstance(orig, bool) and orig > 0:
-            return int(orig * f)
-        return int(max_position_embeddings * f)
+            return _scaled(orig, f)
+        return _scaled(max_position_embeddings, f)
     if kind.context == "as_is":
         return max_position_embeddings
-    return int(max_position_embeddings * f)
+    return _scaled(max_position_embeddings, f)
+
+
+def _scaled(length: int, factor: float) -> int | None:
+    """int(length * factor) as vLLM computes it, None where vLLM cannot: a product past float's range is
+    inf, and int(inf) raises OverflowError in _get_and_verify_max_len (vllm 0.33 vllm/config/model.py), so
+    vLLM serves nothing (yarn factor 1e308)."""
+    value = length * factor
+    return int(value) if math.isfinite(value) else None
 
 
 def vllm_refusal(params: dict) -> str | None:

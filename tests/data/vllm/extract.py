@@ -201,6 +201,26 @@ for _file, _names in STATE_EXCERPTS.items():
     EXCERPTS[_file] = EXCERPTS.get(_file, ()) + _names
 
 
+# vLLM's default scheduler step and sequence cap per GPU tier and usage context (kvtool/budget/batch_defaults.json,
+# tests/budget/test_batch_defaults.py), for every release that has the function (0.12.0 on):
+#     python tests/data/vllm/extract.py /tmp/vllm/src 0.28.0 --batch
+BATCH_EXCERPTS: dict[str, tuple[str, ...]] = {
+    "vllm/engine/arg_utils.py": ("EngineArgs.get_batch_defaults",
+                                 "EngineArgs._set_default_max_num_seqs_and_batched_tokens_args"),
+}
+BATCH_DIR = HERE / "batch"
+# The caches vLLM keeps beside K/V (kvtool/budget/aux_caches.json, tests/budget/test_aux_caches.py), 0.33.0:
+#     python tests/data/vllm/extract.py /tmp/vllm/src 0.33.0 --aux
+AUX_EXCERPTS: dict[str, tuple[str, ...]] = {
+    "vllm/models/deepseek_v32/attention.py": ("DeepseekV32Indexer.__init__", "DeepseekV32Attention.__init__"),
+    "vllm/model_executor/models/deepseek_v2.py": ("DeepseekV32IndexerCache.get_kv_cache_spec",),
+    "vllm/v1/kv_cache_interface.py": ("AttentionSpec.state_content_size_bytes", "MLAAttentionSpec.head_size_v",
+                                      "UniformTypeKVCacheSpecs.page_size_bytes"),
+    "vllm/model_executor/models/registry.py": ("_TEXT_GENERATION_MODELS",),
+}
+AUX_DIR = HERE / "aux"
+
+
 def _find(tree: ast.Module, qualname: str) -> ast.AST:
     parts = qualname.split(".")
     nodes = tree.body
@@ -224,10 +244,11 @@ def excerpt_name(source: str) -> str:
     return source.replace("/", "__") + ".txt"
 
 
-def extract(src_root: Path, version: str) -> None:
-    out_dir = HERE / version
+def extract(src_root: Path, version: str, excerpts: dict[str, tuple[str, ...]] = EXCERPTS,
+            out_dir: Path | None = None) -> None:
+    out_dir = out_dir or HERE / version
     out_dir.mkdir(parents=True, exist_ok=True)
-    for rel, names in EXCERPTS.items():
+    for rel, names in excerpts.items():
         text = (src_root / rel).read_text(encoding="utf-8")
         tree = ast.parse(text)
         lines = text.splitlines()
@@ -289,5 +310,9 @@ def extract_release(src_root: Path, version: str) -> None:
 if __name__ == "__main__":
     if sys.argv[3:] == ["--releases"]:
         extract_release(Path(sys.argv[1]), sys.argv[2])
+    elif sys.argv[3:] == ["--batch"]:
+        extract(Path(sys.argv[1]), sys.argv[2], BATCH_EXCERPTS, BATCH_DIR / sys.argv[2])
+    elif sys.argv[3:] == ["--aux"]:
+        extract(Path(sys.argv[1]), sys.argv[2], AUX_EXCERPTS, AUX_DIR / sys.argv[2])
     else:
         extract(Path(sys.argv[1]), sys.argv[2])
