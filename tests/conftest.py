@@ -20,16 +20,17 @@ from torch_lane import module_is_heavy, needs_torch, torch_installed
 
 def pytest_collection_modifyitems(config, items):
     """The `torch` marker, set from what each test imports (tests/torch_lane.py): `pytest -m "not torch"`.
-    The engine lane (marker `engines`: nine transformers releases, scripts/engine_lane.sh) runs only when -m
-    names it; every other run deselects it."""
+    The engine lane (marker `engines`: nine transformers releases, scripts/engine_lane.sh) and the vLLM lane
+    (marker `vllm`: scripts/vllm_lane.sh) run only when -m names them; every other run deselects them."""
     for item in items:
         if needs_torch(item):
             item.add_marker(pytest.mark.torch)
-    if "engines" not in (config.getoption("markexpr", "") or ""):
-        lane = [i for i in items if i.get_closest_marker("engines")]
-        if lane:
-            config.hook.pytest_deselected(items=lane)
-            items[:] = [i for i in items if not i.get_closest_marker("engines")]
+    for marker in ("engines", "vllm"):  # the vLLM lane (scripts/vllm_lane.sh) likewise
+        if marker not in (config.getoption("markexpr", "") or ""):
+            lane = [i for i in items if i.get_closest_marker(marker)]
+            if lane:
+                config.hook.pytest_deselected(items=lane)
+                items[:] = [i for i in items if not i.get_closest_marker(marker)]
 
 
 def pytest_ignore_collect(collection_path, config):

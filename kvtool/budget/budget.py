@@ -43,6 +43,11 @@ class BudgetOptions:
     # (schemas/engines/facts.json "arithmetic" rows: kvtool.engines.releases.vllm_max_len_switches)
     vllm_release: str | None = None
     vllm_switches: frozenset = frozenset()
+    # --platform: "gpu" or a kvtool/budget/platforms.json row (vLLM's CPU build: its pool, block size and step)
+    platform: str = "gpu"
+    cpu_kvcache_bytes: int | None = None  # --cpu-kvcache-space (VLLM_CPU_KVCACHE_SPACE) in bytes
+    platform_notes: tuple[str, ...] = ()
+    dtype: str = "auto"  # vLLM's --dtype (kvcache.SERVED_DTYPES): what `--kv-cache-dtype auto` caches in
 
 
 @dataclass
@@ -172,19 +177,21 @@ class Budget:
         return out
 
 
-def served_weight_bytes(ckpt) -> int:
-    """Bytes the weights take on the GPU: as stored, except float32/64 tensors, which vLLM loads in 16 bits."""
+def served_weight_bytes(ckpt, dtype: str = "auto") -> int:
+    """Bytes the weights take on the GPU: as stored, except float32/64 tensors, which vLLM loads in 16 bits
+    (in 32 with --dtype float32)."""
+    wide = 4 if dtype == "float32" else 2
     total = 0
     for h in ckpt.headers:
         for t in h.tensors.values():
-            total += t.numel * 2 if t.dtype in ("F32", "F64") else t.nbytes
+            total += t.numel * wide if t.dtype in ("F32", "F64") else t.nbytes
     return total
 
 
-def kv_elem(spec, kv_cache_dtype: str) -> tuple[str, kvcache.CacheFormat, str | None]:
-    """(dtype name, vLLM's layout for it, note) for --kv-cache-dtype; auto follows vLLM; a dtype vLLM would
-    refuse for this model is one UsageError line (kvcache.cache_format)."""
-    fmt, note = kvcache.cache_format(spec, kv_cache_dtype)
+def kv_elem(spec, kv_cache_dtype: str, served: str = "auto") -> tuple[str, kvcache.CacheFormat, str | None]:
+    """(dtype name, vLLM's layout for it, note) for --kv-cache-dtype; auto follows vLLM (served: its --dtype); a
+    dtype vLLM would refuse for this model is one UsageError line (kvcache.cache_format)."""
+    fmt, note = kvcache.cache_format(spec, kv_cache_dtype, served=served)
     return fmt.name, fmt, note
 
 
@@ -442,10 +449,24 @@ def compute(ckpt, spec, opts: BudgetOptions) -> Budget:
             if what is not None:
                 raise InputError(what, file=where, field=key)
             missing.append(key)
+    from kvtool.budget.platforms import platform
+
+    row = platform(opts.platform)
     defaults = batch.defaults(opts.gpu, opts.vllm_release or known()["vllm"][-1], opts.entrypoint,
                               opts.tensor_parallel_size)
     step = opts.max_num_batched_tokens or batch.step(defaults, seq_len)
-    kv_dtype, eb, dnote = kv_elem(spec, opts.kv_cache_dtype)
+    if row is not None and opts.max_num_batched_tokens is None:
+        step = row.batched_tokens(is_mla=spec.is_mla, max_model_len=seq_len, world_size=opts.tensor_parallel_size,
+                                  llm=opts.entrypoint == "llm")
+    if row is not None:
+        notes.extend(opts.platform_notes)
+        notes.append(f"--platform {row.name}: vLLM {row.release}'s CPU defaults (block size {row.block_size}, "
+                     f"{row.mla_block_size} for MLA; {step:,} batched tokens as the {opts.entrypoint} entry point steps"
+                     + ("; MLA: chunked prefill off, max(max_model_len, 2048)" if spec.is_mla else "")
+                     + f"; the pool is {row.pool_env}"
+                     + ("" if opts.cpu_kvcache_bytes else ", not given: vLLM then takes memory x "
+                        "--gpu-memory-utilization less its own resident memory, which kvtool cannot know") + ")")
+    kv_dtype, eb, dnote = kv_elem(spec, opts.kv_cache_dtype, opts.dtype)
     if dnote:
         notes.append(dnote)
     if eb.skip:
@@ -470,11 +491,11 @@ def compute(ckpt, spec, opts: BudgetOptions) -> Budget:
     weight_source = None
     if ckpt.has_weights:
         stored = ckpt.weight_bytes
-        weight_bytes, weight_source = served_weight_bytes(ckpt), "safetensors"
+        weight_bytes, weight_source = served_weight_bytes(ckpt, opts.dtype), "safetensors"
         if ckpt.problems:
             notes.append(f"{len(ckpt.problems)} problem(s) reading the safetensors files or index (first: "
                          f"{ckpt.problems[0].message}); the weight total may be short, run `kvtool lint`")
-        if weight_bytes != stored:
+        if weight_bytes < stored:
             notes.append(f"float32 tensors counted at 2 bytes: vLLM (--dtype auto) serves a float32 checkpoint "
                          f"in 16 bits ({fmt_bytes(stored)} on disk, {fmt_bytes(weight_bytes)} on the GPU)")
     else:
@@ -484,7 +505,9 @@ def compute(ckpt, spec, opts: BudgetOptions) -> Budget:
             notes.extend(est.notes)
 
     budget = pool = None
-    if opts.gpu is not None:
+    if row is not None and opts.cpu_kvcache_bytes is not None:
+        budget = pool = opts.cpu_kvcache_bytes  # VLLM_CPU_KVCACHE_SPACE: the pool itself, weights apart
+    elif opts.gpu is not None:
         budget = int(opts.gpu.memory_bytes * opts.gpu_memory_utilization) - opts.reserve_bytes
         if weight_bytes is None:
             raise UsageError("cannot size the weights: no safetensors and the config lacks hidden_size, "
@@ -495,7 +518,7 @@ def compute(ckpt, spec, opts: BudgetOptions) -> Budget:
     _fill_pool(current, pool)
     variants: list[Figures] = []
     for v in opts.what_if:
-        v_dtype, v_fmt = (kv_elem(spec, v.kv_dtype)[:2] if v.kv_dtype else (kv_dtype, eb))
+        v_dtype, v_fmt = (kv_elem(spec, v.kv_dtype, opts.dtype)[:2] if v.kv_dtype else (kv_dtype, eb))
         f = figures(spec, v.name, v.kv_heads, v_dtype, v_fmt, opts, seq_len, step)
         _fill_pool(f, pool)
         variants.append(f)

@@ -83,7 +83,8 @@ def as_dict(b: Budget) -> dict:
         "max_model_len": b.max_model_len, "max_model_len_source": b.max_model_len_source,
         "batch": o.batch, "block_size": o.block_size, "max_num_batched_tokens": b.batched_tokens,
         "max_num_seqs_default": b.batch_defaults.max_num_seqs, "entrypoint": o.entrypoint,
-        "tensor_parallel_size": o.tensor_parallel_size,
+        "tensor_parallel_size": o.tensor_parallel_size, "platform": o.platform,
+        "cpu_kvcache_bytes": o.cpu_kvcache_bytes,
         "weight_bytes": b.weight_bytes, "weight_bytes_per_gpu": b.weight_bytes_per_gpu,
         "weight_source": b.weight_source, "weight_params_estimate": b.weight_params,
         "gpu": None if o.gpu is None else {
@@ -92,7 +93,7 @@ def as_dict(b: Budget) -> dict:
             "kv_budget_bytes": b.kv_budget_per_gpu,
         },
         "kv_pool_bytes_per_gpu": b.kv_pool_per_gpu, "weights_fit": b.weights_fit,
-        "fits": not b.problems if o.gpu is not None else None,
+        "fits": not b.problems if (o.gpu is not None or o.cpu_kvcache_bytes) else None,
         "problems": b.problems,
         "layers": [_layer_dict(r) for r in cur.layers],
         "what_if": [_figures_dict(v, cur) for v in b.variants],
@@ -228,14 +229,18 @@ def render_text(b: Budget) -> console.Text:
         if tp > 1:
             w += f", {fmt_bytes(b.weight_bytes_per_gpu)}{per}"
         kv.append(("weights", w))
-    if o.gpu is not None:
-        g = o.gpu
-        budget = (f"{g.name}: {fmt_bytes(g.memory_bytes)} x {o.gpu_memory_utilization:g}"
-                  + (f" - reserve {fmt_bytes(o.reserve_bytes)}" if o.reserve_bytes else "")
-                  + f" = {fmt_bytes(b.kv_budget_per_gpu)} per GPU")
-        kv.append(("GPU budget", budget))
-        kv.append(("KV pool" + per, fmt_bytes(b.kv_pool_per_gpu) if b.weights_fit else
-                   f"none: weights need {fmt_bytes(b.weight_bytes_per_gpu)}, budget is {fmt_bytes(b.kv_budget_per_gpu)}"))
+    if o.cpu_kvcache_bytes:
+        kv.append(("CPU KV pool", f"{fmt_bytes(o.cpu_kvcache_bytes)} (VLLM_CPU_KVCACHE_SPACE; weights apart)"))
+    if o.gpu is not None or o.cpu_kvcache_bytes:
+        if o.gpu is not None:
+            g = o.gpu
+            budget = (f"{g.name}: {fmt_bytes(g.memory_bytes)} x {o.gpu_memory_utilization:g}"
+                      + (f" - reserve {fmt_bytes(o.reserve_bytes)}" if o.reserve_bytes else "")
+                      + f" = {fmt_bytes(b.kv_budget_per_gpu)} per GPU")
+            kv.append(("GPU budget", budget))
+            kv.append(("KV pool" + per, fmt_bytes(b.kv_pool_per_gpu) if b.weights_fit else
+                       f"none: weights need {fmt_bytes(b.weight_bytes_per_gpu)}, budget is "
+                       f"{fmt_bytes(b.kv_budget_per_gpu)}"))
         if b.weights_fit and cur.max_concurrent_sequences is None:
             kv.append(("max sequences", "not limited by a KV cache (no layer keeps one)"))
         elif b.weights_fit:
@@ -267,9 +272,10 @@ def render_text(b: Budget) -> console.Text:
     lines.append("")
     if problems:
         lines.extend(f"  {p}" for p in problems)
-    elif o.gpu is not None:
+    elif o.gpu is not None or o.cpu_kvcache_bytes:
         lines.append(f"  fits: {o.batch} sequence{'s' if o.batch != 1 else ''} of {b.max_model_len:,} tokens "
-                     f"on {tp} x {o.gpu.name}")
+                     + (f"on {tp} x {o.gpu.name}" if o.gpu is not None else
+                        f"in a {fmt_bytes(o.cpu_kvcache_bytes)} CPU pool"))
     while lines and not lines[-1].strip():
         lines.pop()
     return console.lines(lines)

@@ -36,6 +36,15 @@ def plan(o: KvBudgetOptions) -> BudgetPlan:
         except ValueError as exc:
             raise UsageError(str(exc), option="reserve") from None
     gpu = resolve(o.gpu_memory) if o.gpu_memory is not None else None
+    from kvtool.budget.platforms import GIB, platform
+
+    row = platform(o.platform)
+    if row is not None and o.gpu_memory is not None:
+        raise UsageError(f"--platform {o.platform} has no GPU memory: its KV pool is --cpu-kvcache-space "
+                         f"({row.pool_env})", option="gpu_memory")
+    if row is None and o.cpu_kvcache_space is not None:
+        raise UsageError("--cpu-kvcache-space sizes vLLM's CPU pool: it needs --platform cpu",
+                         option="cpu_kvcache_space")
     if (o.reserve is not None or o.gpu_memory_utilization != 0.9) and gpu is None:
         raise UsageError("--reserve and --gpu-memory-utilization need --gpu-memory", option="gpu_memory")
 
@@ -52,13 +61,22 @@ def plan(o: KvBudgetOptions) -> BudgetPlan:
         from kvtool.engines.releases import vllm_max_len_switches
 
         vllm, switches = vllm_max_len_switches(o.engine)
+    block_size, platform_notes = o.block_size or 16, []
+    if row is not None:
+        block_size = o.block_size or row.default_block_size(spec.is_mla)
+        if spec.is_mla and block_size != row.mla_block_size:
+            platform_notes.append(f"vLLM {row.release} on CPU serves MLA with block size {row.mla_block_size} "
+                                  f"whatever --block-size says (on x86 with AMX tiles it keeps the block size)")
+            block_size = row.mla_block_size
     opts = BudgetOptions(
         max_model_len=o.max_model_len, batch=o.batch or 1, batch_given=o.batch is not None,
-        kv_cache_dtype=o.kv_cache_dtype, block_size=o.block_size, tensor_parallel_size=o.tensor_parallel_size,
+        kv_cache_dtype=o.kv_cache_dtype, block_size=block_size, tensor_parallel_size=o.tensor_parallel_size,
         gpu=gpu, gpu_memory_utilization=o.gpu_memory_utilization, reserve_bytes=reserve_bytes,
         max_num_batched_tokens=o.max_num_batched_tokens, entrypoint=o.entrypoint, hybrid_kv_cache=not o.disable_hybrid_kv_cache_manager,
         what_if=tuple(variants.parse(o.what_if, num_heads=spec.num_heads, is_mla=spec.is_mla)),
         vllm_release=vllm.versions[0] if vllm else None, vllm_switches=switches,
+        platform=o.platform, cpu_kvcache_bytes=(o.cpu_kvcache_space * GIB if o.cpu_kvcache_space else None),
+        platform_notes=tuple(platform_notes), dtype=o.dtype,
     )
     return BudgetPlan(ckpt=ckpt, spec=spec, options=opts)
 

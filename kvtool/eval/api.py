@@ -48,7 +48,7 @@ class Candidate:
     scale tensors), "fp8" (always), "off" (never). kv_scales: "checkpoint" (its scale tensors; 1.0
     for layers without one), "one" (1.0 everywhere, vLLM's default), {layer: (k, v)} / {layer: (k, v, q)}
     or KVScales. fp8_attention: what else the FP8 path rounds, as a vLLM backend does
-    (kvtool.eval.fp8_backends.CHOICES: "cache-only", "flash-attn", "flashinfer", "triton").
+    (kvtool.eval.fp8_backends.CHOICES: "cache-only", "flash-attn", "flashinfer", "triton", "cpu").
     """
 
     model: Any

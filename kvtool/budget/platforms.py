@@ -1,0 +1,51 @@
+"""vLLM's per-platform defaults (platforms.json), as kv-budget's --platform uses them: block size, the KV pool
+and the scheduler step. `gpu` is kv-budget's long-standing sizing (no row: gpus.json and budget.py)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+GIB = 2**30
+
+
+@dataclass(frozen=True)
+class Platform:
+    name: str
+    release: str
+    block_size: int
+    mla_block_size: int
+    pool_env: str
+    serve_batched_tokens: int  # per worker (x tensor-parallel size)
+    llm_batched_tokens: int
+    mla_batched_tokens_floor: int  # MLA: max(max_model_len, this), chunked prefill off
+    citations: tuple[str, ...]
+
+    def default_block_size(self, is_mla: bool) -> int:
+        return self.mla_block_size if is_mla else self.block_size
+
+    def batched_tokens(self, *, is_mla: bool, max_model_len: int, world_size: int = 1, llm: bool = False) -> int:
+        """vLLM's max_num_batched_tokens on this platform: `vllm serve`'s (llm: vllm.LLM's) per worker, or for
+        MLA max(max_model_len, the floor) with chunked prefill off."""
+        if is_mla:
+            return max(max_model_len, self.mla_batched_tokens_floor)
+        return (self.llm_batched_tokens if llm else self.serve_batched_tokens) * world_size
+
+
+@lru_cache(maxsize=1)
+def table() -> dict[str, Platform]:
+    data = json.loads(Path(__file__).with_name("platforms.json").read_text(encoding="utf-8"))
+    out = {}
+    for name, row in data["platforms"].items():
+        out[name] = Platform(name, row["release"], int(row["block_size"]), int(row["mla_block_size"]),
+                             row["pool_env"], int(row["max_num_batched_tokens"]["serve"]),
+                             int(row["max_num_batched_tokens"]["llm"]), int(row["mla_batched_tokens_floor"]),
+                             tuple(row[k] for k in row if k.endswith("_citation")))
+    return out
+
+
+def platform(name: str) -> Platform | None:
+    """The row of a --platform value; None for gpu (kv-budget's GPU sizing)."""
+    return table().get(name)
