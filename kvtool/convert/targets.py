@@ -79,7 +79,9 @@ class ConversionPlan(Protocol):
     @property
     def needs_torch(self) -> str | None: ...  # what needs torch to run ("--to mla"), None: nothing does
 
-    def write(self, dst, *, verify=None, force: bool = False, progress: bool | None = None,
+    def check_kwargs(self) -> dict: ...  # what the output check needs beyond source= (engines=, accept=)
+
+    def write(self, dst, *, verify, force: bool = False, progress: bool | None = None,
               device: str = "cpu") -> ConversionResult: ...  # verify: the staged output's check before publish
 
     def render_result(self, result: ConversionResult) -> "console.Text": ...  # the command's last lines

@@ -90,7 +90,7 @@ def run_convert_step(ctx: RunContext, step: Step) -> StepResult:
         o.calib_text, o.calib_dataset = (files if len(files) > 1 else files[0]), None
     p = plan(o)  # `kvtool convert`'s plan and apply: the same refusals, now on the written model
     res = apply(p, out, progress=ctx.progress, device=_device(ctx),
-                verify=partial(verify_output, source=ctx.current))
+                verify=partial(verify_output, source=ctx.current, **p.check_kwargs()))
     return StepResult(step.index, step.kind, dict(step.options), str(out), details={**p.details(), "files": res.files})
 
 

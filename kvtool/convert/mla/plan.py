@@ -59,6 +59,7 @@ class MlaPlan:
     kv_bytes_after: float = 0.0
     kv_dtype: str = ""
     engine: str | None = None  # the vLLM release the rows are written for; None: --engine transformers (any size)
+    requirements: tuple[str, ...] = ()  # --engine as the user gave it (every engine): what the output is linted for
     warnings: list[str] = field(default_factory=list)
     source_hash: str = ""
 
@@ -113,7 +114,14 @@ class MlaPlan:
 
     needs_torch = "--to mla"  # the calibrated solve runs the source model
 
-    def write(self, dst, *, verify=None, force: bool = False, progress: bool | None = None, device: str = "cpu"):
+    def check_kwargs(self) -> dict:
+        """The output check's arguments beyond source= (kvtool.rules.output_check.verify_output): lint for the
+        releases the user named (--engine, every one of them), else for the vLLM release written for; an MLA row no
+        vLLM serves (KV404) is what the user asked for when no vLLM release is named (--engine transformers...)."""
+        engines = self.requirements or ((f"vllm=={self.engine}",) if self.engine else ())
+        return {"engines": engines, **({"accept": ("KV404",)} if self.engine is None else {})}
+
+    def write(self, dst, *, verify, force: bool = False, progress: bool | None = None, device: str = "cpu"):
         from kvtool.convert.mla.write import write_mla
 
         return write_mla(self, dst, verify=verify, force=force, progress=progress, device=device)
@@ -186,6 +194,9 @@ def mla_target(o) -> tuple[str | None, tuple[int, ...] | None]:
     read = engine_mla.read_releases()
     reqs = [o.engine] if isinstance(o.engine, str) else list(o.engine or ())  # a lone string from the API
     named = [(req, *parse(req, option="engine")) for req in reqs]
+    for req, name, spec in named:
+        if name != "vllm":  # a release kvtool knows, as lint checks it (the output check lints for it)
+            select(name, spec, req, option="engine")
     vllm = [(req, spec) for req, name, spec in named if name == "vllm"]
     if len(vllm) > 1:
         raise UsageError(f"{' and '.join(repr(r) for r, _ in vllm)}: --to mla writes for one vLLM release; give one "
@@ -403,7 +414,7 @@ def plan_mla(o, ckpt, *, max_shard_size: int, config: dict | None = None, tensor
     p = MlaPlan(src=ckpt.root or ckpt.config_path.parent, ckpt=ckpt, spec=spec, arch=arch, out_arch=out_arch,
                 shape=shape, rope_theta=theta_out, out_dtype=out_dtype, max_shard_size=max_shard_size, settings=s,
                 layers=layers, out_layers={i: output_names(out_arch, i) for i in layers}, kv_dtype=kv_dtype,
-                engine=target[0])
+                engine=target[0], requirements=tuple([o.engine] if isinstance(o.engine, str) else o.engine or ()))
     # the write plan, source order: each layer's MLA block where its q_proj was, lm_head after the rest when tied
     wanted = shape.weight_shapes()
     first = {names["q_proj.weight"]: i for i, names in layers.items()}

@@ -196,3 +196,32 @@ def test_the_default_rope_dims_leave_out_the_pairs_the_seed_keeps_per_head(theta
     kept = int(static_pairs(rope, horizon, MLA_SOLVES["mqa-seed"]["residual_angle"]).sum())
     assert default_rope_dim("mqa-seed", 64, theta, horizon) == 64 - 2 * kept
     assert default_rope_dim("joint", 64, theta, horizon) == 32
+
+
+@pytest.mark.parametrize("engine, kwargs", [
+    # every requirement the user named is what the output is linted for; KV404 accepted when no vLLM release is named
+    (["transformers==4.40.0"], {"engines": ("transformers==4.40.0",), "accept": ("KV404",)}),
+    (["transformers"], {"engines": ("transformers",), "accept": ("KV404",)}),
+    (["vllm==0.33.0", "transformers==4.40.0"], {"engines": ("vllm==0.33.0", "transformers==4.40.0")}),
+])
+def test_the_plan_says_what_its_output_check_needs(tmp_path, engine, kwargs):
+    p = plan_of(folder(tmp_path), kv_rank=268, engine=engine)  # 268 + 52 rope = 320: a row vLLM 0.33 serves
+    assert p.check_kwargs() == kwargs
+    default = plan_of(folder(tmp_path), kv_rank=268)  # no --engine: the vLLM release written for, KV404 refused
+    assert default.check_kwargs() == {"engines": (f"vllm=={default.engine}",)}
+
+
+@pytest.mark.parametrize("req", ["transformers>=99", "transformers==0.0.1x"])
+def test_a_transformers_release_kvtool_does_not_know_is_refused_when_planning(tmp_path, req):
+    from kvtool.errors import UsageError
+
+    with pytest.raises(UsageError) as e:
+        plan_of(folder(tmp_path), kv_rank=268, engine=[req])
+    assert e.value.option == "engine" and req in str(e.value)
+
+
+def test_a_heads_target_check_needs_nothing_more(tmp_path):
+    from kvtool.convert.run import plan
+    from kvtool.options.convert import ConvertOptions
+
+    assert plan(ConvertOptions(src=str(folder(tmp_path)), to="gqa", groups=1)).check_kwargs() == {}
