@@ -78,7 +78,7 @@ def verify_output(folder: str | Path, *, source: str | Path | None = None, engin
     before: set = set(known or ())
     if source is not None:
         try:
-            old, _ = _errors(str(source))
+            old, _ = _errors(str(source), engines)  # by the same releases as the output
             before |= {_key(f) for f in old}
         except InputError:
             pass

@@ -61,6 +61,15 @@ def test_an_error_the_source_already_had_is_not_the_writes_doing(tmp_path):
         verify_output(tmp_path / "out2", source=tmp_path / "src")
 
 
+
+def test_the_source_is_linted_for_the_releases_the_output_is(tmp_path):
+    # under transformers 4.40.0 deepseek_v3 is unknown (KV010) in the source as in the output: not the write's doing
+    write_config(tmp_path / "src", _mla())
+    write_config(tmp_path / "out", _mla())
+    verify_output(tmp_path / "out", source=tmp_path / "src", engines=("transformers==4.40.0",))
+    with pytest.raises(InputError, match="KV010"):  # without a source that has it, it is the write's
+        verify_output(tmp_path / "out", engines=("transformers==4.40.0",))
+
 def test_staged_output_does_not_publish_a_refused_output(tmp_path):
     dst = tmp_path / "dst"
     with pytest.raises(InputError) as e:
