@@ -105,6 +105,23 @@ def test_every_write_in_the_package_is_verified():
     assert bad == []
 
 
+
+def test_no_function_that_takes_verify_defaults_it():
+    # verify= has no default anywhere it is passed on (staged_output, convert.run.apply, every plan's write): a
+    # call that forgets it is a TypeError, never an unchecked publish
+    takes = []
+    for path in sorted((REPO / "kvtool").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                args = node.args
+                assert "verify" not in [a.arg for a in args.posonlyargs + args.args], f"{path}:{node.lineno}"
+                for arg, default in zip(args.kwonlyargs, args.kw_defaults):
+                    if arg.arg == "verify":
+                        takes.append(f"{path.relative_to(REPO).as_posix()}:{node.name}")
+                        assert default is None, f"{path}:{node.lineno} {node.name}(verify=...) has a default"
+    assert {"kvtool/io/staging.py:staged_output", "kvtool/convert/run.py:apply", "kvtool/convert/targets.py:write",
+            "kvtool/convert/driver.py:write", "kvtool/convert/mla/plan.py:write"} <= set(takes), takes
+
 def test_convert_apply_and_its_callers_pass_the_check():
     # convert cannot import lint (tests/test_layering.py), so its callers pass verify_output: the command and
     # the recipe step
