@@ -103,10 +103,11 @@ class Target:
     def __init__(self, o):
         """The target's option refusals (no model opened): another target's own options first."""
         self.options = o
-        for other in TARGETS.values():
-            for f in other.fields:
-                if f not in self.fields and getattr(o, f, None) not in (None, [], ()):  # [] : a repeatable option unset
-                    raise UsageError(f"only --to {other.name} takes it (--to {self.name} {self.does})", option=f)
+        for f in dict.fromkeys(f for other in TARGETS.values() for f in other.fields):
+            if f not in self.fields and getattr(o, f, None) not in (None, [], ()):  # [] : a repeatable option unset
+                takers = [t.name for t in TARGETS.values() if f in t.fields]
+                names = ", ".join(takers[:-1]) + f" or {takers[-1]}" if len(takers) > 1 else takers[0]
+                raise UsageError(f"only --to {names} takes it (--to {self.name} {self.does})", option=f)
 
     @classmethod
     def calibration(cls, o) -> Calibration | None:

@@ -304,10 +304,6 @@ def _refuse_source(o, arch, spec, config: dict, tensors: dict, layers: dict, whe
         raise UsageError(f"--to mla converts {' / '.join(SOURCES)} blocks (RMSNorm, SiLU MLP, plain q/k/v/o with "
                          f"RoPE: DeepSeek-V3's dense layer around the attention); {mt} differs", file=where,
                          field="model_type")
-    if o.method not in ("mean", "aware") or o.grouping is not None or o.groups is not None:
-        which = "groups" if o.groups is not None else "grouping" if o.grouping is not None else "method"
-        raise UsageError("--to mla solves each layer from calibration (kvtool.convert.mla.solve); it takes no merge "
-                         "method, grouping or KV-head count", option=which)
     if spec.number("num_experts"):
         raise UsageError("mixture-of-experts MLP: --to mla copies dense MLPs only", file=where,
                          field=spec.key("num_experts") or "num_experts")

@@ -148,12 +148,23 @@ def refused(capsys, argv) -> str:
     (["--to", "gqa", "--groups", "1", "--engine", "vllm==0.33.0"], "--engine: only --to mla takes it"),
     (["--to", "mla", "--kv-budget", "0%"], "must be above 0 and at most 1"),
     (["--to", "mla", "--kv-budget", "lots"], "--kv-budget: must be one of"),
-    (["--to", "mla", "--kv-rank", "8", "--grouping", "contiguous"], "--grouping: --to mla solves each layer"),
-    (["--to", "mla", "--kv-rank", "8", "--method", "first-k"], "--method"),
+    # the heads targets' options, refused by the --to registry before the model is read (kvtool/convert/targets.py)
+    (["--to", "mla", "--kv-rank", "8", "--grouping", "contiguous"],
+     "--grouping: only --to gqa, mqa or mha takes it (--to mla solves a latent per layer)"),
+    (["--to", "mla", "--kv-rank", "8", "--groups", "2"], "--groups: only --to gqa, mqa or mha takes it"),
+    (["--to", "mla", "--kv-rank", "8", "--method-opt", "foo=1"], "--method-opt: only --to gqa, mqa or mha takes it"),
+    (["--to", "mla", "--kv-rank", "8", "--method", "first-k"], "--method"),  # no registered method
+    (["--to", "mla", "--kv-rank", "8", "--method", "aware"], "--method: --to mla solves each layer from calibration"),
 ])
 def test_option_refusals(tmp_path, capsys, args, words):
     line = refused(capsys, [str(folder(tmp_path)), *args])
     assert words in line, line
+
+
+def test_a_heads_option_is_refused_before_the_model_is_read(tmp_path, capsys):
+    gemma = {**SMOL, "model_type": "gemma", "architectures": ["GemmaForCausalLM"], "hidden_act": "gelu"}
+    line = refused(capsys, [str(folder(tmp_path, gemma)), "--to", "mla", "--kv-rank", "8", "--groups", "2"])
+    assert "--groups: only --to gqa, mqa or mha takes it" in line and "model_type" not in line, line
 
 
 @pytest.mark.parametrize("config, extra, words", [
