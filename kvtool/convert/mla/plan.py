@@ -185,11 +185,13 @@ def served_horizon(settings: dict, spec) -> int:
 
 
 def mla_target(o) -> tuple[str | None, tuple[int, ...] | None]:
-    """(the vLLM release the result is written for, the MLA rows it serves): --engine vllm==X, else the newest
-    release whose MLA backends kvtool has read (kvtool.engines.mla); (None, None) for --engine transformers, whose
-    DeepseekV3 attention takes any size."""
+    """(the vLLM release the result is written for, the MLA rows it serves): --engine vllm==X, else the installed
+    vLLM (kvtool.engines.releases.one_release_of: the release lint and kv-budget default to), which must be one
+    whose MLA backends kvtool has read (kvtool.engines.mla), else the newest read; (None, None) for --engine
+    transformers alone, whose DeepseekV3 attention takes any size. Every other requirement must name a release
+    kvtool knows (the output check lints for it)."""
     from kvtool.engines import mla as engine_mla
-    from kvtool.engines.releases import parse, select
+    from kvtool.engines.releases import one_release_of, parse, select
 
     read = engine_mla.read_releases()
     reqs = [o.engine] if isinstance(o.engine, str) else list(o.engine or ())  # a lone string from the API
@@ -197,23 +199,17 @@ def mla_target(o) -> tuple[str | None, tuple[int, ...] | None]:
     for req, name, spec in named:
         if name != "vllm":  # a release kvtool knows, as lint checks it (the output check lints for it)
             select(name, spec, req, option="engine")
-    vllm = [(req, spec) for req, name, spec in named if name == "vllm"]
-    if len(vllm) > 1:
-        raise UsageError(f"{' and '.join(repr(r) for r, _ in vllm)}: --to mla writes for one vLLM release; give one "
-                         "(vllm==X)", option="engine")
-    if not vllm:
-        if named:  # transformers alone: any size its DeepseekV3 attention takes
-            return None, None
-        version = read[-1]
-    else:
-        req, spec = vllm[0]
-        versions = select("vllm", spec, req, option="engine")
-        if len(versions) != 1:
-            raise UsageError(f"{req!r} matches {len(versions)} releases; give one (vllm==X)", option="engine")
-        version = versions[0]
+    vllm = [req for req, name, _ in named if name == "vllm"]
+    if named and not vllm:  # transformers alone: any size its DeepseekV3 attention takes
+        return None, None
+    release = one_release_of(vllm, "vllm", option="engine")
+    version = release.versions[0]
+    if release.source == "newest known" and version not in read:
+        version = read[-1]  # no vLLM installed or named: the newest release whose MLA rows kvtool has read
     rows = engine_mla.rows(version)
     if rows is None:
-        raise UsageError(f"{vllm[0][0]!r}: kvtool has not read which MLA rows vLLM {version} serves (it has read "
+        which = repr(release.requirement) if release.requirement else f"vLLM {version} ({release.source}, the default)"
+        raise UsageError(f"{which}: kvtool has not read which MLA rows vLLM {version} serves (it has read "
                          f"{read[0]}..{read[-1]}: schemas/engines/mla_backends.json); pin one of those, or "
                          "--engine transformers", option="engine")
     return version, rows.head_sizes

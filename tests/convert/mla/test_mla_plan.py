@@ -236,3 +236,26 @@ def test_a_heads_target_check_needs_nothing_more(tmp_path):
     from kvtool.options.convert import ConvertOptions
 
     assert plan(ConvertOptions(src=str(folder(tmp_path)), to="gqa", groups=1)).check_kwargs() == {}
+
+
+def test_with_no_engine_it_writes_for_the_installed_vllm_as_lint_and_kv_budget_default_to(tmp_path, monkeypatch):
+    from kvtool.engines import releases
+    from kvtool.errors import UsageError
+
+    monkeypatch.setattr(releases, "installed", lambda engine: "0.30.0" if engine == "vllm" else None)
+    p = plan_of(folder(tmp_path), kv_rank=268, rope_dim=52)  # 320: served from 0.30
+    assert p.engine == "0.30.0" and p.check_kwargs() == {"engines": ("vllm==0.30.0",)}
+    big = {**SMOL, "num_key_value_heads": 9}  # 2 x 9 x 64 = 1152 per layer: 576 saves
+    monkeypatch.setattr(releases, "installed", lambda engine: "0.17.1" if engine == "vllm" else None)
+    assert plan_of(folder(tmp_path, big, name="big"), kv_rank=524, rope_dim=52).engine == "0.17.1"
+    with pytest.raises(UsageError, match="vllm 0.17.1 serves MLA rows of 576"):  # not 0.33's 320
+        plan_of(folder(tmp_path), kv_rank=268, rope_dim=52)
+    # an installed release kvtool has not read is refused by name, never replaced by another
+    monkeypatch.setattr(releases, "installed", lambda engine: "0.7.1" if engine == "vllm" else None)
+    with pytest.raises(UsageError, match=r"vLLM 0.7.1 \(installed, the default\): kvtool has not read") as e:
+        plan_of(folder(tmp_path), kv_rank=268, rope_dim=52)
+    assert e.value.option == "engine"
+    # two vLLM releases: refused by name (kvtool.engines.releases.one_release_of)
+    monkeypatch.setattr(releases, "installed", lambda engine: None)
+    with pytest.raises(UsageError, match="given 2 times"):
+        plan_of(folder(tmp_path), kv_rank=268, rope_dim=52, engine=["vllm==0.30.0", "vllm==0.33.0"])
