@@ -11,7 +11,7 @@ refuses (one exit-2 line naming the output's file and field, `...; nothing was w
   by kvtool's own rules. An error the source carried is not the write's doing and is left to lint.
 
 The staging folder is removed (it is kvtool's own, named `.DST.kvtool-tmp-...`) and DST is left as it was.
-The core (kvtool.io) cannot import lint, so the operation passes this function in; tests/io/test_publish_check.py
+The core (kvtool.io) cannot import lint, so the operation passes this function in; tests/rules/test_output_check.py
 checks that every `staged_output` call in the package passes it.
 """
 
