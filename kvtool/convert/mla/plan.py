@@ -118,7 +118,13 @@ class MlaPlan:
         """The output check's arguments beyond source= (kvtool.rules.output_check.verify_output): lint for the
         releases the user named (--engine, every one of them), else for the vLLM release written for; an MLA row no
         vLLM serves (KV404) is what the user asked for when no vLLM release is named (--engine transformers...)."""
-        engines = self.requirements or ((f"vllm=={self.engine}",) if self.engine else ())
+        from kvtool.engines.releases import parse
+
+        # a bare engine name ("transformers") says which engine, not which releases: lint would check every one
+        # kvtool knows (those before deepseek_v3 too), so it is checked at its default release, as lint does
+        named = tuple(r for r in self.requirements if str(parse(r, option="engine")[1]))
+        vllm = any(parse(r, option="engine")[0] == "vllm" for r in named)
+        engines = named + ((f"vllm=={self.engine}",) if self.engine and not vllm else ())
         return {"engines": engines, **({"accept": ("KV404",)} if self.engine is None else {})}
 
     def write(self, dst, *, verify, force: bool = False, progress: bool | None = None, device: str = "cpu"):
