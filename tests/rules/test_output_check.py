@@ -125,6 +125,8 @@ def test_no_function_that_takes_verify_defaults_it():
 def test_convert_apply_and_its_callers_pass_the_check():
     # convert cannot import lint (tests/test_layering.py), so its callers pass verify_output: the command and
     # the recipe step
+    # the recipe step, with what the plan says its check needs (ConversionPlan.check_kwargs: no caller asks which
+    # target it holds)
     for rel in ("kvtool/commands/convert.py", "kvtool/recipes/apply.py"):
         text = (REPO / rel).read_text(encoding="utf-8")
-        assert "verify=partial(verify_output" in text, rel
+        assert "partial(verify_output, source=" in text and "**p.check_kwargs())" in text, rel
