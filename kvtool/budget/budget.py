@@ -10,14 +10,14 @@ and CUDA-graph memory it profiles at start-up; kvtool cannot know those, --reser
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from kvtool.model import kvcache
 from kvtool.budget.estimate import estimate
 from kvtool.budget.gpus import Gpu
 from kvtool.budget.paging import Paging, mixed_kinds
 from kvtool.budget import aux_caches, batch, recurrent
-from kvtool.engines.releases import known
+from kvtool.engines.releases import default, known
 from kvtool.budget.variants import Variant
 from kvtool.errors import InputError, UsageError
 from kvtool.units import fmt_bytes
@@ -43,6 +43,9 @@ class BudgetOptions:
     # (schemas/engines/facts.json "arithmetic" rows: kvtool.engines.releases.vllm_max_len_switches)
     vllm_release: str | None = None
     vllm_switches: frozenset = frozenset()
+    # the vLLM release every default is read at (aux caches, batch defaults, MLA rows): vllm_release, else the
+    # installed release, else the newest known (kvtool.engines.releases.default); compute() resolves it once
+    release: str = ""
     # --platform: "gpu" or a kvtool/budget/platforms.json row (vLLM's CPU build: its pool, block size and step)
     platform: str = "gpu"
     cpu_kvcache_bytes: int | None = None  # --cpu-kvcache-space (VLLM_CPU_KVCACHE_SPACE) in bytes
@@ -240,7 +243,7 @@ def aux_rows(spec, rows: list[LayerRow], opts: BudgetOptions) -> list[AuxRow]:
     """The caches vLLM keeps beside K/V (aux_caches.json) for this model, each layer holding the tokens its
     attention holds (the same group and block size)."""
     out = []
-    for c in aux_caches.caches(spec, opts.vllm_release or known()["vllm"][-1]):
+    for c in aux_caches.caches(spec, sized_release(opts)):
         held = [rows[i].tokens_allocated for i in c.layers if i < len(rows)]
         per_gpu = sum(held) * c.bytes_per_token
         out.append(AuxRow(c, len(held) * c.bytes_per_token, per_gpu, per_gpu))  # counted once, like MLA
@@ -402,6 +405,12 @@ def _require_head_size(spec, where: str) -> None:
                          "sized", file=where, field=spec.key("head_dim") or spec.prefixed("head_dim"))
 
 
+def sized_release(opts: BudgetOptions) -> str:
+    """The vLLM release kv-budget sizes for: --engine vllm==X, else the installed release, else the newest known
+    (the same default lint and convert --to mla take); resolved once by compute() into opts.release."""
+    return opts.release or opts.vllm_release or default("vllm").versions[0]
+
+
 def _mla_refusal(spec, opts: BudgetOptions) -> str | None:
     """Why the vLLM release sized for (--engine, else the installed or newest) serves no MLA row of this model's
     size, as lint's KV404 says it (schemas/engines/mla_backends.json); None when it does or was not read."""
@@ -413,9 +422,8 @@ def _mla_refusal(spec, opts: BudgetOptions) -> str | None:
     if not (isinstance(rank, int) and isinstance(rope, int)):
         return None
     from kvtool.engines import mla
-    from kvtool.engines.releases import default
 
-    release = opts.vllm_release or default("vllm").versions[0]
+    release = sized_release(opts)
     rows = mla.rows(release)
     if rows is None or rank + rope in rows.head_sizes:
         return None
@@ -424,6 +432,7 @@ def _mla_refusal(spec, opts: BudgetOptions) -> str | None:
 
 
 def compute(ckpt, spec, opts: BudgetOptions) -> Budget:
+    opts = replace(opts, release=sized_release(opts))  # one release for every default below
     notes: list[str] = []
     where = str(ckpt.config_path)  # the file the missing value should be in
     if not spec.layer_types:
@@ -452,7 +461,7 @@ def compute(ckpt, spec, opts: BudgetOptions) -> Budget:
     from kvtool.budget.platforms import platform
 
     row = platform(opts.platform)
-    defaults = batch.defaults(opts.gpu, opts.vllm_release or known()["vllm"][-1], opts.entrypoint,
+    defaults = batch.defaults(opts.gpu, opts.release, opts.entrypoint,
                               opts.tensor_parallel_size)
     step = opts.max_num_batched_tokens or batch.step(defaults, seq_len)
     if row is not None and opts.max_num_batched_tokens is None:

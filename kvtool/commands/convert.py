@@ -54,7 +54,7 @@ def register(app: typer.Typer) -> None:
 
             from kvtool.rules.output_check import verify_output
 
-            result = apply(p, o.dst, force=o.force, device=device, verify=partial(verify_output, source=p.src))
+            result = apply(p, o.dst, force=o.force, device=device, verify=partial(verify_output, source=p.src, **p.check_kwargs()))
             console.out(result.render())
             if want_eval:
                 return _run_eval(o.src, o.dst, device, o.eval_tokens, gates)

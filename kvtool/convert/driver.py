@@ -97,7 +97,12 @@ class ConvertPlan:
     def needs_torch(self) -> str | None:
         return "--method " + self.method.name if self.method.array_api == "torch" else None
 
-    def write(self, dst: str | Path, *, verify=None, force: bool = False, progress: bool | None = None,
+    def check_kwargs(self) -> dict:
+        """The output check's arguments beyond source= (kvtool.rules.output_check.verify_output): none, the heads
+        targets take no --engine, so the output is linted as the source is, for the default releases."""
+        return {}
+
+    def write(self, dst: str | Path, *, verify, force: bool = False, progress: bool | None = None,
               device: str = "cpu") -> ConversionResult:
         return write(self, dst, verify=verify, force=force, progress=progress, device=device)
 

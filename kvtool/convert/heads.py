@@ -34,6 +34,8 @@ def method_options(o) -> dict:
 class HeadsTarget(Target):
     """A KV-head count, reached by the merge method `o.method` (built here, with its options)."""
 
+    # the KV-head count, the merge method's own options (--method itself has a default: Mla refuses another)
+    fields = ("groups", "grouping", "method_opt")
     does = "converts KV heads"
 
     def __init__(self, o):

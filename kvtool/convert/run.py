@@ -53,5 +53,7 @@ def apply(p: ConversionPlan, dst: str | Path, *, verify: Callable[[Path], None] 
           progress: bool | None = None, device: str = "cpu"):
     """Write the planned conversion to `dst` (staged, then renamed; the source is only read). `verify`: the
     check the staged output must pass before it is published (`partial(kvtool.rules.output_check.verify_output,
-    source=SRC)`: convert cannot import lint, so its callers pass it; kvtool.io.staging.staged_output)."""
+    source=SRC, **p.check_kwargs())`: convert cannot import lint, so its callers pass it, with what the plan says
+    its check needs, the releases it was written for; kvtool.io.staging.staged_output). Any callable taking the
+    folder will do; None publishes unchecked (the caller's explicit choice)."""
     return p.write(dst, force=force, progress=progress, device=device, verify=verify)

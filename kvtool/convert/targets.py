@@ -79,7 +79,9 @@ class ConversionPlan(Protocol):
     @property
     def needs_torch(self) -> str | None: ...  # what needs torch to run ("--to mla"), None: nothing does
 
-    def write(self, dst, *, verify=None, force: bool = False, progress: bool | None = None,
+    def check_kwargs(self) -> dict: ...  # what the output check needs beyond source= (engines=, accept=)
+
+    def write(self, dst, *, verify, force: bool = False, progress: bool | None = None,
               device: str = "cpu") -> ConversionResult: ...  # verify: the staged output's check before publish
 
     def render_result(self, result: ConversionResult) -> "console.Text": ...  # the command's last lines
@@ -101,10 +103,11 @@ class Target:
     def __init__(self, o):
         """The target's option refusals (no model opened): another target's own options first."""
         self.options = o
-        for other in TARGETS.values():
-            for f in other.fields:
-                if f not in self.fields and getattr(o, f, None) not in (None, [], ()):  # [] : a repeatable option unset
-                    raise UsageError(f"only --to {other.name} takes it (--to {self.name} {self.does})", option=f)
+        for f in dict.fromkeys(f for other in TARGETS.values() for f in other.fields):
+            if f not in self.fields and getattr(o, f, None) not in (None, [], ()):  # [] : a repeatable option unset
+                takers = [t.name for t in TARGETS.values() if f in t.fields]
+                names = ", ".join(takers[:-1]) + f" or {takers[-1]}" if len(takers) > 1 else takers[0]
+                raise UsageError(f"only --to {names} takes it (--to {self.name} {self.does})", option=f)
 
     @classmethod
     def calibration(cls, o) -> Calibration | None:

@@ -58,8 +58,9 @@ class ConvertOptions:
                                         f"pair, keys and values in one latent); default {MLA_SOLVE}.")
     engine: list[str] = engine_option("the engine that will serve the result: vllm==X writes only the MLA rows "
                                       "(kv_lora_rank + qk_rope_head_dim) that release serves; transformers alone "
-                                      "writes any size (vLLM refuses the others). Default: the newest vLLM release "
-                                      "kvtool has read.", recipe=True, applies=MLA)
+                                      "writes any size (vLLM refuses the others). Default: the installed vLLM (as lint "
+                                      "and kv-budget), else the newest release kvtool has read.", recipe=True,
+                                      applies=MLA)
     dry_run: bool = option(False, recipe=False, help="Print the plan and write nothing.")
     force: bool = option(False, recipe=False, help="Replace a non-empty DST.")
     dtype: str = option("keep", choices=DTYPES, help="keep | bf16 | fp16 | fp32 (floating tensors only).")

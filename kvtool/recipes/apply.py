@@ -50,6 +50,9 @@ class RunContext:
     device: str = "auto"
     progress: bool | None = None
     validated: dict = field(default_factory=dict)  # SRC's weight files as the recipe's plan checked them
+    # the output check the last writing step published its output under (its source, the releases it was written
+    # for): the final output, that output moved into DST beside the reports, must pass it again (_finish)
+    check: Callable[[Path], None] | None = None
 
     def new_folder(self, step: Step) -> Path:
         return self.work / f"step{step.index}-{step.kind}"
@@ -89,9 +92,17 @@ def run_convert_step(ctx: RunContext, step: Step) -> StepResult:
         files = _texts(ctx, section, "calibration")
         o.calib_text, o.calib_dataset = (files if len(files) > 1 else files[0]), None
     p = plan(o)  # `kvtool convert`'s plan and apply: the same refusals, now on the written model
-    res = apply(p, out, progress=ctx.progress, device=_device(ctx),
-                verify=partial(verify_output, source=ctx.current))
+    ctx.check = partial(verify_output, source=ctx.current, **p.check_kwargs())
+    res = apply(p, out, progress=ctx.progress, device=_device(ctx), verify=ctx.check)
     return StepResult(step.index, step.kind, dict(step.options), str(out), details={**p.details(), "files": res.files})
+
+
+def _check(**kwargs) -> Callable[[Path], None]:
+    from functools import partial
+
+    from kvtool.rules.output_check import verify_output
+
+    return partial(verify_output, **kwargs)
 
 
 def run_lint_step(ctx: RunContext, step: Step) -> StepResult:
@@ -118,6 +129,7 @@ def run_rope_step(ctx: RunContext, step: Step) -> StepResult:
     plan = plan_change(ckpt.config, str(ckpt.config_path), rope_options(step.options, ctx.recipe))
     out = ctx.new_folder(step)
     write(ckpt, plan, dst=out)
+    ctx.check = _check(source=ctx.current)  # rope's write checks its output so (kvtool.rope.command.write)
     spec = plan.spec
     return StepResult(step.index, step.kind, dict(step.options), str(out),
                       details={"max_position_embeddings": spec.max_position,
@@ -134,6 +146,7 @@ def run_quantize_kv_step(ctx: RunContext, step: Step) -> StepResult:
     opts.calib_text = _texts(ctx, step.options.get("calibration") or {}, "calibration")
     opts.calib_dataset = None  # a recipe's dataset became a text file above
     res = quantize_kv(opts.src, opts.dst, opts, log=lambda *a, **k: None)
+    ctx.check = _check(source=ctx.current)  # quantize-kv's write checks its output so (kvtool.quantize.run)
     cal = res.calibration
     return StepResult(step.index, step.kind, dict(step.options), str(out),
                       details={"observer": getattr(cal, "observer", None), "scale_tensors": len(res.scale_tensors),
@@ -337,15 +350,11 @@ def _finish(ctx: RunContext, dst: Path, report: dict, *, force: bool) -> None:
     from kvtool.io.staging import staged_output
     from kvtool.recipes.report import render_markdown
 
-    from functools import partial
-
-    from kvtool.rules.output_check import known_errors, verify_output
-
     final = ctx.current
-    # a step's output was checked when the step wrote it, for the engine it was written for (convert --to mla
-    # --engine transformers accepts rows vLLM does not serve): the final check refuses only what is new since
-    verify = partial(verify_output, source=ctx.src) if final == ctx.src else \
-        partial(verify_output, source=ctx.src, known=known_errors(final))
+    # no step wrote: SRC's copy is checked against SRC. Else the last writing step's own check runs again, on its
+    # output as moved into DST beside the reports: its source, the releases it was written for (convert --to mla
+    # --engine transformers accepts rows vLLM does not serve), so what is published is what that check passed
+    verify = _check(source=ctx.src) if final == ctx.src or ctx.check is None else ctx.check
     with staged_output(dst, force=force, protect=[ctx.src], verify=verify) as tmp:
         if final == ctx.src:
             _copy_tree(final, tmp, ctx.validated)

@@ -11,7 +11,7 @@ refuses (one exit-2 line naming the output's file and field, `...; nothing was w
   by kvtool's own rules. An error the source carried is not the write's doing and is left to lint.
 
 The staging folder is removed (it is kvtool's own, named `.DST.kvtool-tmp-...`) and DST is left as it was.
-The core (kvtool.io) cannot import lint, so the operation passes this function in; tests/io/test_publish_check.py
+The core (kvtool.io) cannot import lint, so the operation passes this function in; tests/rules/test_output_check.py
 checks that every `staged_output` call in the package passes it.
 """
 
@@ -43,21 +43,11 @@ def _key(f) -> tuple:
     return f.code, f.path
 
 
-def known_errors(folder: str | Path) -> set:
-    """The lint errors of a model kvtool already checked (a recipe step's output), by code and field: what the
-    final output's check (`verify_output(known=...)`) does not refuse again."""
-    try:
-        return {_key(f) for f in _errors(str(folder))[0]}
-    except InputError:
-        return set()
-
-
 def verify_output(folder: str | Path, *, source: str | Path | None = None, engines: tuple[str, ...] = (),
-                  accept: tuple[str, ...] = (), known: set | None = None) -> None:
+                  accept: tuple[str, ...] = ()) -> None:
     """Refuse the staged output in `folder` when kv-budget or lint (errors the source lacks) refuse it.
     engines: the releases the write was made for (`convert --to mla --engine vllm==X`: lint checks those);
-    accept: codes the user asked for (`--engine transformers`: an MLA row no vLLM serves, KV404);
-    known: errors of a model whose own write was checked already (`known_errors`), in place of the source's."""
+    accept: codes the user asked for (`--engine transformers`: an MLA row no vLLM serves, KV404)."""
     from kvtool.model.checkpoint import open_checkpoint
     from kvtool.model.numbers import require_valid_numbers
     from kvtool.model.spec import build_spec
@@ -75,10 +65,10 @@ def verify_output(folder: str | Path, *, source: str | Path | None = None, engin
         raise InputError(f"{REFUSED} (lint cannot read it: {error}); nothing was written", file=str(folder))
     if not found:
         return
-    before: set = set(known or ())
+    before: set = set()
     if source is not None:
         try:
-            old, _ = _errors(str(source))
+            old, _ = _errors(str(source), engines)  # by the same releases as the output
             before |= {_key(f) for f in old}
         except InputError:
             pass

@@ -130,3 +130,26 @@ def test_kv_budget_steps_16384_on_b200(tmp_path):
                     "H200": (8192, (-(-(4095 + 2 * 8192) // 16)) * 16 + 16)}
     llm = compute(ckpt, spec, BudgetOptions(max_model_len=131072, gpu=gpus.resolve("H200"), entrypoint="llm"))
     assert llm.batched_tokens == 16384
+
+
+def test_every_default_is_read_at_one_release_the_installed_one(tmp_path, monkeypatch):
+    """No --engine: the batch defaults, the aux caches and the MLA rows are all read at the installed vLLM (as
+    lint and the MLA refusal read it), never the newest known for some and the installed for others."""
+    import json
+
+    from kvtool.engines import releases
+
+    monkeypatch.setattr(releases, "installed", lambda engine: "0.27.0" if engine == "vllm" else None)
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 4096,
+                               "num_attention_heads": 32, "num_key_value_heads": 8, "num_hidden_layers": 2,
+                               "vocab_size": 32000, "max_position_embeddings": 131072, "intermediate_size": 14336,
+                               "torch_dtype": "bfloat16"}), encoding="utf-8")
+    ckpt = open_checkpoint(str(cfg), read_side_files=False)
+    b = compute(ckpt, build_spec(ckpt.config), BudgetOptions(max_model_len=131072, gpu=gpus.resolve("B200")))
+    # 0.27.0 predates the 160 GiB tier (>=0.28.0): 8192, not 0.33.0's 16384
+    assert (b.options.release, b.batched_tokens) == ("0.27.0", batch.defaults(gpus.resolve("B200"), "0.27.0")
+                                                     .max_num_batched_tokens) == ("0.27.0", 8192)
+    named = compute(ckpt, build_spec(ckpt.config), BudgetOptions(max_model_len=131072, gpu=gpus.resolve("B200"),
+                                                                 vllm_release="0.33.0"))
+    assert (named.options.release, named.batched_tokens) == ("0.33.0", 16384)  # --engine vllm==0.33.0 wins

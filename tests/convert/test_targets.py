@@ -138,4 +138,11 @@ def test_a_target_s_own_options_are_labelled_for_it_in_help(name):
     from kvtool.options.fields import field_named
 
     for f in TARGETS.get(name).fields:
-        assert field_named(ConvertOptions, f).spec.applies == (f"--to {name}",), f
+        applies = field_named(ConvertOptions, f).spec.applies or ()
+        claimed = {t for t in TARGETS.names() if f in TARGETS.get(t).fields}
+        # a label never promises the option to a target that refuses it; a merge method's own option ("--method
+        # aware") belongs to the heads targets, the only ones that take --method
+        assert {a.split()[1] for a in applies if a.startswith("--to ")} <= claimed, f
+        assert all(a.startswith(("--to ", "--method ")) for a in applies), f
+        if claimed == {name}:  # a target's own option sits in its section alone
+            assert applies == (f"--to {name}",), f

@@ -156,3 +156,20 @@ def test_the_path_check_sees_paths_and_misses() -> None:
     assert found == ["kvtool/commands/echo.py", "tests/hostile/test_*.py"], found
     assert not (REPO / found[0]).exists() and sorted(REPO.glob(found[1]))
     assert [(p, t) for _, p, t in repo_paths(REPO / "docs" / "safety.md") if t][:1], "no path::test seen"
+
+
+def test_every_python_file_the_package_cites_exists() -> None:
+    """A docstring or comment in kvtool/ that names a test or a module (tests/rules/test_output_check.py checks
+    ...) names one that exists, with the function when it names one (docs/CMD.md-style templates are no .py)."""
+    missing = []
+    for src in sorted((REPO / "kvtool").rglob("*.py")):
+        for n, path, name in repo_paths(src):
+            if not path.endswith(".py"):
+                continue
+            found = sorted(REPO.glob(path)) if "*" in path else [REPO / path] if (REPO / path).exists() else []
+            if not found:
+                missing.append(f"{src.relative_to(REPO)}:{n}: {path}: no such file")
+            elif name and not any(re.search(rf"^\s*(?:async )?def {name}\b", f.read_text(encoding="utf-8"), re.M)
+                                  for f in found):
+                missing.append(f"{src.relative_to(REPO)}:{n}: {path}::{name}: no such function")
+    assert not missing, "\n".join(missing)

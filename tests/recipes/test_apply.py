@@ -97,3 +97,30 @@ def test_lint_step_applies_per_file_ignores_like_kvtool_lint(tmp_path, tiny_mode
     assert main(["apply", str(r), "src", "out2"]) == 0
     report = json.loads((tmp_path / "out2" / "kvtool-report.json").read_text())
     assert not any(f["code"] == "KV201" for f in report["steps"][0]["details"]["findings"])
+
+
+def test_the_final_output_passes_the_last_writing_step_s_own_check_again(tmp_path):
+    """The final check re-runs the check the last writing step published under (its source, its releases) on the
+    output as moved into DST: an error that step's source lacks is refused there too, never waved through as
+    'already in the final model' (the final model's own errors once counted as known)."""
+    from functools import partial
+
+    from kvtest import DATA
+    from kvtool.errors import InputError
+    from kvtool.recipes.apply import RunContext, _finish
+    from kvtool.rules.output_check import verify_output
+
+    mla = json.loads((DATA / "budget" / "deepseek-v2-lite.json").read_text())
+    write_config(tmp_path / "src", mla)
+    write_config(tmp_path / "work" / "step1", {**mla, "qk_rope_head_dim": 63})  # KV402/KV404: not in its source
+    report = {"recipe": {"name": "t"}, "source": "src", "passed": True, "started": "-", "versions": {}, "steps": []}
+    ctx = RunContext(recipe=None, src=tmp_path / "src", current=tmp_path / "work" / "step1", work=tmp_path / "work",
+                     check=partial(verify_output, source=tmp_path / "src"))
+    with pytest.raises(InputError, match="kvtool's own checks refuse the output"):
+        _finish(ctx, tmp_path / "dst", report, force=False)
+    assert not (tmp_path / "dst").exists()
+    # the step's check accepted what it was asked to (convert --to mla --engine transformers: KV404): so does DST's
+    write_config(tmp_path / "work" / "step1", {**mla, "kv_lora_rank": 500})  # 500 + 64: a row no vLLM serves
+    ctx.check = partial(verify_output, source=tmp_path / "src", engines=("transformers",), accept=("KV404",))
+    _finish(ctx, tmp_path / "dst", report, force=False)
+    assert json.loads((tmp_path / "dst" / "config.json").read_text())["kv_lora_rank"] == 500

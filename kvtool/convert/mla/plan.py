@@ -59,6 +59,7 @@ class MlaPlan:
     kv_bytes_after: float = 0.0
     kv_dtype: str = ""
     engine: str | None = None  # the vLLM release the rows are written for; None: --engine transformers (any size)
+    requirements: tuple[str, ...] = ()  # --engine as the user gave it (every engine): what the output is linted for
     warnings: list[str] = field(default_factory=list)
     source_hash: str = ""
 
@@ -113,7 +114,20 @@ class MlaPlan:
 
     needs_torch = "--to mla"  # the calibrated solve runs the source model
 
-    def write(self, dst, *, verify=None, force: bool = False, progress: bool | None = None, device: str = "cpu"):
+    def check_kwargs(self) -> dict:
+        """The output check's arguments beyond source= (kvtool.rules.output_check.verify_output): lint for the
+        releases the user named (--engine, every one of them), else for the vLLM release written for; an MLA row no
+        vLLM serves (KV404) is what the user asked for when no vLLM release is named (--engine transformers...)."""
+        from kvtool.engines.releases import parse
+
+        # a bare engine name ("transformers") says which engine, not which releases: lint would check every one
+        # kvtool knows (those before deepseek_v3 too), so it is checked at its default release, as lint does
+        named = tuple(r for r in self.requirements if str(parse(r, option="engine")[1]))
+        vllm = any(parse(r, option="engine")[0] == "vllm" for r in named)
+        engines = named + ((f"vllm=={self.engine}",) if self.engine and not vllm else ())
+        return {"engines": engines, **({"accept": ("KV404",)} if self.engine is None else {})}
+
+    def write(self, dst, *, verify, force: bool = False, progress: bool | None = None, device: str = "cpu"):
         from kvtool.convert.mla.write import write_mla
 
         return write_mla(self, dst, verify=verify, force=force, progress=progress, device=device)
@@ -177,32 +191,31 @@ def served_horizon(settings: dict, spec) -> int:
 
 
 def mla_target(o) -> tuple[str | None, tuple[int, ...] | None]:
-    """(the vLLM release the result is written for, the MLA rows it serves): --engine vllm==X, else the newest
-    release whose MLA backends kvtool has read (kvtool.engines.mla); (None, None) for --engine transformers, whose
-    DeepseekV3 attention takes any size."""
+    """(the vLLM release the result is written for, the MLA rows it serves): --engine vllm==X, else the installed
+    vLLM (kvtool.engines.releases.one_release_of: the release lint and kv-budget default to), which must be one
+    whose MLA backends kvtool has read (kvtool.engines.mla), else the newest read; (None, None) for --engine
+    transformers alone, whose DeepseekV3 attention takes any size. Every other requirement must name a release
+    kvtool knows (the output check lints for it)."""
     from kvtool.engines import mla as engine_mla
-    from kvtool.engines.releases import parse, select
+    from kvtool.engines.releases import one_release_of, parse, select
 
     read = engine_mla.read_releases()
     reqs = [o.engine] if isinstance(o.engine, str) else list(o.engine or ())  # a lone string from the API
     named = [(req, *parse(req, option="engine")) for req in reqs]
-    vllm = [(req, spec) for req, name, spec in named if name == "vllm"]
-    if len(vllm) > 1:
-        raise UsageError(f"{' and '.join(repr(r) for r, _ in vllm)}: --to mla writes for one vLLM release; give one "
-                         "(vllm==X)", option="engine")
-    if not vllm:
-        if named:  # transformers alone: any size its DeepseekV3 attention takes
-            return None, None
-        version = read[-1]
-    else:
-        req, spec = vllm[0]
-        versions = select("vllm", spec, req, option="engine")
-        if len(versions) != 1:
-            raise UsageError(f"{req!r} matches {len(versions)} releases; give one (vllm==X)", option="engine")
-        version = versions[0]
+    for req, name, spec in named:
+        if name != "vllm":  # a release kvtool knows, as lint checks it (the output check lints for it)
+            select(name, spec, req, option="engine")
+    vllm = [req for req, name, _ in named if name == "vllm"]
+    if named and not vllm:  # transformers alone: any size its DeepseekV3 attention takes
+        return None, None
+    release = one_release_of(vllm, "vllm", option="engine")
+    version = release.versions[0]
+    if release.source == "newest known" and version not in read:
+        version = read[-1]  # no vLLM installed or named: the newest release whose MLA rows kvtool has read
     rows = engine_mla.rows(version)
     if rows is None:
-        raise UsageError(f"{vllm[0][0]!r}: kvtool has not read which MLA rows vLLM {version} serves (it has read "
+        which = repr(release.requirement) if release.requirement else f"vLLM {version} ({release.source}, the default)"
+        raise UsageError(f"{which}: kvtool has not read which MLA rows vLLM {version} serves (it has read "
                          f"{read[0]}..{read[-1]}: schemas/engines/mla_backends.json); pin one of those, or "
                          "--engine transformers", option="engine")
     return version, rows.head_sizes
@@ -293,10 +306,6 @@ def _refuse_source(o, arch, spec, config: dict, tensors: dict, layers: dict, whe
         raise UsageError(f"--to mla converts {' / '.join(SOURCES)} blocks (RMSNorm, SiLU MLP, plain q/k/v/o with "
                          f"RoPE: DeepSeek-V3's dense layer around the attention); {mt} differs", file=where,
                          field="model_type")
-    if o.method not in ("mean", "aware") or o.grouping is not None or o.groups is not None:
-        which = "groups" if o.groups is not None else "grouping" if o.grouping is not None else "method"
-        raise UsageError("--to mla solves each layer from calibration (kvtool.convert.mla.solve); it takes no merge "
-                         "method, grouping or KV-head count", option=which)
     if spec.number("num_experts"):
         raise UsageError("mixture-of-experts MLP: --to mla copies dense MLPs only", file=where,
                          field=spec.key("num_experts") or "num_experts")
@@ -403,7 +412,7 @@ def plan_mla(o, ckpt, *, max_shard_size: int, config: dict | None = None, tensor
     p = MlaPlan(src=ckpt.root or ckpt.config_path.parent, ckpt=ckpt, spec=spec, arch=arch, out_arch=out_arch,
                 shape=shape, rope_theta=theta_out, out_dtype=out_dtype, max_shard_size=max_shard_size, settings=s,
                 layers=layers, out_layers={i: output_names(out_arch, i) for i in layers}, kv_dtype=kv_dtype,
-                engine=target[0])
+                engine=target[0], requirements=tuple([o.engine] if isinstance(o.engine, str) else o.engine or ()))
     # the write plan, source order: each layer's MLA block where its q_proj was, lm_head after the rest when tied
     wanted = shape.weight_shapes()
     first = {names["q_proj.weight"]: i for i, names in layers.items()}

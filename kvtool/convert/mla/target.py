@@ -4,6 +4,7 @@ kvtool/convert/mla/plan.py's, its write kvtool/convert/mla/write.py's."""
 from __future__ import annotations
 
 from kvtool.convert.targets import Calibration, Target, register_target
+from kvtool.errors import UsageError
 
 
 @register_target("mla")
@@ -12,6 +13,12 @@ class Mla(Target):
     # (--engine: kvtool.engines.mla): no other target takes them
     fields = ("kv_rank", "rope_dim", "kv_budget", "preset", "mla_solve", "engine")
     does = "solves a latent per layer"
+
+    def __init__(self, o):
+        super().__init__(o)  # the heads targets' options (--groups, --grouping, --method-opt) refused there
+        if o.method != "mean":  # --method's default: the only value that does not ask for a merge
+            raise UsageError(f"--to mla solves each layer from calibration (kvtool.convert.mla.solve); it takes no "
+                             f"merge method (--method {o.method} merges KV heads: --to gqa / mqa)", option="method")
 
     @classmethod
     def calibration(cls, o) -> Calibration:

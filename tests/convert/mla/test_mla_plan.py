@@ -148,12 +148,23 @@ def refused(capsys, argv) -> str:
     (["--to", "gqa", "--groups", "1", "--engine", "vllm==0.33.0"], "--engine: only --to mla takes it"),
     (["--to", "mla", "--kv-budget", "0%"], "must be above 0 and at most 1"),
     (["--to", "mla", "--kv-budget", "lots"], "--kv-budget: must be one of"),
-    (["--to", "mla", "--kv-rank", "8", "--grouping", "contiguous"], "--grouping: --to mla solves each layer"),
-    (["--to", "mla", "--kv-rank", "8", "--method", "first-k"], "--method"),
+    # the heads targets' options, refused by the --to registry before the model is read (kvtool/convert/targets.py)
+    (["--to", "mla", "--kv-rank", "8", "--grouping", "contiguous"],
+     "--grouping: only --to gqa, mqa or mha takes it (--to mla solves a latent per layer)"),
+    (["--to", "mla", "--kv-rank", "8", "--groups", "2"], "--groups: only --to gqa, mqa or mha takes it"),
+    (["--to", "mla", "--kv-rank", "8", "--method-opt", "foo=1"], "--method-opt: only --to gqa, mqa or mha takes it"),
+    (["--to", "mla", "--kv-rank", "8", "--method", "first-k"], "--method"),  # no registered method
+    (["--to", "mla", "--kv-rank", "8", "--method", "aware"], "--method: --to mla solves each layer from calibration"),
 ])
 def test_option_refusals(tmp_path, capsys, args, words):
     line = refused(capsys, [str(folder(tmp_path)), *args])
     assert words in line, line
+
+
+def test_a_heads_option_is_refused_before_the_model_is_read(tmp_path, capsys):
+    gemma = {**SMOL, "model_type": "gemma", "architectures": ["GemmaForCausalLM"], "hidden_act": "gelu"}
+    line = refused(capsys, [str(folder(tmp_path, gemma)), "--to", "mla", "--kv-rank", "8", "--groups", "2"])
+    assert "--groups: only --to gqa, mqa or mha takes it" in line and "model_type" not in line, line
 
 
 @pytest.mark.parametrize("config, extra, words", [
@@ -196,3 +207,55 @@ def test_the_default_rope_dims_leave_out_the_pairs_the_seed_keeps_per_head(theta
     kept = int(static_pairs(rope, horizon, MLA_SOLVES["mqa-seed"]["residual_angle"]).sum())
     assert default_rope_dim("mqa-seed", 64, theta, horizon) == 64 - 2 * kept
     assert default_rope_dim("joint", 64, theta, horizon) == 32
+
+
+@pytest.mark.parametrize("engine, kwargs", [
+    # every requirement the user named is what the output is linted for; KV404 accepted when no vLLM release is named
+    (["transformers==4.40.0"], {"engines": ("transformers==4.40.0",), "accept": ("KV404",)}),
+    (["transformers"], {"engines": (), "accept": ("KV404",)}),  # a bare name: its default release, as lint
+    (["vllm==0.33.0", "transformers==4.40.0"], {"engines": ("vllm==0.33.0", "transformers==4.40.0")}),
+])
+def test_the_plan_says_what_its_output_check_needs(tmp_path, engine, kwargs):
+    p = plan_of(folder(tmp_path), kv_rank=268, engine=engine)  # 268 + 52 rope = 320: a row vLLM 0.33 serves
+    assert p.check_kwargs() == kwargs
+    default = plan_of(folder(tmp_path), kv_rank=268)  # no --engine: the vLLM release written for, KV404 refused
+    assert default.check_kwargs() == {"engines": (f"vllm=={default.engine}",)}
+
+
+@pytest.mark.parametrize("req", ["transformers>=99", "transformers==0.0.1x"])
+def test_a_transformers_release_kvtool_does_not_know_is_refused_when_planning(tmp_path, req):
+    from kvtool.errors import UsageError
+
+    with pytest.raises(UsageError) as e:
+        plan_of(folder(tmp_path), kv_rank=268, engine=[req])
+    assert e.value.option == "engine" and req in str(e.value)
+
+
+def test_a_heads_target_check_needs_nothing_more(tmp_path):
+    from kvtool.convert.run import plan
+    from kvtool.options.convert import ConvertOptions
+
+    assert plan(ConvertOptions(src=str(folder(tmp_path)), to="gqa", groups=1)).check_kwargs() == {}
+
+
+def test_with_no_engine_it_writes_for_the_installed_vllm_as_lint_and_kv_budget_default_to(tmp_path, monkeypatch):
+    from kvtool.engines import releases
+    from kvtool.errors import UsageError
+
+    monkeypatch.setattr(releases, "installed", lambda engine: "0.30.0" if engine == "vllm" else None)
+    p = plan_of(folder(tmp_path), kv_rank=268, rope_dim=52)  # 320: served from 0.30
+    assert p.engine == "0.30.0" and p.check_kwargs() == {"engines": ("vllm==0.30.0",)}
+    big = {**SMOL, "num_key_value_heads": 9}  # 2 x 9 x 64 = 1152 per layer: 576 saves
+    monkeypatch.setattr(releases, "installed", lambda engine: "0.17.1" if engine == "vllm" else None)
+    assert plan_of(folder(tmp_path, big, name="big"), kv_rank=524, rope_dim=52).engine == "0.17.1"
+    with pytest.raises(UsageError, match="vllm 0.17.1 serves MLA rows of 576"):  # not 0.33's 320
+        plan_of(folder(tmp_path), kv_rank=268, rope_dim=52)
+    # an installed release kvtool has not read is refused by name, never replaced by another
+    monkeypatch.setattr(releases, "installed", lambda engine: "0.7.1" if engine == "vllm" else None)
+    with pytest.raises(UsageError, match=r"vLLM 0.7.1 \(installed, the default\): kvtool has not read") as e:
+        plan_of(folder(tmp_path), kv_rank=268, rope_dim=52)
+    assert e.value.option == "engine"
+    # two vLLM releases: refused by name (kvtool.engines.releases.one_release_of)
+    monkeypatch.setattr(releases, "installed", lambda engine: None)
+    with pytest.raises(UsageError, match="given 2 times"):
+        plan_of(folder(tmp_path), kv_rank=268, rope_dim=52, engine=["vllm==0.30.0", "vllm==0.33.0"])

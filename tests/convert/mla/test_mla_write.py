@@ -172,3 +172,26 @@ def test_the_real_mqa_seed_solve_writes_what_transformers_loads(smollm2_path, tm
     assert torch.isfinite(got).all()
     kld = torch.nn.functional.kl_div(got.log_softmax(-1), want.log_softmax(-1), log_target=True, reduction="batchmean")
     assert float(kld) / ids.shape[1] < 0.05  # a random tiny model converted at half its KV bytes stays near it
+
+
+def test_any_verify_callable_is_the_check_and_the_named_release_is_checked(smollm2_path, tmp_path, monkeypatch,
+                                                                           capsys):
+    from kvtool.convert.run import apply, plan
+    from kvtool.options.convert import ConvertOptions
+
+    install_fake_solve(monkeypatch)
+    src = tiny_llama(tmp_path / "src", smollm2_path)
+    opts = dict(src=str(src), to="mla", kv_rank=R, rope_dim=ROPE, engine=["transformers"], calib_tokens=64, seq_len=32,
+                calib_dataset="pydoc")
+    # convert.run.apply's contract: verify is any callable taking the staged folder (no keyword arguments added)
+    seen: list = []
+    apply(plan(ConvertOptions(**opts)), tmp_path / "out", verify=seen.append)
+    assert len(seen) == 1 and ".kvtool-tmp-" in seen[0].name and (tmp_path / "out" / "config.json").exists()
+    # --engine transformers==4.40.0: the output is linted for that release, which has no deepseek_v3 (KV010)
+    capsys.readouterr()
+    rc = main(["convert", str(src), str(tmp_path / "old"), "--to", "mla", "--kv-rank", str(R), "--rope-dim", str(ROPE),
+               "--engine", "transformers==4.40.0", "--calib-tokens", "64", "--seq-len", "32", "--calib-dataset",
+               "pydoc", "--no-eval", "--no-progress"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "kvtool's own checks refuse the output" in err and "KV010" in err, err
+    assert not (tmp_path / "old").exists()

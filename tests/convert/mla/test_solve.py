@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kvtool.convert.defaults import MLA_SOLVES
 from kvtool.convert.mla.rope import SourceRope, mla_rope_parameters, rope_pairs, static_pairs
 from kvtool.convert.mla.shape import MlaShape
 from kvtool.convert.mla.solve import SolveOptions, constant_direction, latent_of, mla_contexts, rms_variation, solve_layer
@@ -184,3 +185,21 @@ def test_rope_parameters_reproduce_the_source_frequencies():
         cfg = DeepseekV3Config(qk_rope_head_dim=dr, **mla_rope_parameters(rope, dr))
         got = DeepseekV3RotaryEmbedding(cfg).inv_freq.double()
         assert torch.allclose(got, rope.pair_angles()[rope_pairs(rope, dr)], rtol=1e-5)
+
+
+@pytest.mark.parametrize("strategy", ["mqa-seed", "joint"])
+def test_a_latent_wider_than_the_calibration_and_the_hidden_size_solves_finite(strategy):
+    # the vLLM lane's --kv-rank 512 on a 256-wide model calibrated on 256 tokens (docs/vllm-lane.md) in small: a
+    # latent of 48 over a 32-wide input seen on 16 tokens; the covariance is singular and most latent rows carry
+    # nothing on the calibration: they stay zero (kvtool.convert.mla.solve._latent, _solve's pinv), never 1e300
+    shape = MlaShape(hidden_size=HIDDEN, num_heads=HEADS, kv_lora_rank=48, qk_rope_head_dim=4, qk_nope_head_dim=4,
+                     v_head_dim=HD)
+    cfg, attn, rotary = _llama(HEADS)
+    rope = SourceRope(theta=THETA, head_dim=HD, rotary_dim=HD)
+    x = _inputs(batch=1, seq=16)
+    y = _source(attn, rotary, x)
+    options = SolveOptions(**MLA_SOLVES[strategy])  # as the write builds them (kvtool/convert/mla/write.py)
+    t = solve_layer(_weights(attn), MlaStats.of(x, y, attn.scaling), shape, rope, options)
+    assert all(bool(torch.isfinite(v).all()) for v in t.values()), [n for n, v in t.items() if not torch.isfinite(v).all()]
+    out = _deepseek(shape, rope, t, x)
+    assert torch.isfinite(out).all() and _rel(out, y) < 0.5
