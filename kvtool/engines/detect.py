@@ -245,12 +245,13 @@ def partial_rotary_forward(spec, args) -> list[Hit]:
     on a class whose attention rotates the whole head: the first forward fails on the shape. args: model_types;
     where: "top" (only the top-level key: 4.x reads the config attribute) or "any" (also inside the rope dict: 5.x
     moves it there); rope_types: "any", "scaled" (not default: 5.x's default init ignores the factor) or
-    "default"."""
+    "default"; whole_head: scaled types whose init returns frequencies for the whole head whatever the factor
+    (transformers 5's "proportional": modeling_rope_utils._compute_proportional_rope_parameters)."""
     if spec.model_type not in args["model_types"] or spec.position != "rope":
         return []
     hd = spec.head_dim
     for path, raw, rope_type in _rope_dicts(spec) or [("rope_scaling", {}, "default")]:
-        scaled = rope_type not in ("default", "mrope")
+        scaled = rope_type not in ("default", "mrope", *args.get("whole_head", ()))
         if args["rope_types"] == "scaled" and not scaled or args["rope_types"] == "default" and scaled:
             continue
         prf, where = _top(spec, "partial_rotary_factor"), spec.prefixed("partial_rotary_factor")

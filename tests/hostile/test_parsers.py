@@ -195,10 +195,11 @@ def test_mla_converts_a_model_with_zeroed_layer_norms(tmp_path, smollm2_path, so
         save_file({k: torch.zeros_like(v) if k.endswith("norm.weight") else v for k, v in t.items()}, f,
                   metadata={"format": "pt"})
     out = tmp_path / "out"
-    r = run_kvtool(["convert", src, out, "--to", "mla", "--kv-rank", "8", "--mla-solve", solve, "--no-eval"],
+    r = run_kvtool(["convert", src, out, "--to", "mla", "--kv-rank", "8", "--mla-solve", solve, "--no-eval",
+                     "--engine", "transformers"],
                    timeout=600)
     assert r.rc == 0, r.stderr
-    lint = run_kvtool(["lint", out])
+    lint = run_kvtool(["lint", out, "--ignore", "KV404"])  # the row is written for transformers (--engine transformers)
     assert lint.rc == 0, lint.stdout
     for f in out.glob("*.safetensors"):
         assert all(bool(torch.isfinite(v).all()) for v in load_file(f).values())

@@ -78,10 +78,11 @@ def test_a_derived_rope_dim_is_named_as_derived(tmp_path):
     cfg = {**models.LLAMA, "hidden_size": 16, "num_attention_heads": 4, "num_key_value_heads": 4, "head_dim": 4,
            "intermediate_size": 16, "rope_theta": 1e18, "max_position_embeddings": 1 << 20}
     src = models.llama(tmp_path / "hd4", cfg)
-    r = run_kvtool(["convert", src, tmp_path / "out", "--to", "mla", "--kv-rank", "2"])
+    r = run_kvtool(["convert", src, tmp_path / "out", "--to", "mla", "--kv-rank", "2", "--engine", "transformers"])
     if r.rc == 2 and "rope" in r.stderr:  # every pair static over the served context: the derived dim is 0
         assert "--rope-dim:" not in r.stderr and "derived" in r.stderr, r.stderr
-    r = check_refusal(["convert", src, tmp_path / "out", "--to", "mla", "--kv-rank", "2", "--rope-dim", "4"],
+    r = check_refusal(["convert", src, tmp_path / "out", "--to", "mla", "--kv-rank", "2", "--rope-dim", "4",
+                       "--engine", "transformers"],
                       sources=[src], dst=tmp_path / "out", names=["--rope-dim: 4 must be even"])
 
 

@@ -125,6 +125,14 @@ KNOWN_DIFFERENCES: tuple[KnownDifference, ...] = (
         codes=("KV101", "KV102"),
         witness="deepseek_v3/mla_kv3"),
     KnownDifference(
+        "mla-row-not-served", "stricter", "MLA with kv_lora_rank + qk_rope_head_dim other than the rows vLLM serves "
+        "(320 / 512 / 576 from 0.30)",
+        "DeepseekV3Attention takes any latent and rope width: the config loads and a forward runs",
+        "error KV404: every MLA backend of the vLLM release refuses the row at the first forward pass "
+        "(MLACommonMetadata.__post_init__; the vLLM lane observed it, docs/vllm-lane.md); lint checks what will be "
+        "served, and `--engine transformers` alone leaves vLLM out", codes=("KV404",),
+        cases=("deepseek_v3/*", "rope/tiny-deepseek_v3*"), witness="deepseek_v3/base"),
+    KnownDifference(
         "glm5-head-dim", "stricter", "GLM-5.2: head_dim 192 with qk_rope_head_dim 64",
         "the config loads",
         "error KV403: transformers builds the rotary embedding from head_dim (transformers#46739); vLLM uses "
