@@ -12,6 +12,7 @@ import hashlib
 import os
 import subprocess
 import sys
+import threading
 import time
 import zlib
 from dataclasses import dataclass, field
@@ -60,7 +61,8 @@ class Result:
 # those (no stdin, input, working folder, wrapper or environment of its own but the trap) goes through the same
 # entry kvtool.cli._entry takes, in this process: its own stdout / stderr descriptors, fd 0 on /dev/null, guarded
 # streams, console.settle, Python's default warning filters, a fresh sys.argv, and a watchdog that ends the worker
-# (a failure, never a hang) past the time bound. One test in SUBPROCESS_SHARE (by its test id, so the same ones
+# (a failure, never a hang) past the time bound; not while another thread runs in this process (a test's stand-in
+# server: what it prints would land in the run's stderr). One test in SUBPROCESS_SHARE (by its test id, so the same ones
 # every run) still runs every case as a subprocess, and KVTOOL_TEST_SUBPROCESS=1 runs them all so (docs/testing.md).
 SUBPROCESS_ENV = "KVTOOL_TEST_SUBPROCESS"
 SUBPROCESS_SHARE = 8
@@ -71,6 +73,8 @@ def in_process(*, env: dict | None = None, cwd=None, stdin=subprocess.DEVNULL, i
     if prefix or input is not None or stdin is not subprocess.DEVNULL or cwd is not None:
         return False
     if set(env or {}) - {TRAP_ENV} or os.environ.get(SUBPROCESS_ENV):
+        return False
+    if threading.active_count() > 1:  # a test's own thread (a stand-in server) would write where the run reads
         return False
     test = os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0]
     return zlib.crc32(test.encode()) % SUBPROCESS_SHARE != 0
