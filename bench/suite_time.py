@@ -59,7 +59,8 @@ def run_suite(tree: Path, paths: list[str], workers: int, extra: list[str]) -> d
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     tail = [ln for ln in p.stdout.splitlines() if ln.strip()]
-    summary = next((ln for ln in reversed(tail) if re.search(r"\b(passed|failed|error)", ln)), tail[-1] if tail else "")
+    summary = next((ln for ln in reversed(tail) if re.search(r"\d+ (passed|failed|errors?|tests? collected)\b", ln)),
+                   f"{sum('::' in ln for ln in tail)} test ids listed" if "--co" in extra else tail[-1] if tail else "")
     return {"rc": p.returncode, "wall_s": round(wall, 1), "cpu_s": round(cpu, 1), "load_1m": round(load, 2),
             "summary": summary.strip("= "), "stdout_tail": "\n".join(tail[-30:])}
 
