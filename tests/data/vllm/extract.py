@@ -368,6 +368,7 @@ REFERENCE_FILES = (
     "vllm/v1/attention/ops/triton_turboquant_decode.py",
     "vllm/v1/attention/ops/ultraquant/reference.py",
     "vllm/v1/attention/ops/ultraquant/format.py",
+    "vllm/v1/attention/ops/ultraquant/triton_store.py",
     "vllm/v1/attention/ops/rocm_octave.py",
 )
 

@@ -62,6 +62,7 @@ def load(source: str) -> types.ModuleType:
         sys.modules.update(stubs)
         sys.modules.update(_LOADED)
         deps = {"v1/attention/ops/ultraquant/reference.py": ["v1/attention/ops/ultraquant/format.py"],
+                "v1/attention/ops/ultraquant/triton_store.py": ["v1/attention/ops/ultraquant/format.py"],
                 "v1/attention/ops/triton_turboquant_store.py": ["v1/attention/ops/triton_turboquant_decode.py"]}
         for dep in deps.get(source, []):
             sys.modules["vllm." + dep.removesuffix(".py").replace("/", ".")] = load(dep)
@@ -106,7 +107,20 @@ def _tq_store(job: dict) -> dict:
     return {"cache": cache.reshape(blocks * bs, h, slot)[:n], "k_out": k_out[..., :n, :], "v_out": v_out[..., :n, :]}
 
 
-KERNELS = {"tq_store": _tq_store}
+def _uq_store(job: dict) -> dict:
+    """vLLM's UltraQuant store kernel (`ultraquant_store`) on job's K / V ([N, H, D])."""
+    import torch
+
+    from_fmt = load("v1/attention/ops/ultraquant/format.py")
+    store = load("v1/attention/ops/ultraquant/triton_store.py")
+    k, v = job["k"], job["v"]
+    n, h, d = k.shape
+    cache = torch.zeros(n, 1, h, from_fmt.slot_size(d), dtype=torch.uint8)
+    store.ultraquant_store(k, v, cache, torch.arange(n, dtype=torch.int64))
+    return {"cache": cache[:, 0]}
+
+
+KERNELS = {"tq_store": _tq_store, "uq_store": _uq_store}
 
 
 def interpreted(jobs: dict, folder: Path) -> dict:

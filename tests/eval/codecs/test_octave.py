@@ -1,0 +1,82 @@
+"""The Octave codec (kvtool/eval/codecs/octave.py) against vLLM 0.33.0's PyTorch reference
+(vllm/v1/attention/ops/rocm_octave.py `reference_quantize` / `reference_dequantize`, run here as it is). Each
+test's docstring says whether the match is exact or assumed."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import vllm_reference
+from kvtool.errors import InputError
+from kvtool.eval.codecs import octave as oc
+from kvtool.model import kv_dtypes, kv_emulations
+
+NAMES = ("octave_k3v4", "octave_k3v3", "octave_k3v3_compact")
+
+
+def _ref():
+    return vllm_reference.load("v1/attention/ops/rocm_octave.py")
+
+
+def test_constants_are_vllms():
+    """Exact: block, bits, codebooks, seed and V bits / compact (kv_dtypes.json) are rocm_octave.py's."""
+    ref = _ref()
+    assert (oc.HADAMARD_BLOCK, oc.ROPE_BITS, oc.NOPE_BITS) == (ref.HADAMARD_BLOCK, ref.ROPE_BITS, ref.NOPE_BITS)
+    assert (oc.LUT, oc.LUT_MULT, oc.LUT_ONE, oc.SIGN_SEED) == (ref.LUT, ref.LUT_MULT, ref.LUT_ONE, ref._SIGN_SEED)
+    for name in NAMES:
+        fmt = ref.OctaveFormat.from_cache_dtype(name, 256, 64)
+        row = kv_dtypes.get(name)
+        assert (row.value_bits, row.compact) == (fmt.v_bits, fmt.compact)
+    for n in (64, 128, 256):
+        assert torch.equal(oc.signs(n, "cpu"), ref.signs(n, "cpu"))
+
+
+CASES = [(d, r) for d, r in ((64, 64), (128, 128), (128, 64), (256, 64), (256, 256))]
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("d,rope", CASES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_roundtrip_is_vllms_reference(name, d, rope, dtype):
+    """Exact: K and V equal reference_dequantize(reference_quantize(K, V)) (un-rotated, float32, then x's
+    dtype), bit for bit, for block and compact K, full and partial rotary dims (params rope_dim), head_dim
+    64 to 256 (vLLM's kernels serve 256 with 64 rotary dims; the reference takes the rest)."""
+    ref = _ref()
+    g = torch.Generator().manual_seed(d + rope)
+    k = (torch.randn(1, 2, 7, d, generator=g) * 3 + torch.randn(1, 2, 1, d, generator=g)).to(dtype)
+    v = torch.randn(1, 2, 7, d, generator=g).to(dtype)
+    v[..., 3, :] = 0.0  # an all-zero vector: scale 0
+    fmt = ref.OctaveFormat.from_cache_dtype(name, d, rope)
+    # the reference takes (T, H, D): the batch of one, tokens first
+    rk, rv = ref.reference_dequantize(ref.reference_quantize(k[0].transpose(0, 1), v[0].transpose(0, 1), fmt), fmt)
+    params = {**kv_emulations.get(name).params, "rope_dim": rope}
+    row = kv_dtypes.get(name)
+    assert torch.equal(oc.roundtrip(k, role="k", params=params, row=row), rk.transpose(0, 1)[None].to(dtype))
+    assert torch.equal(oc.roundtrip(v, role="v", params=params, row=row), rv.transpose(0, 1)[None].to(dtype))
+
+
+def test_rope_dim_defaults_to_the_whole_head_and_rows_stand_alone():
+    """Exact: without params rope_dim the codec codes every K dim at 4 bits (full rotary:
+    rope_dim_from_hf_config's factor 1.0); a batch row's result does not depend on the others."""
+    ref = _ref()
+    g = torch.Generator().manual_seed(0)
+    k = torch.randn(3, 2, 5, 128, generator=g)
+    row = kv_dtypes.get("octave_k3v4")
+    assert ref.rope_dim_from_hf_config(object(), 128) == 128
+    full = oc.roundtrip(k, role="k", params={}, row=row)
+    assert torch.equal(full, oc.roundtrip(k, role="k", params={"rope_dim": 128}, row=row))
+    assert not torch.equal(full, oc.roundtrip(k, role="k", params={"rope_dim": 64}, row=row))
+    for i in range(3):
+        assert torch.equal(full[i:i + 1], oc.roundtrip(k[i:i + 1], role="k", params={}, row=row))
+
+
+def test_a_head_vllm_cannot_pack_is_one_line():
+    """vLLM's OctaveFormat refuses head_dim / rotary dims that are no multiple of 64 and a compact K of a
+    head_dim that is no power of two; the codec says so in one line."""
+    ref = _ref()
+    for name, d, rope in (("octave_k3v4", 96, 96), ("octave_k3v4", 128, 32), ("octave_k3v3_compact", 192, 64)):
+        with pytest.raises(ValueError):
+            ref.OctaveFormat.from_cache_dtype(name, d, rope)
+        with pytest.raises(InputError, match=name):
+            oc.roundtrip(torch.randn(1, 1, 2, d), role="k", params={"rope_dim": rope}, row=kv_dtypes.get(name))
