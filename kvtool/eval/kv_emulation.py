@@ -27,12 +27,13 @@ def row(name: str) -> kv_emulations.Emulation:
 
 
 def kept_layers(name: str, num_layers: int) -> frozenset[int]:
-    """The layers vLLM keeps in the model dtype for this dtype: the first and last boundary_layers."""
+    """The layers vLLM keeps in the model dtype for this dtype: the first and last boundary_layers, at most half
+    the layers each side (TurboQuantConfig.get_boundary_skip_layers: n = min(n, num_layers // 2))."""
     d = kv_dtypes.get(name)
-    n = d.boundary_layers if d is not None else 0
-    if not n or num_layers <= 0:
+    n = min(d.boundary_layers if d is not None else 0, max(num_layers, 0) // 2)
+    if not n:
         return frozenset()
-    return frozenset(range(min(n, num_layers))) | frozenset(range(max(num_layers - n, 0), num_layers))
+    return frozenset(range(n)) | frozenset(range(num_layers - n, num_layers))
 
 
 class KvEmulation:

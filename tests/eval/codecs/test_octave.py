@@ -41,7 +41,8 @@ CASES = [(d, r) for d, r in ((64, 64), (128, 128), (128, 64), (256, 64), (256, 2
 def test_roundtrip_is_vllms_reference(name, d, rope, dtype):
     """Exact: K and V equal reference_dequantize(reference_quantize(K, V)) (un-rotated, float32, then x's
     dtype), bit for bit, for block and compact K, full and partial rotary dims (params rope_dim), head_dim
-    64 to 256 (vLLM's kernels serve 256 with 64 rotary dims; the reference takes the rest)."""
+    64 to 256 (vLLM's kernels serve 256 with 64 rotary dims; the reference takes the rest). Assumed: the HIP
+    kernels (csrc/attention/octave_attn.cu, no Python) compute what the reference does (the row says so)."""
     ref = _ref()
     g = torch.Generator().manual_seed(d + rope)
     k = (torch.randn(1, 2, 7, d, generator=g) * 3 + torch.randn(1, 2, 1, d, generator=g)).to(dtype)

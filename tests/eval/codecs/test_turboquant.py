@@ -18,6 +18,7 @@ import pytest
 import torch
 
 import vllm_reference
+from kvtool.eval import kv_emulation
 from kvtool.eval.codecs import turboquant as tq
 from kvtool.eval.codecs.rotation import hadamard_f32
 from kvtool.model import kv_dtypes, kvcache
@@ -80,8 +81,8 @@ def test_presets_are_vllms():
 @pytest.mark.parametrize("layers", [1, 2, 3, 4, 5, 6, 32])
 @pytest.mark.parametrize("name", [*PRESETS, "ultraquant_4bit"])
 def test_boundary_layers_are_vllms(tiny_llama_config, layers, name):
-    """Exact: the layers kvtool keeps at the model dtype (kvcache.cache_format's skip, from kv_dtypes.json
-    boundary_layers) are TurboQuantConfig.get_boundary_skip_layers' for a dense model of that depth (at most
+    """Exact: the layers kvtool keeps at the model dtype (kvcache.cache_format's skip, and eval's hook,
+    kv_emulation.kept_layers, both from kv_dtypes.json boundary_layers) are TurboQuantConfig.get_boundary_skip_layers' for a dense model of that depth (at most
     half the layers: a 2-layer model keeps both, so TurboQuant changes nothing there)."""
     cfg = {**tiny_llama_config, "num_hidden_layers": layers, "hidden_size": 256}  # head_dim 64
     model_config = types.SimpleNamespace(is_hybrid=False,
@@ -89,6 +90,7 @@ def test_boundary_layers_are_vllms(tiny_llama_config, layers, name):
     want = {int(i) for i in _config().TurboQuantConfig.get_boundary_skip_layers(model_config)}
     fmt, _ = kvcache.cache_format(build_spec(cfg), name)
     assert fmt.skip == want
+    assert kv_emulation.kept_layers(name, layers) == want  # what eval's hook keeps
 
 
 # --- the store kernel, run by Triton's interpreter -------------------------------------------------------------
@@ -163,8 +165,8 @@ def _expected_slots(name: str, k: torch.Tensor, v: torch.Tensor, slot: int) -> t
 def test_mse_store_kernel_writes_the_codecs_codes(kernels, name, d, dtype, seed):
     """Exact (here): every byte vLLM's Triton store kernel writes for the MSE presets (key indices, float16 key
     norm, value codes, float16 value scale and zero) equals the codec's, run by Triton's interpreter on random
-    K / V with outlier dimensions. On a GPU the rotation is a cuBLAS GEMM and the kernel divides with
-    div.full.f32; the row's assumption names that."""
+    K / V with outlier dimensions. Assumed on a GPU: there the rotation is a cuBLAS GEMM and the kernel divides
+    with div.full.f32 (triton-lang/triton#10661), a few ulp off, taken to move no code (the row says so)."""
     k, v = _random_kv(16, 2, d, dtype, seed)
     got = kernels[(name, d, dtype, seed)]["cache"]
     assert torch.equal(got, _expected_slots(name, k, v, got.shape[-1]))
