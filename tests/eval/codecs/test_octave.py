@@ -58,14 +58,17 @@ def test_roundtrip_is_vllms_reference(name, d, rope, dtype):
 
 
 def test_rope_dim_defaults_to_the_whole_head_and_rows_stand_alone():
-    """Exact: without params rope_dim the codec codes every K dim at 4 bits (full rotary:
-    rope_dim_from_hf_config's factor 1.0); a batch row's result does not depend on the others."""
+    """Exact: with the table's rope_dim (null: the hook had no rotary dims to give) or none, the codec codes every
+    K dim at 4 bits (full rotary: rope_dim_from_hf_config's factor 1.0); a batch row's result does not depend on
+    the others."""
     ref = _ref()
     g = torch.Generator().manual_seed(0)
     k = torch.randn(3, 2, 5, 128, generator=g)
     row = kv_dtypes.get("octave_k3v4")
     assert ref.rope_dim_from_hf_config(object(), 128) == 128
-    full = oc.roundtrip(k, role="k", params={}, row=row)
+    assert kv_emulations.get("octave_k3v4").params == {"rope_dim": None}
+    full = oc.roundtrip(k, role="k", params=dict(kv_emulations.get("octave_k3v4").params), row=row)
+    assert torch.equal(full, oc.roundtrip(k, role="k", params={}, row=row))
     assert torch.equal(full, oc.roundtrip(k, role="k", params={"rope_dim": 128}, row=row))
     assert not torch.equal(full, oc.roundtrip(k, role="k", params={"rope_dim": 64}, row=row))
     for i in range(3):
