@@ -184,7 +184,9 @@ def attention_kind(spec) -> str:
 
 
 def _emulation_words(emu) -> str:
-    params = ", ".join(str(v) for v in emu.params.values())
+    # a string names itself (fp8's format); a number or flag says what it is; null (the model's, e.g. Octave's
+    # rotary dims) is left out
+    params = ", ".join(v if isinstance(v, str) else f"{k}={v}" for k, v in emu.params.items() if v is not None)
     return f"emulated ({emu.codec}{': ' + params if params else ''}; {emu.match})"
 
 
