@@ -12,8 +12,8 @@ rotated back (fp32). The kernels score in the rotated space with a query rotated
 dot products (the transform is orthonormal).
 
 rope_dim: params `rope_dim`, the model's rotary dims (vLLM: head_dim * partial_rotary_factor,
-`rope_dim_from_hf_config`); the table's rows hold null there, for the hook to fill from the model, and null is
-head_dim (full rotary). vLLM 0.33's kernels serve head_dim 256 with 64 rotary
+`rope_dim_from_hf_config`); the table's rows hold null there, which eval's hook fills from the model
+(kvtool.eval.kv_emulation.MODEL_PARAMS); null is head_dim (full rotary). vLLM 0.33's kernels serve head_dim 256 with 64 rotary
 dims only (rocm_octave_attn.py `_KERNEL_HEAD_SIZE`, `_KERNEL_ROPE_DIM`); the reference, and this codec, take
 any multiple of 64. vLLM keeps no boundary layers for Octave.
 """

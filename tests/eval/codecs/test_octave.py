@@ -84,3 +84,24 @@ def test_a_head_vllm_cannot_pack_is_one_line():
             ref.OctaveFormat.from_cache_dtype(name, d, rope)
         with pytest.raises(InputError, match=name):
             oc.roundtrip(torch.randn(1, 1, 2, d), role="k", params={"rope_dim": rope}, row=kv_dtypes.get(name))
+
+
+def test_the_hook_fills_the_models_rotary_dims():
+    """The rows leave rope_dim null; eval's hook fills it from the model (kv_emulation.model_params: the spec's
+    rotary dims, what kv-budget sizes Octave's slot with), so a partially rotary head codes only its rotary
+    blocks at 4 bits. Every null param of the table is one the hook knows how to fill."""
+    from types import SimpleNamespace
+
+    from kvtool.eval import kv_emulation
+
+    for name, e in kv_emulations.table().items():
+        assert {k for k, v in e.params.items() if v is None} <= set(kv_emulation.MODEL_PARAMS), name
+    spec = SimpleNamespace(rotary_dim=64)
+    hook = kv_emulation.build("octave_k3v4", None, 4, kv_emulation.model_params(spec))
+    assert hook.params == {"rope_dim": 64}
+    k = torch.randn(1, 2, 5, 128, generator=torch.Generator().manual_seed(2))
+    row = kv_dtypes.get("octave_k3v4")
+    got, _ = hook(1, k, k)
+    assert torch.equal(got, oc.roundtrip(k, role="k", params={"rope_dim": 64}, row=row))
+    assert not torch.equal(got, oc.roundtrip(k, role="k", params={}, row=row))
+    assert kv_emulation.build("octave_k3v4", None, 4).params == {"rope_dim": None}  # unknown: the whole head
