@@ -158,8 +158,11 @@ KV_DTYPE_EXCERPTS: dict[str, tuple[str, ...]] = {
     _B + "flashinfer.py": ("FlashInferBackend.customize_spec", "FlashInferBackend." + _KINDS),
     _B + "turboquant_attn.py": ("TurboQuantAttentionBackend.customize_spec", "TurboQuantAttentionBackend." + _KINDS,
                                 "_build_hadamard_cached", "TurboQuantAttentionImpl._prefill_attention"),
-    _B + "rocm_octave_attn.py": ("RocmOctaveAttentionBackend.customize_spec", "RocmOctaveAttentionBackend." + _KINDS),
-    _B + "ultraquant_attn.py": ("UltraQuantAttentionBackend.customize_spec", "UltraQuantAttentionBackend." + _KINDS),
+    _B + "rocm_octave_attn.py": ("RocmOctaveAttentionBackend.customize_spec", "RocmOctaveAttentionBackend." + _KINDS,
+                                 "_DECODE_MAX_QUERY_LEN", "RocmOctaveAttentionImpl.forward",
+                                 "RocmOctaveAttentionImpl._prefill"),
+    _B + "ultraquant_attn.py": ("UltraQuantAttentionBackend.customize_spec", "UltraQuantAttentionBackend." + _KINDS,
+                                "UltraQuantAttentionImpl._prefill_attention"),
     _B + "b12x.py": ("_B12X_FP8_KV_CACHE_DTYPES", "_B12X_SUPPORTED_KV_CACHE_DTYPES",
                      "B12xPagedAttentionBackend." + _KINDS),
     **{_B + f: tuple(f"{c}.{_KINDS}" for c in classes) for f, classes in {

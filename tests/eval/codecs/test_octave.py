@@ -105,3 +105,17 @@ def test_the_hook_fills_the_models_rotary_dims():
     assert torch.equal(got, oc.roundtrip(k, role="k", params={"rope_dim": 64}, row=row))
     assert not torch.equal(got, oc.roundtrip(k, role="k", params={}, row=row))
     assert kv_emulation.build("octave_k3v4", None, 4).params == {"rope_dim": None}  # unknown: the whole head
+
+
+def test_long_prefills_attend_over_raw_kv_short_ones_read_the_cache():
+    """The rows' first_prefill "raw", for prompts longer than _DECODE_MAX_QUERY_LEN (128): forward sends a batch
+    whose longest query is at most 128 tokens to the decode kernel over the packed cache, longer ones to
+    _prefill, which reads the chunk's own K/V unquantized (the rows' assumption says so)."""
+    src = "v1/attention/backends/rocm_octave_attn.py"
+    assert vllm_reference.excerpt(src, "_DECODE_MAX_QUERY_LEN").strip() == "_DECODE_MAX_QUERY_LEN = 128"
+    forward = vllm_reference.excerpt(src, "RocmOctaveAttentionImpl.forward")
+    assert "if attn_metadata.max_query_len <= _DECODE_MAX_QUERY_LEN:" in forward and "self._prefill(" in forward
+    assert "the chunks' own K/V unquantized" in vllm_reference.excerpt(src, "RocmOctaveAttentionImpl._prefill")
+    for name in NAMES:
+        e = kv_emulations.get(name)
+        assert e.first_prefill == "raw" and "at most 128 tokens" in e.assumption

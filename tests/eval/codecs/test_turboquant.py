@@ -25,7 +25,6 @@ from kvtool.model import kv_dtypes, kvcache
 from kvtool.model.spec import build_spec
 
 PRESETS = ("turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc")
-EXCERPTS = Path(__file__).resolve().parents[2] / "data" / "vllm" / "0.33.0"
 
 
 def _config():
@@ -36,11 +35,6 @@ def _params(name: str) -> dict:
     from kvtool.model import kv_emulations
 
     return dict(kv_emulations.get(name).params)
-
-
-def _excerpt(source: str, name: str) -> str:
-    text = (EXCERPTS / ("vllm__" + source.replace("/", "__") + ".txt")).read_text(encoding="utf-8")
-    return next(b.partition("\n")[2] for b in text.split("\n# --- ")[1:] if b.startswith(name + " (lines"))
 
 
 # --- the tables, exact ----------------------------------------------------------------------------------------
@@ -60,7 +54,7 @@ def test_hadamard_is_vllms(d):
     import functools
 
     ns = {"functools": functools, "math": math, "torch": torch}
-    exec(compile(_excerpt("v1/attention/backends/turboquant_attn.py", "_build_hadamard_cached"),  # noqa: S102
+    exec(compile(vllm_reference.excerpt("v1/attention/backends/turboquant_attn.py", "_build_hadamard_cached"),  # noqa: S102
                  "vllm/v1/attention/backends/turboquant_attn.py", "exec"), ns)
     h = hadamard_f32(d)
     assert torch.equal(h, ns["_build_hadamard_cached"](d, "cpu"))
@@ -276,7 +270,7 @@ def test_emulation_rows_cite_and_name_their_oracles():
     (`_prefill_attention`, the excerpt), each oracle a test of this file."""
     from kvtool.model import kv_emulations
 
-    prefill = _excerpt("v1/attention/backends/turboquant_attn.py", "TurboQuantAttentionImpl._prefill_attention")
+    prefill = vllm_reference.excerpt("v1/attention/backends/turboquant_attn.py", "TurboQuantAttentionImpl._prefill_attention")
     assert "max_query_len == attn_metadata.max_seq_len" in prefill and "k=key," in prefill
     names = {n for n in globals() if n.startswith("test_")}
     for name in PRESETS:

@@ -136,3 +136,16 @@ def test_each_row_alone_and_shapes_refused_in_one_line(dtype):
         uq.roundtrip(torch.randn(1, 1, 2, 96), role="k", params=_params(), row=ROW)
     with pytest.raises(ValueError):
         _ref().hadamard_matrix(96, torch.device("cpu"))
+
+
+def test_first_prefill_chunk_attends_over_raw_kv():
+    """The row's first_prefill "raw": UltraQuantAttentionImpl._prefill_attention runs a first chunk (no cached
+    prefix: max_query_len == max_seq_len, or q_len == seq_len per request) on the batch's own K/V; only later
+    chunks read the cache. The row's scales "ignored": ultraquant_store takes no scale."""
+    code = vllm_reference.excerpt("v1/attention/backends/ultraquant_attn.py", "UltraQuantAttentionImpl._prefill_attention")
+    assert "attn_metadata.max_query_len == attn_metadata.max_seq_len" in code and "k=key," in code
+    assert "First-chunk prefill" in code
+    e = kv_emulations.get("ultraquant_4bit")
+    assert (e.first_prefill, e.scales) == ("raw", "ignored")
+    store = (vllm_reference.DIR / "vllm__v1__attention__ops__ultraquant__triton_store.py.txt").read_text()
+    assert "scale" not in store.split("def ultraquant_store(", 1)[1].split(")", 1)[0].replace("constant_c", "")

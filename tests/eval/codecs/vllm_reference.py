@@ -26,6 +26,12 @@ _TMP = Path(tempfile.mkdtemp(prefix="kvtool-vllm-ref-"))
 _LOADED: dict[str, types.ModuleType] = {}
 
 
+def excerpt(source: str, name: str) -> str:
+    """One excerpt (`# --- name (lines ...)`) of tests/data/vllm/0.33.0/vllm__<source>.txt, the code only."""
+    text = (DIR.parent / ("vllm__" + source.replace("/", "__") + ".txt")).read_text(encoding="utf-8")
+    return next(b.partition("\n")[2] for b in text.split("\n# --- ")[1:] if b.startswith(name + " (lines"))
+
+
 def _stubs() -> dict[str, types.ModuleType]:
     mods: dict[str, types.ModuleType] = {}
     for name in ("vllm", "vllm.v1", "vllm.v1.attention", "vllm.v1.attention.ops",
