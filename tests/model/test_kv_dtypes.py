@@ -95,8 +95,9 @@ def _backend_lists() -> dict[tuple[str, str], tuple[str, ...]]:
         for name, code in seg.items():
             if name.endswith(".supported_kv_cache_dtypes"):
                 continue
-            if name.isupper() or name.startswith("_B12X"):
-                node = ast.parse(code).body[0].value
+            node = ast.parse(code).body[0]
+            node = getattr(node, "value", None)
+            if (name.isupper() or name.startswith("_B12X")) and isinstance(node, (ast.List, ast.Tuple)):
                 consts[name] = tuple(x for e in node.elts for x in (
                     consts[e.value.id] if isinstance(e, ast.Starred) else (ast.literal_eval(e),)))
         for name, code in seg.items():
