@@ -12,8 +12,10 @@ source.
 
 from __future__ import annotations
 
+import atexit
 import importlib.util
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -23,6 +25,7 @@ from pathlib import Path
 RELEASE = "0.33.0"
 DIR = Path(__file__).resolve().parents[2] / "data" / "vllm" / RELEASE / "reference"
 _TMP = Path(tempfile.mkdtemp(prefix="kvtool-vllm-ref-"))
+atexit.register(shutil.rmtree, _TMP, True)
 _LOADED: dict[str, types.ModuleType] = {}
 
 
