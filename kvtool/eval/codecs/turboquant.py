@@ -14,7 +14,8 @@ Read (vllm/v1/attention/ops/triton_turboquant_decode.py `_tq_decode_stage1`): th
 norm16 * (q @ H) . c, with c the centroid vector, scaled to unit length first when `norm_correction` (the "nc"
 presets); V is code * scale16 + min16. Because H is orthonormal and symmetric, (q @ H) . (norm16 * c) equals
 q . (norm16 * c @ H): this codec returns K un-rotated, norm16 * c @ H, so transformers' attention with the raw
-query computes the scores vLLM computes from the rotated query (tests/eval/codecs/test_turboquant.py checks it).
+query computes the scores vLLM computes from the rotated query (tests/eval/codecs/test_turboquant.py checks it,
+and that vLLM's decode attention kernel, run by Triton's interpreter, is attention over this codec's K and V).
 The FP8 path scores q . k8 with the raw query. Everything is float32 and returned in x's dtype.
 
 Boundary layers (TurboQuantConfig.get_boundary_skip_layers: first and last 2 layers of a dense model, at most

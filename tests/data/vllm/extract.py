@@ -369,6 +369,7 @@ REFERENCE_FILES = (
     "vllm/model_executor/layers/quantization/turboquant/config.py",
     "vllm/v1/attention/ops/triton_turboquant_store.py",
     "vllm/v1/attention/ops/triton_turboquant_decode.py",
+    "vllm/v1/attention/ops/triton_decode_attention.py",
     "vllm/v1/attention/ops/ultraquant/reference.py",
     "vllm/v1/attention/ops/ultraquant/format.py",
     "vllm/v1/attention/ops/ultraquant/triton_store.py",

@@ -222,6 +222,52 @@ def test_dequant_kernel_reads_back_what_the_codec_returns(kernels, name, d, dtyp
 
 
 # --- what attention computes ------------------------------------------------------------------------------------
+DECODE_SEQ = (16, 11)  # two queries: over all 16 cached tokens, and over the first 11
+
+
+@pytest.fixture(scope="module")
+def decoded(tmp_path_factory) -> dict:
+    """(name, d) -> vLLM's TurboQuant decode attention (`triton_turboquant_decode_attention`, stage 1 over the
+    packed cache and stage 2's reduction, 4 KV splits) for two float16 queries of 4 heads over 2 KV heads, and the
+    cache it read, run by Triton's interpreter."""
+    jobs = {}
+    for name in PRESETS:
+        for d in (64, 128):
+            k, v = _random_kv(16, 2, d, torch.float16, 4)
+            q = torch.randn(2, 4, d, generator=torch.Generator().manual_seed(d)).to(torch.float16)
+            jobs[(name, d)] = {**_job(name, k, v), "kernel": "tq_decode", "q": q, "scale": 1 / math.sqrt(d),
+                               "seq_lens": torch.tensor(DECODE_SEQ, dtype=torch.int32)}
+    return vllm_reference.interpreted(jobs, tmp_path_factory.mktemp("tq_decode"))
+
+
+@pytest.mark.parametrize("name", PRESETS)
+@pytest.mark.parametrize("d", [64, 128])
+def test_vllms_decode_attention_is_attention_over_the_codecs_kv(decoded, name, d):
+    """Exact up to float16 output rounding (here): vLLM's decode attention (the rotated query against the packed
+    keys' centroids and norms, the values dequantized, an online softmax over 4 splits), run by Triton's
+    interpreter, equals plain attention of the raw query over the codec's K (rotated back) and V: max difference
+    under 1e-3, where the cache's own effect on the output is two orders larger. k8v4: over the float8 keys the
+    interpreter stored (its float8 rounding is not the GPU's; assumed: the GPU stores the codec's, test above)."""
+    row = kv_dtypes.get(name)
+    k, v = _random_kv(16, 2, d, torch.float16, 4)
+    q = torch.randn(2, 4, d, generator=torch.Generator().manual_seed(d)).to(torch.float16)
+    got = decoded[(name, d)]
+    kt, vt = k.transpose(0, 1).float(), v.transpose(0, 1).float()  # [H, N, D]
+    if row.key_bits == 8:
+        kk = got["cache"][..., :d].contiguous().view(torch.float8_e4m3fn).float().transpose(0, 1)
+    else:
+        kk = tq.roundtrip(kt[None], role="k", params=_params(name), row=row)[0]
+    vv = tq.roundtrip(vt[None], role="v", params=_params(name), row=row)[0]
+    def attend(qb, keys, values, n):
+        return ((qb @ keys[:, :n].transpose(-1, -2)) / math.sqrt(d)).softmax(-1) @ values[:, :n]
+
+    for b, n in enumerate(DECODE_SEQ):
+        qb = q[b].float().reshape(2, 2, d)  # [KV head, query heads of it, D]
+        ours = attend(qb, kk, vv, n).reshape(4, d)
+        assert (got["out"][b].float() - ours).abs().max() < 1e-3, (name, d, b)
+        assert (attend(qb, kt, vt, n).reshape(4, d) - ours).abs().max() > 2e-2  # the cache changed the output
+
+
 @pytest.mark.parametrize("name", PRESETS[1:])
 def test_unrotated_keys_give_the_scores_of_the_rotated_query(name):
     """Exact in arithmetic, float32 rounding apart: vLLM scores a key as norm16 * (q @ H) . c (the decode

@@ -2,8 +2,8 @@
 (tests/data/vllm/extract.py --reference), imported as modules.
 
 vLLM's GPU wheel does not install on the CPU test machines, so its package is stood in for by the few names
-these files import from it (`vllm.triton_utils`: triton itself; `vllm.platforms`: a platform that is no CUDA;
-the decode file's stage-2 kernel, unused here); those stand-ins live in sys.modules only while a file loads.
+these files import from it (`vllm.triton_utils`: triton itself; `vllm.platforms`: a platform that is neither
+CUDA nor ROCm); those stand-ins live in sys.modules only while a file loads.
 Triton kernels run on the CPU through Triton's interpreter, in a child process (`interpreted`): TRITON_INTERPRET=1
 must be set before triton is first imported (triton.language's own jit helpers are decorated then), and
 transformers imports triton in the test process. Each file is copied to a temporary .py so Triton can read its
@@ -50,9 +50,7 @@ def _stubs() -> dict[str, types.ModuleType]:
         triton = tl = None
     mods["vllm.triton_utils"] = types.SimpleNamespace(triton=triton, tl=tl)  # type: ignore[assignment]
     mods["vllm.platforms"] = types.SimpleNamespace(  # type: ignore[assignment]
-        current_platform=types.SimpleNamespace(is_cuda_alike=lambda: False))
-    mods["vllm.v1.attention.ops.triton_decode_attention"] = types.SimpleNamespace(  # type: ignore[assignment]
-        _fwd_kernel_stage2=None)
+        current_platform=types.SimpleNamespace(is_cuda_alike=lambda: False, is_rocm=lambda: False))
     return mods
 
 
@@ -72,7 +70,8 @@ def load(source: str) -> types.ModuleType:
         sys.modules.update(_LOADED)
         deps = {"v1/attention/ops/ultraquant/reference.py": ["v1/attention/ops/ultraquant/format.py"],
                 "v1/attention/ops/ultraquant/triton_store.py": ["v1/attention/ops/ultraquant/format.py"],
-                "v1/attention/ops/triton_turboquant_store.py": ["v1/attention/ops/triton_turboquant_decode.py"]}
+                "v1/attention/ops/triton_turboquant_store.py": ["v1/attention/ops/triton_turboquant_decode.py"],
+                "v1/attention/ops/triton_turboquant_decode.py": ["v1/attention/ops/triton_decode_attention.py"]}
         for dep in deps.get(source, []):
             sys.modules["vllm." + dep.removesuffix(".py").replace("/", ".")] = load(dep)
             sys.modules.update(stubs)  # the nested load restored sys.modules
@@ -129,7 +128,26 @@ def _uq_store(job: dict) -> dict:
     return {"cache": cache[:, 0]}
 
 
-KERNELS = {"tq_store": _tq_store, "uq_store": _uq_store}
+def _tq_decode(job: dict) -> dict:
+    """vLLM's TurboQuant decode attention (`triton_turboquant_decode_attention`: stage 1 over the packed cache,
+    stage 2 the split reduction) for job's queries [B, Hq, D], each attending over the first seq_lens[b] tokens
+    the store kernel wrote from job's K / V."""
+    import torch
+
+    dec = load("v1/attention/ops/triton_turboquant_decode.py")
+    stored = _tq_store(job)["cache"]
+    n, h, slot = stored.shape
+    bs = job["block_size"]
+    cache = stored.reshape(n // bs, bs, h, slot).contiguous()
+    q = job["q"]
+    out = dec.triton_turboquant_decode_attention(
+        q, cache, torch.arange(n // bs, dtype=torch.int32)[None].expand(q.shape[0], -1).contiguous(),
+        job["seq_lens"], job["PiT"], job["centroids"], job["scale"], job["mse_bits"], job["kps"], job["value_bits"],
+        key_fp8=job["key_fp8"], norm_correction=job["norm_correction"], PiT=job["PiT"], max_num_kv_splits=4)
+    return {"out": out, "cache": stored}
+
+
+KERNELS = {"tq_store": _tq_store, "uq_store": _uq_store, "tq_decode": _tq_decode}
 
 
 def interpreted(jobs: dict, folder: Path) -> dict:
