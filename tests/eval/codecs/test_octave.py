@@ -76,7 +76,7 @@ def test_rope_dim_defaults_to_the_whole_head_and_rows_stand_alone():
 
 
 def test_a_head_vllm_cannot_pack_is_one_line():
-    """vLLM's OctaveFormat refuses head_dim / rotary dims that are no multiple of 64 and a compact K of a
+    """Exact (vLLM's own refusal, not a numeric match): vLLM's OctaveFormat refuses head_dim / rotary dims that are no multiple of 64 and a compact K of a
     head_dim that is no power of two; the codec says so in one line."""
     ref = _ref()
     for name, d, rope in (("octave_k3v4", 96, 96), ("octave_k3v4", 128, 32), ("octave_k3v3_compact", 192, 64)):
@@ -87,7 +87,7 @@ def test_a_head_vllm_cannot_pack_is_one_line():
 
 
 def test_the_hook_fills_the_models_rotary_dims():
-    """The rows leave rope_dim null; eval's hook fills it from the model (kv_emulation.model_params: the spec's
+    """Exact (against the codec): the rows leave rope_dim null; eval's hook fills it from the model (kv_emulation.model_params: the spec's
     rotary dims, what kv-budget sizes Octave's slot with), so a partially rotary head codes only its rotary
     blocks at 4 bits. Every null param of the table is one the hook knows how to fill."""
     from types import SimpleNamespace
@@ -108,7 +108,7 @@ def test_the_hook_fills_the_models_rotary_dims():
 
 
 def test_long_prefills_attend_over_raw_kv_short_ones_read_the_cache():
-    """The rows' first_prefill "raw", for prompts longer than _DECODE_MAX_QUERY_LEN (128): forward sends a batch
+    """Exact (read from vLLM's source): the rows' first_prefill "raw", for prompts longer than _DECODE_MAX_QUERY_LEN (128): forward sends a batch
     whose longest query is at most 128 tokens to the decode kernel over the packed cache, longer ones to
     _prefill, which reads the chunk's own K/V unquantized (the rows' assumption says so)."""
     src = "v1/attention/backends/rocm_octave_attn.py"

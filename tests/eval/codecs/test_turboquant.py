@@ -300,7 +300,7 @@ def test_roundtrip_keeps_shape_dtype_and_each_row_alone(name, dtype):
 
 
 def test_a_head_dim_the_rotation_cannot_cover_is_one_line():
-    """vLLM's _build_hadamard grows to the next power of two and its store GEMM fails on any other head_dim;
+    """Exact (vLLM's own refusal, not a numeric match): vLLM's _build_hadamard grows to the next power of two and its store GEMM fails on any other head_dim;
     the codec says so in one line (the FP8-key preset needs no rotation)."""
     from kvtool.errors import InputError
 
@@ -312,7 +312,7 @@ def test_a_head_dim_the_rotation_cannot_cover_is_one_line():
 
 
 def test_emulation_rows_cite_and_name_their_oracles():
-    """The four rows: codec turboquant, checkpoint scales ignored, first prefill chunk over raw K/V
+    """Exact (read from vLLM's source): the four rows: codec turboquant, checkpoint scales ignored, first prefill chunk over raw K/V
     (`_prefill_attention`, the excerpt), each oracle a test of this file."""
     from kvtool.model import kv_emulations
 

@@ -139,7 +139,7 @@ def test_each_row_alone_and_shapes_refused_in_one_line(dtype):
 
 
 def test_first_prefill_chunk_attends_over_raw_kv():
-    """The row's first_prefill "raw": UltraQuantAttentionImpl._prefill_attention runs a first chunk (no cached
+    """Exact (read from vLLM's source): the row's first_prefill "raw": UltraQuantAttentionImpl._prefill_attention runs a first chunk (no cached
     prefix: max_query_len == max_seq_len, or q_len == seq_len per request) on the batch's own K/V; only later
     chunks read the cache. The row's scales "ignored": ultraquant_store takes no scale."""
     code = vllm_reference.excerpt("v1/attention/backends/ultraquant_attn.py", "UltraQuantAttentionImpl._prefill_attention")
