@@ -17,7 +17,7 @@ from kvtool.model.engine_tables import Table, cited, load
 
 @lru_cache(maxsize=1)
 def table() -> Table:
-    data = load("kvtool/budget/aux_caches.json", ("caches", "rules"))
+    data = load("kvtool/budget/aux_caches.json")
     for row in data["caches"]:
         if row["layers"] not in RULES or row["layers"] not in data["rules"]:
             raise ValueError(f"aux_caches.json: {row['id']}: layer rule {row['layers']!r}")

@@ -21,7 +21,7 @@ OLDEST_READ = "0.10.2"
 
 @lru_cache(maxsize=1)
 def table() -> Table:
-    data = load("kvtool/budget/batch_defaults.json", ("tiers", "clamp"))
+    data = load("kvtool/budget/batch_defaults.json")
     for t in data["tiers"]:
         if set(t["platforms"]) - {"cuda", "rocm", "cpu"} or set(USAGES) - set(t):
             raise ValueError(f"batch_defaults.json: tier {t.get('id')!r}")

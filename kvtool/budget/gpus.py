@@ -35,7 +35,7 @@ def _norm(name: str) -> str:
 @lru_cache(maxsize=1)
 def table() -> dict[str, Gpu]:
     """Normalised name or alias -> Gpu."""
-    data = load("kvtool/budget/gpus.json", ("gpus",))
+    data = load("kvtool/budget/gpus.json")
     out: dict[str, Gpu] = {}
     for row in data["gpus"]:
         if row["platform"] not in PLATFORMS:

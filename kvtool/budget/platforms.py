@@ -36,7 +36,7 @@ class Platform:
 
 @lru_cache(maxsize=1)
 def table() -> dict[str, Platform]:
-    data = load("kvtool/budget/platforms.json", ("platforms",))
+    data = load("kvtool/budget/platforms.json")
     out = {}
     for name, row in data["platforms"].items():
         out[name] = Platform(name, row["release"], int(row["block_size"]), int(row["mla_block_size"]),

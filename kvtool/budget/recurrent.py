@@ -30,7 +30,7 @@ SWITCHES = (STATE_IN_KV_DTYPE, SSM_NO_MODEL_DEFAULT, BLOCK_MULTIPLE_OF_16)
 
 @lru_cache(maxsize=1)
 def table() -> Table:
-    return load("kvtool/budget/recurrent_state.json", ("kinds", "models", "block_size", "slots"))
+    return load("kvtool/budget/recurrent_state.json")
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from kvtool.model.engine_tables import Citation, load
 
 EFFECTS = ("refuses", "reads-differently", "arithmetic")
 # the tables of rows (kvtool.model.engine_tables reads each): the hand-written and the generated one
-FILES = {"schemas/engines/facts.json": ("facts",), "schemas/engines/transformers_releases.json": ("releases_read", "facts")}
+FILES = ("schemas/engines/facts.json", "schemas/engines/transformers_releases.json")
 _KEYS = {"id", "engine", "releases", "effect", "detector", "args", "says", "code", "citation", "arithmetic", "drops"}
 
 
@@ -53,8 +53,8 @@ class Fact:
 def facts() -> tuple[Fact, ...]:
     """Every row of every facts file, checked (a malformed row is kvtool's bug: ValueError)."""
     out = []
-    for name, keys in FILES.items():
-        out += [_row(r, name) for r in load(name, keys)["facts"]]
+    for name in FILES:
+        out += [_row(r, name) for r in load(name)["facts"]]
     ids = [f.id for f in out]
     if len(ids) != len(set(ids)):
         raise ValueError(f"engine fact ids repeat: {sorted(i for i in ids if ids.count(i) > 1)}")

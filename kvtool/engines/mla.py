@@ -78,7 +78,7 @@ def or_list(values) -> str:
 
 @lru_cache(maxsize=None)
 def table() -> tuple[tuple[Rows, ...], tuple[Backend, ...]]:
-    data = load(FILE, ("common", "backends"))
+    data = load(FILE)
     common = tuple(Rows(r["releases"], tuple(r["head_sizes"]), r["citation"]) for r in data["common"])
     backs = []
     for r in data["backends"]:

