@@ -172,6 +172,9 @@ def one_release_of(requirements, engine: str, *, option: str) -> Checked:
     requirements for this engine are refused by name, never the last kept; one for another engine is refused
     by `one_release` (this command follows `engine` only)."""
     reqs = [requirements] if isinstance(requirements, str) else [r for r in (requirements or ()) if r is not None]
+    for req in reqs:  # another engine's requirement is refused as itself, never counted as a second release
+        if len(reqs) > 1 and parse(req, option=option)[0] != engine:
+            return one_release(req, engine, option=option)  # raises: "this option takes a vllm release"
     if len(reqs) > 1:
         from kvtool.errors import listed
 
