@@ -8,8 +8,9 @@ Every table of what an engine (vLLM, transformers) does is a JSON file of one sh
      <the row lists or maps the reader declares>}
 
 Any key named `citation` or `citations`, or ending in `_citation`, at any depth, holds one citation or a list of
-them; each is {"release", "file", "function"} plus an optional "excerpt" (the file under tests/data/vllm/<release>/
-or tests/data/transformers/<release>/ that keeps the verbatim source), parsed into `Citation`. A malformed table is
+them; each is {"release", "file", "function"} plus an optional "excerpt" (the name of the file in
+tests/data/vllm/<release>/ or tests/data/transformers/<release>/ that keeps the verbatim source), parsed into
+`Citation`. A malformed table is
 kvtool's own bug: ValueError naming the file and the field.
 
 `newest_read(engine)` is the one place that names the newest release of an engine whose source kvtool read
@@ -47,6 +48,7 @@ TABLES: dict[str, tuple[str, ...]] = {
     "schemas/engines/transformers_releases.json": ("releases_read", "facts"),  # generated: build_engine_tables.py
     "schemas/engines/mla_backends.json": ("common", "backends"),  # kvtool/engines/mla.py
     "kvtool/model/kv_dtypes.json": ("dtypes",),  # kvtool/model/kv_dtypes.py
+    "kvtool/model/kv_emulations.json": ("emulations",),  # kvtool/model/kv_emulations.py
     "kvtool/budget/aux_caches.json": ("caches", "rules"),
     "kvtool/budget/batch_defaults.json": ("tiers", "clamp"),
     "kvtool/budget/gpus.json": ("gpus",),
@@ -66,7 +68,7 @@ class Citation:
     release: str  # the release whose source was read
     file: str  # path in the engine's repository
     function: str
-    excerpt: str | None = None  # tests/data/<engine>/<release>/...: the verbatim source a test reads
+    excerpt: str | None = None  # a file in tests/data/<engine>/<release>/: the verbatim source a test reads
 
     def __str__(self) -> str:
         return f"{self.file}, {self.function} ({self.release})"
@@ -88,8 +90,8 @@ def citation(value: Any, where: str = "citation") -> Citation:
     if not PLAIN_RELEASE.fullmatch(value["release"]):
         raise ValueError(f"{where}.release: {value['release']!r} is not a release number")
     ex = value.get("excerpt")
-    if ex is not None and (ex.startswith("/") or ".." in Path(ex).parts or not ex.startswith("tests/data/")):
-        raise ValueError(f"{where}.excerpt: {ex!r} is not a path under tests/data/")
+    if ex is not None and (ex.startswith("/") or ".." in Path(ex).parts or "\\" in ex):
+        raise ValueError(f"{where}.excerpt: {ex!r} is not a file name in tests/data/<engine>/<release>/")
     return Citation(value["release"], value["file"], value["function"], ex)
 
 

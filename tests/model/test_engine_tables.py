@@ -54,14 +54,15 @@ def test_a_citation_has_one_json_form():
     c = citation({"release": "0.33.0", "file": "vllm/config/cache.py", "function": "CacheConfig"})
     assert str(c) == "vllm/config/cache.py, CacheConfig (0.33.0)" and c.excerpt is None
     assert citation(c.as_json()) == c
-    ex = {**c.as_json(), "excerpt": "tests/data/vllm/0.33.0/vllm__config__cache.py.txt"}
+    ex = {**c.as_json(), "excerpt": "vllm__config__cache.py.txt"}  # in tests/data/vllm/0.33.0/
     assert citation(ex).as_json() == ex
     for bad, needle in [
         ("vllm/config/cache.py, CacheConfig, 0.33.0", "not str"),  # the old string form
         ({"file": "f", "function": "g"}, "['release'] missing"),
         ({**c.as_json(), "line": 3}, "['line'] unknown"),
         ({**c.as_json(), "release": "latest"}, "not a release number"),
-        ({**c.as_json(), "excerpt": "../../etc/passwd"}, "not a path under tests/data/"),
+        ({**c.as_json(), "excerpt": "../../etc/passwd"}, "not a file name in tests/data/<engine>/<release>/"),
+        ({**c.as_json(), "excerpt": "/etc/passwd"}, "not a file name in tests/data/<engine>/<release>/"),
         ({**c.as_json(), "function": ""}, "non-empty string"),
     ]:
         with pytest.raises(ValueError, match=re.escape(needle)) as e:
@@ -71,7 +72,8 @@ def test_a_citation_has_one_json_form():
 
 def test_every_excerpt_a_table_names_is_kept():
     named = [c for n in et.TABLES for c in _cites(load(n).rows) if c.excerpt]
-    assert all((REPO / c.excerpt).is_file() for c in named), [c.excerpt for c in named if not (REPO / c.excerpt).is_file()]
+    kept = [c for c in named if any((REPO / "tests" / "data" / e / c.release / c.excerpt).is_file() for e in et.ENGINES)]
+    assert kept == named, [c for c in named if c not in kept]
 
 
 def test_a_malformed_table_is_refused_naming_file_and_field(tmp_path, monkeypatch):
@@ -202,8 +204,8 @@ def _new_release_tree(root: Path) -> Path:
 
     def reread(d):  # the table re-read at NEW: same rows, each citation now of NEW's source
         d["release"] = NEW
-        for row in d["dtypes"]:
-            if row["citation"]["release"] == old:
+        for row in (d["dtypes"] if "dtypes" in d else d["emulations"].values()):
+            if row.get("citation", {}).get("release") == old:
                 row["citation"]["release"] = NEW
 
     def mla(d):  # the MLA backends NEW serves: the newest rows' ranges reach it
@@ -213,6 +215,7 @@ def _new_release_tree(root: Path) -> Path:
 
     edit("schemas/engines/releases.json", releases)
     edit("kvtool/model/kv_dtypes.json", reread)
+    edit("kvtool/model/kv_emulations.json", reread)
     edit("schemas/engines/mla_backends.json", mla)
     return root
 
@@ -231,16 +234,18 @@ def test_a_new_vllm_release_is_read_by_editing_data_only(tmp_path):
     root = _new_release_tree(tmp_path / "data")
     changed = sorted(str(p.relative_to(root)) for p in root.rglob("*.json")
                      if p.read_bytes() != (REPO / p.relative_to(root)).read_bytes())
-    assert changed == ["kvtool/model/kv_dtypes.json", "schemas/engines/mla_backends.json",
-                       "schemas/engines/releases.json"]
+    assert changed == ["kvtool/model/kv_dtypes.json", "kvtool/model/kv_emulations.json",
+                       "schemas/engines/mla_backends.json", "schemas/engines/releases.json"]
 
     # the one place: every Python table that restates vLLM's code now cites NEW
     probe = ("from kvtool.model import engine_tables as et, kv_dtypes, kv_scale_names as k;"
              "from kvtool.eval import fp8_backends as f;"
-             "print(et.newest_read('vllm'), kv_dtypes.release(), k.REMAP_RELEASE, f.RELEASE, f.BACKENDS[1].citations[0])")
+             "from kvtool.model import kv_emulations as e;"
+             "print(et.newest_read('vllm'), kv_dtypes.release(), k.REMAP_RELEASE, f.RELEASE, e.release(),"
+             "f.BACKENDS[1].citations[0])")
     env = {**os.environ, "PYTHONPATH": str(REPO), et.ENV: str(root)}
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, check=True).stdout
-    assert out.split()[:4] == [NEW] * 4 and out.rstrip().endswith(f"({NEW})")
+    assert out.split()[:5] == [NEW] * 5 and out.rstrip().endswith(f"({NEW})")
 
     config = str(REPO / "tests" / "data" / "configs" / "llama-3.1-8b.json")
     # lint: a range checks the releases it holds, NEW among them
