@@ -13,9 +13,7 @@ import re
 from dataclasses import dataclass
 
 from kvtool.errors import UsageError
-from kvtool.model.engine_tables import ENGINES
-
-__all__ = ["ENGINES"]  # the engines lint and kv-budget name (kvtool.model.engine_tables holds the one tuple)
+from kvtool.model.engine_tables import ENGINES  # the engines lint and kv-budget name: one tuple
 # A PEP 508 distribution name at the start of a requirement; the rest is the specifier set packaging reads.
 _NAME = re.compile(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(.*)\Z", re.S)
 
