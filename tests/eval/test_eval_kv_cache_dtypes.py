@@ -105,6 +105,10 @@ def test_a_refused_dtype_is_one_line_from_the_command(tiny_deepseek_path, tmp_pa
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and err[0].startswith("kvtool: error: --kv-cache-dtype: vLLM 0.33.0 has no "
                                                           "attention backend that stores fp8_e5m2 for sparse MLA")
+    rc = main(["eval", str(tiny_deepseek_path), *FAST, "--kv-cache-dtype", "int8_per_token_head"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and err == ["kvtool: error: --kv-cache-dtype: vLLM 0.33.0 has no attention backend that stores "
+                               "int8_per_token_head for MLA; int8_per_token_head serves MHA / GQA / MQA attention"]
 
 
 @pytest.mark.torch
@@ -180,3 +184,20 @@ def test_ultraquant_and_octave_run_end_to_end(deeper_llama, name, kept, capsys):
     d = _json(capsys)
     assert rc in (0, 1)
     assert d["kv_cache"]["kept_layers"] == kept and d["kld_mean"] > 0
+
+
+@pytest.mark.torch
+def test_fewer_bits_cost_more_on_the_same_model(tiny_llama_path, capsys):
+    """Measured on the tiny random llama, each dtype against the model itself: int4 per token-head loses more than
+    int8 per token-head (KLD and the PPL ratio's distance from 1), and int8 with a scale per token and head less
+    than fp8 e4m3 at vLLM's default scale 1.0."""
+    p = str(tiny_llama_path)
+    got = {}
+    for name in ("int8_per_token_head", "int4_per_token_head", "fp8_e4m3"):
+        main(["eval", p, "--baseline", p, *FAST, "--kv-cache-dtype", name, "--format", "json"])
+        d = _json(capsys)
+        assert d["kv_cache"]["scales"] == kv_emulations.get(name).scales
+        got[name] = (d["kld_mean"], abs(d["ppl_ratio"] - 1))
+    assert got["int4_per_token_head"][0] > got["int8_per_token_head"][0] > 0
+    assert got["int4_per_token_head"][1] > got["int8_per_token_head"][1]
+    assert got["fp8_e4m3"][0] > got["int8_per_token_head"][0]
