@@ -201,3 +201,21 @@ def test_fewer_bits_cost_more_on_the_same_model(tiny_llama_path, capsys):
     assert got["int4_per_token_head"][0] > got["int8_per_token_head"][0] > 0
     assert got["int4_per_token_head"][1] > got["int8_per_token_head"][1]
     assert got["fp8_e4m3"][0] > got["int8_per_token_head"][0]
+
+
+@pytest.mark.torch
+def test_per_head_scales_reach_the_rows_that_load_them_and_the_report_says_so(tiny_llama_path):
+    """Per-head (attn_head) k/v scales, shape [kv_heads], go into fp8 rows per head and the report says "per head";
+    a per-token-head row ignores them (its result is the same with and without)."""
+    from kvtool.eval.api import Candidate, evaluate_many
+
+    p = str(tiny_llama_path)
+    per_head = {0: ([0.01, 0.5], [0.02, 0.4]), 1: ([0.03, 0.3], [0.05, 0.2])}
+    rows = evaluate_many([Candidate(p, "fp8_e5m2", per_head), Candidate(p, "fp8_e5m2", "one"),
+                          Candidate(p, "int8_per_token_head", per_head), Candidate(p, "int8_per_token_head", "one")],
+                         p, max_length=64, stride=32, max_tokens=160, device=DEVICE, dtype="fp32")
+    given, one, pth_given, pth_one = rows
+    assert given.kv_cache["scales_used"] == "given (per head)" and one.kv_cache["scales_used"] == "one (per tensor)"
+    assert given.kld_mean != one.kld_mean  # the per-head scales were applied
+    assert pth_given.kv_cache["scales_used"] == kv_emulations.SCALES_WORDS["ignored"]
+    assert pth_given.kld_mean == pth_one.kld_mean
