@@ -1,4 +1,5 @@
-"""One checker for every hostile-input case: run kvtool in a subprocess and assert its contract.
+"""One checker for every hostile-input case: run kvtool (in-process where as faithful, else in a subprocess:
+`run_kvtool`) and assert its contract.
 
 A case is a command line plus the folders it must not change. `check_refusal` asserts:
 the documented exit code; exactly one stderr line, naming the file (and field, when given);
