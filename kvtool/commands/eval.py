@@ -11,6 +11,7 @@ from kvtool import progress as kv_progress
 from kvtool.commands.options_cli import command
 from kvtool.deps import require_torch
 from kvtool.errors import EXIT_FINDINGS, EXIT_OK
+from kvtool.model.engine_tables import newest_read
 from kvtool.options.eval import EvalOptions
 
 
@@ -53,6 +54,24 @@ def _finite(obj):
     return obj
 
 
+def _kv_cache_lines(kv: dict | None) -> list[str]:
+    """The emulation's row, as the report states it (kvtool.eval.api.kv_cache_info)."""
+    if not kv:
+        return []
+    params = ", ".join(f"{k} {v}" for k, v in kv["params"].items())
+    how = (f"exact (vLLM's code, {kv['oracle']})" if kv["match"] == "exact"
+           else f"assumed: {kv['assumption']}")
+    out = [f"kv cache  {kv['dtype']} emulated by the {kv['codec']} codec" + (f" ({params})" if params else "")
+           + f"; scales: {kv['scales_used']}; {kv['cited']}",
+           f"kv cache  {kv['reads']}; match to vLLM {how}"]
+    if kv.get("kept_layers"):
+        out.append(f"kv cache  layers {', '.join(map(str, kv['kept_layers']))} kept in the model dtype "
+                   "(vLLM's boundary layers)")
+    if kv.get("note"):
+        out.append(f"kv cache  {kv['note']}")
+    return out
+
+
 def render_text(r) -> console.Text:
     m = r.metrics
     lines = [f"model     {r.model}" + (f"  (baseline {r.baseline})" if r.baseline else "")]
@@ -67,14 +86,15 @@ def render_text(r) -> console.Text:
         if s.get("cache") == "mla_latent":
             kv += "; MLA: the cached latent (kv_c_normed) and rotated k_pe, one scale per layer (vLLM TRITON_MLA)"
     lines.append(f"device    {r.device}, {r.dtype}, KV cache {kv}")
+    lines += _kv_cache_lines(getattr(r, "kv_cache", None))
     fa = getattr(r, "fp8_attention", None)
     if fa and fa["name"] != "cache-only":
         att = f"attention {fa['name']} emulated (vLLM {fa['vllm']}): queries {fa['queries']}"
         q = fa.get("q_scales")
         if q:
             att += (f", checkpoint q scales for {q['checkpoint_layers']} layers ({q['min_scale']:.4g}..{q['max_scale']:.4g})"
-                    if q["checkpoint_layers"] else f", q scale {q['fallback']:g} (no q scales in the checkpoint; vLLM 0.33 "
-                                                   "uses 1.0, not k_scale)")
+                    if q["checkpoint_layers"] else f", q scale {q['fallback']:g} (no q scales in the checkpoint; vLLM "
+                                                   f"{newest_read('vllm')} uses 1.0, not k_scale)")
         lines.append(f"fp8       {att}; probabilities {fa['probabilities']}")
     tok = (r.memory or {}).get("tokenization")
     if tok and tok["differ"]:
