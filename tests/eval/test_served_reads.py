@@ -213,3 +213,14 @@ def test_observe_prefers_what_the_server_tells_and_refuses_a_contradiction():
                  "chunk_from": "--served-chunk"}
     off = {"vllm_config": {"scheduler_config": {"max_num_batched_tokens": 2048, "enable_chunked_prefill": False}}}
     assert served_reads.observe(_Stub(None, off), declared_dtype=None, declared_chunk=None)["chunk"] is None
+
+
+def test_the_emulation_tables_first_prefill_is_this_tables():
+    """kvtool/model/kv_emulations.json states first_prefill per emulated dtype (raw | cache); it must be what this
+    table's cited reads give (a threshold row reads raw above it: its first_prefill is raw)."""
+    from kvtool.model import kv_emulations
+
+    for name, row in kv_emulations.table().items():
+        reads = served_reads.get(name)
+        assert reads is not None, name
+        assert row.first_prefill == reads.first_prefill, (name, row.first_prefill, reads.first, reads.citation)
