@@ -224,6 +224,19 @@ def _logged_kv_tokens(text: str) -> list[int]:
     return [int(m.group(1).replace(",", "")) for m in re.finditer(r"CPU KV cache size: ([\d,]+) tokens", text)]
 
 
+def _drive(root: Path, jobs: list[dict], log_name: str, timeout: float) -> tuple[list[dict], Path]:
+    """Run the jobs in one vLLM process (tests/oracle/vllm_driver.py): its results, one per job, and its log."""
+    (root / "jobs.json").write_text(json.dumps(jobs))
+    log = RESULTS / log_name
+    with log.open("w") as f:
+        rc = subprocess.run([vllm_python(), str(HERE / "vllm_driver.py"), str(root / "jobs.json"),
+                             str(root / "out.json")], stdout=f, stderr=subprocess.STDOUT, env=_env(),
+                            timeout=timeout).returncode
+    results = json.loads((root / "out.json").read_text())
+    assert rc == 0 and len(results) == len(jobs), log.read_text()[-3000:]
+    return results, log
+
+
 @pytest.fixture(scope="module")
 def lane(tmp_path_factory, smollm2_path):
     t0 = time.time()
@@ -245,14 +258,7 @@ def lane(tmp_path_factory, smollm2_path):
         probe = [float(x) for x in _probe_values()]
         jobs.append(dict(probe="fp8_store", name="fp8 store", values=probe, scale=0.0371))
         jobs.append(dict(probe="batch_defaults", name="batch defaults"))
-        (root / "jobs.json").write_text(json.dumps(jobs))
-        log = RESULTS / "driver.log"
-        with log.open("w") as f:
-            rc = subprocess.run([vllm_python(), str(HERE / "vllm_driver.py"), str(root / "jobs.json"),
-                                 str(root / "out.json")], stdout=f, stderr=subprocess.STDOUT, env=_env(),
-                                timeout=900).returncode
-        results = json.loads((root / "out.json").read_text())
-        assert rc == 0 and len(results) == len(jobs), log.read_text()[-3000:]
+        results, log = _drive(root, jobs, "driver.log", 900)
         urls = {k: s.wait() for k, s in servers.items()}
         yield dict(kinds=kinds, prompts=prompts, results={r["name"]: r for r in results}, urls=urls,
                    servers=servers, smollm2=smollm2, sm_fp8=sm_fp8, root=root, t0=t0, probe=probe,
@@ -422,14 +428,7 @@ def dtypes(tmp_path_factory, smollm2_path):
             if chunk:
                 job.update(max_num_batched_tokens=chunk, enable_chunked_prefill=True)
             jobs.append(job)
-    (root / "jobs.json").write_text(json.dumps(jobs))
-    log = RESULTS / "dtypes-driver.log"
-    with log.open("w") as f:
-        rc = subprocess.run([vllm_python(), str(HERE / "vllm_driver.py"), str(root / "jobs.json"),
-                             str(root / "out.json")], stdout=f, stderr=subprocess.STDOUT, env=_env(),
-                            timeout=1500).returncode
-    results = json.loads((root / "out.json").read_text())
-    assert rc == 0 and len(results) == len(jobs), log.read_text()[-3000:]
+    results, _ = _drive(root, jobs, "dtypes-driver.log", 1500)
     yield dict(results={r["name"]: r for r in results}, smollm2=smollm2, root=root, t0=t0)
 
 
