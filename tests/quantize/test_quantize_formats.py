@@ -107,3 +107,22 @@ def test_nvfp4_global_scales_are_amax_over_2688_and_load(tmp_path, tiny_src, cal
     assert main(["lint", str(dst), "--format", "json"]) in (0, 1)
     codes = {f["code"] for m in json.loads(capsys.readouterr().out)["models"] for f in m["findings"]}
     assert not codes & {"KV801", "KV802", "KV806", "KV807"}, codes
+
+
+def test_e5m2_scales_map_the_maximum_onto_57344(tmp_path, tiny_src, calib_text_file, capsys):
+    """--format e5m2 (vLLM --kv-cache-dtype fp8_e5m2 divides by the same k_scale / v_scale): absmax scales are
+    amax / 57344, e5m2's largest finite value."""
+    from kvtool.cli import main
+    from kvtool.eval.fp8 import read_checkpoint_scales
+
+    dst = tmp_path / "dst"
+    assert main(["quantize-kv", str(tiny_src), str(dst), "--format", "e5m2", "--observer", "absmax",
+                 "--calib-text", str(calib_text_file), "--calib-tokens", "96", "--seq-len", "48", "--no-eval",
+                 "--device", "cpu", "--no-q-scales"]) == 0
+    assert "serve with vLLM --kv-cache-dtype fp8_e5m2\n" in capsys.readouterr().out
+    amax = _calibration_amax(tiny_src, calib_text_file, 96, 48)
+    scales = read_checkpoint_scales(dst)
+    for i in range(LAYERS):
+        for role, table in (("k", scales.k), ("v", scales.v)):
+            assert torch.allclose(table[i].reshape(()), amax[(i, role)].max() / 57344.0, rtol=1e-6, atol=0)
+    assert not scales.q
