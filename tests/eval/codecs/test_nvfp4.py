@@ -47,8 +47,9 @@ def _kv(seed: int, dtype=torch.bfloat16, shape=(2, 3, 7, 64)):
 
 @pytest.mark.parametrize("g", [1.0, 0.37, 2.0 ** -5, "amax"])
 def test_nvfp4_matches_vllm_reference_quantizer(g):
-    """Exact: e2m1 codes and e4m3 block scales equal vLLM's ref_nvfp4_quant with global scale 1 / k_scale, and the
-    codec returns codes * block scale * k_scale."""
+    """Exact against vLLM's Python reference: e2m1 codes and e4m3 block scales equal ref_nvfp4_quant's with global
+    scale 1 / k_scale, and the codec returns codes * block scale * k_scale. That the CUDA stores compute the same is
+    assumed (the row's match: assumed, and its assumption)."""
     v = _vllm()
     x = _kv(0)
     k = float(x.float().abs().max()) / nvfp4.GLOBAL_DIVISOR if g == "amax" else g
@@ -135,3 +136,16 @@ def test_batch_rows_are_independent_and_per_head_scales_broadcast():
     assert torch.equal(whole[:, 2], _rt(x[:, 2:3], "nvfp4_4over6", k[2:3]).squeeze(1))
     with pytest.raises(ValueError, match="divisible by 16"):
         _rt(torch.zeros(1, 1, 1, 24), "nvfp4")
+
+
+def test_the_eval_hook_applies_the_layers_global_scales():
+    """kvtool.eval.kv_emulation's hook hands each layer's checkpoint k / v scale to the codec (scales: checkpoint)."""
+    from kvtool.eval.fp8 import KVScales
+    from kvtool.eval.kv_emulation import build
+
+    k, v = _kv(5), _kv(6)
+    scales = KVScales.from_mapping({0: (torch.tensor(0.02), torch.tensor(0.5))}, source="given")
+    hk, hv = build("nvfp4_4over6", scales, num_layers=1)(0, k, v)
+    assert torch.equal(hk, _rt(k, "nvfp4_4over6", torch.tensor(0.02)))
+    assert torch.equal(hv, _rt(v, "nvfp4_4over6", torch.tensor(0.5), role="v"))
+    assert not torch.equal(hv, _rt(v, "nvfp4_4over6", torch.tensor(1.0), role="v"))
