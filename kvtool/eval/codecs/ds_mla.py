@@ -7,13 +7,18 @@ values unquantized in 16 bits (128 bytes). vLLM computes the tile scales itself 
 checkpoint's k_scale is not read (`MLAAttention.get_kv_cache_spec`: 656 bytes per token;
 `_canonicalize_sparse_mla_kv_cache_dtype` maps fp8 / fp8_e4m3 onto this format on the sparse backends).
 
-The writer is the CUDA kernel `concat_and_cache_ds_mla_kernel` (csrc/cache_kernels.cu; no Python or Triton
-version ships in vLLM 0.33): tile scale = amax(|tile|) / 448 in float32, values = e4m3(x / scale), saturating
-round to nearest even, and FlashMLA reads e4m3 * scale. The row's assumption names this.
+The writer, for the models served with this format (DeepSeek V3.2 and GLM-MoE-DSA, vllm/models/deepseek_v32/
+attention.py, which passes the layer's cache to `fused_norm_rope`): the Triton kernel `_fused_norm_rope_kernel`
+(vllm/models/deepseek_v32/common/kernels.py, its fp8_ds_mla branch) scales each tile of 128 by a power of two,
+    scale = exp2(ceil(log2(max(amax(|tile|) * (1/448), 1e-4))))     (float32)
+stores e4m3(tile / scale) (the scale is at least amax / 448: no value saturates) and the float32 scale, and the rope
+values cast to bfloat16; FlashMLA reads e4m3 * scale. The kernel quantizes the RMS-normed latent in float32, before
+any rounding to the model dtype, while transformers hands kvtool the latent in the model dtype: that and the GPU's
+round-to-nearest cast are the row's assumption. (vLLM's CUDA `concat_and_cache_ds_mla_kernel`, used for a
+hisparse cache, scales by amax / 448 without the power of two.)
 
 Roles (kvtool.runtime.kv_hooks.latent_hook): "latent" [batch, 1, seq, kv_lora_rank] is tiled by 128; "rope"
-[batch, 1, seq, qk_rope_head_dim] is copied in the model's 16-bit dtype (the kernel copies its scalar_t values),
-so it comes back unchanged.
+[batch, 1, seq, qk_rope_head_dim] is stored as bfloat16 (unchanged for a bfloat16 model).
 """
 
 from __future__ import annotations
@@ -25,21 +30,22 @@ E4M3_MAX = 448.0
 
 
 def tile_scales(x: torch.Tensor) -> torch.Tensor:
-    """x [..., n*128] -> float32 scales [..., n]: each tile's absolute maximum / 448."""
+    """x [..., n*128] -> float32 scales [..., n]: the power of two at or above each tile's amax / 448 (1e-4 at
+    least), as vLLM's fp8_ds_mla writer computes it."""
     if x.shape[-1] % TILE:
         raise ValueError(f"fp8_ds_mla tiles the latent by {TILE}; got {x.shape[-1]} values")
     t = x.float().reshape(*x.shape[:-1], x.shape[-1] // TILE, TILE)
-    return t.abs().amax(dim=-1) / E4M3_MAX
+    s = torch.clamp(t.abs().amax(dim=-1) * (1.0 / E4M3_MAX), min=1e-4)
+    return torch.exp2(torch.ceil(torch.log2(s)))
 
 
 def roundtrip(x: torch.Tensor, *, role: str, params: dict, row, scale: torch.Tensor | None) -> torch.Tensor:
     """The latent or rope key as FlashMLA reads it back from a fp8_ds_mla cache, in x's dtype."""
-    if role == "rope":
-        return x.clone()
+    if role == "rope":  # stored as bfloat16
+        return x.to(torch.bfloat16).to(x.dtype)
     if role != "latent":
         raise ValueError(f"fp8_ds_mla caches the MLA latent and rope key, not {role!r}")
     s = tile_scales(x).unsqueeze(-1)  # [..., tiles, 1]
     t = x.float().reshape(*x.shape[:-1], x.shape[-1] // TILE, TILE)
-    safe = torch.where(s == 0, torch.ones_like(s), s)  # an all-zero tile stores zeros
-    q = (t / safe).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn).float()
+    q = (t / s).to(torch.float8_e4m3fn).float()
     return (q * s).reshape(x.shape).to(x.dtype)

@@ -194,6 +194,9 @@ KV_CODEC_EXCERPTS: dict[str, tuple[str, ...]] = {
 }
 for _file, _names in KV_CODEC_EXCERPTS.items():
     EXCERPTS[_file] = EXCERPTS.get(_file, ()) + _names
+# Copied whole (a Triton kernel launched through its module's wrapper, in the interpreter: tests/eval/codecs/
+# test_ds_mla.py), for 0.33.0 with the EXCERPTS.
+WHOLE_FILES: tuple[str, ...] = ("vllm/models/deepseek_v32/common/kernels.py",)
 
 # Mamba / linear-attention state and the hybrid attention block size kv-budget restates
 # (kvtool/budget/recurrent_state.json, tests/budget/test_kv_budget_hybrid_state.py), for 0.33.0.
@@ -289,6 +292,10 @@ def extract(src_root: Path, version: str, excerpts: dict[str, tuple[str, ...]] =
     out_dir.mkdir(parents=True, exist_ok=True)
     for rel, names in excerpts.items():
         _write_excerpts(src_root, version, rel, list(names), out_dir / excerpt_name(rel))
+    for rel in WHOLE_FILES if excerpts is EXCERPTS else ():
+        head = f"# vLLM {version}, {rel} (Apache-2.0, https://github.com/vllm-project/vllm); the whole file, verbatim"
+        (out_dir / excerpt_name(rel)).write_text(head + "\n" + (src_root / rel).read_text(encoding="utf-8"),
+                                                 encoding="utf-8")
 
 
 def extract_release(src_root: Path, version: str) -> None:
