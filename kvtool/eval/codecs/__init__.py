@@ -22,6 +22,7 @@ CODECS: dict[str, str] = {
     "fp8": "kvtool.eval.codecs.fp8:roundtrip",
     "nvfp4": "kvtool.eval.codecs.nvfp4:roundtrip",
     "fp8_ds_mla": "kvtool.eval.codecs.ds_mla:roundtrip",
+    "nvfp4_ds_mla": "kvtool.eval.codecs.ds_mla:roundtrip_nvfp4",
 }
 
 _loaded: dict[str, Callable] = {}

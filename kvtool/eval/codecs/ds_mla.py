@@ -49,3 +49,30 @@ def roundtrip(x: torch.Tensor, *, role: str, params: dict, row, scale: torch.Ten
     t = x.float().reshape(*x.shape[:-1], x.shape[-1] // TILE, TILE)
     q = (t / s).to(torch.float8_e4m3fn).float()
     return (q * s).reshape(x.shape).to(x.dtype)
+
+
+# --- nvfp4_ds_mla: the 352-byte token (SM100 only) ------------------------------------------------------------
+# vllm/v1/attention/backends/mla/flashmla_sparse.py (format note): 512 e2m1 latent values (256 bytes), 64 rope
+# values as unscaled e4m3, 32 e4m3 scales, one per 16 latent values. The writer, the same Triton kernel's
+# MLA_CACHE_NVFP4 branch (and the CUDA concat_and_cache_nvfp4_ds_mla it is kept in lockstep with):
+#     sf = e4m3(max(amax(|16 values|) * (1/6), 2^-9)),  q = e2m1(x * (1 / sf))  (cvt.rn.satfinite.e2m1x2.f32)
+# no global scale (the layer's k_scale is not read), and FlashMLA reads q * sf.
+NVFP4_BLOCK = 16
+_SF_FLOOR = 2.0 ** -9  # e4m3's smallest subnormal: no block scale is zero
+
+
+def roundtrip_nvfp4(x: torch.Tensor, *, role: str, params: dict, row, scale: torch.Tensor | None) -> torch.Tensor:
+    """The latent or rope key as FlashMLA reads it back from a nvfp4_ds_mla cache, in x's dtype."""
+    from kvtool.eval.codecs.nvfp4 import E2M1_MAX, e2m1
+
+    if role == "rope":  # unscaled e4m3 (saturating: the GPU's cvt.rn.satfinite)
+        return x.float().clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn).float().to(x.dtype)
+    if role != "latent":
+        raise ValueError(f"nvfp4_ds_mla caches the MLA latent and rope key, not {role!r}")
+    if x.shape[-1] % NVFP4_BLOCK:
+        raise ValueError(f"nvfp4_ds_mla blocks the latent by {NVFP4_BLOCK}; got {x.shape[-1]} values")
+    t = x.float().reshape(*x.shape[:-1], x.shape[-1] // NVFP4_BLOCK, NVFP4_BLOCK)
+    amax = t.abs().amax(dim=-1, keepdim=True)
+    sf = torch.clamp(amax * (1.0 / 6.0), min=_SF_FLOOR).clamp(max=E4M3_MAX).to(torch.float8_e4m3fn).float()
+    q = e2m1((t * (1.0 / sf)).clamp(-E2M1_MAX, E2M1_MAX))
+    return (q * sf).reshape(x.shape).to(x.dtype)

@@ -23,6 +23,11 @@ from kvtool.model import kv_dtypes, kv_emulations
 from tests.oracle.test_vllm_facts import _segments
 
 
+def _rt_name(x, name, role):
+    r = kv_emulations.get(name)
+    return codecs.get(r.codec)(x, role=role, params=dict(r.params), row=kv_dtypes.get(name), scale=None)
+
+
 def _rt(x, role):
     r = kv_emulations.get("fp8_ds_mla")
     return codecs.get(r.codec)(x, role=role, params=dict(r.params), row=kv_dtypes.get("fp8_ds_mla"), scale=None)
@@ -121,6 +126,104 @@ def test_latent_tiles_of_128_match_vllms_triton_writer(tmp_path):
     rne = (normed.view(codes.shape) / scales.unsqueeze(-1)).to(torch.float8_e4m3fn).float()
     assert torch.equal(got, rne * scales.unsqueeze(-1))
     assert (rne == codes).float().mean() > 0.95  # the interpreter's cast differs from nearest-even on a few
+
+
+# the same kernel writing a nvfp4_ds_mla cache; its one line of inline PTX (cvt.rn.satfinite.e2m1x2.f32, which the
+# interpreter cannot run) replaced by that instruction's definition: round to nearest even, saturate at 6
+NVFP4_WRITER = WRITER.split("g = torch.Generator()")[0] + """
+import numpy as np
+import triton.runtime.interpreter as interp
+
+MAGS = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], dtype=np.float32)
+
+
+def nibble(v):
+    a = np.minimum(np.abs(v), 6.0)
+    d = np.abs(a[..., None] - MAGS)
+    best = d.min(-1, keepdims=True)
+    idx = np.where(d == best, np.arange(8), 99)
+    even = np.where((idx % 2 == 0) & (idx < 99), idx, 99).min(-1)  # a tie goes to the even code
+    idx = np.where((d == best).sum(-1) > 1, even, idx.min(-1))
+    return (idx | np.where(v < 0, 8, 0)).astype(np.int32)
+
+
+def create_inline_asm(self, asm, constraints, values, type, is_pure, pack):
+    assert "cvt.rn.satfinite.e2m1x2.f32 t, $2, $1" in asm
+    byte = nibble(values[0].data) | (nibble(values[1].data) << 4)  # low nibble: $1 (even), high: $2 (odd)
+    out = interp.TensorHandle(byte.astype(np.int32), tl.int32)
+    return types.SimpleNamespace(get_result=lambda i: out)
+
+
+interp.InterpreterBuilder.create_inline_asm = create_inline_asm
+g = torch.Generator().manual_seed(1)
+T = 8
+kv_c = (torch.randn(T, 512, generator=g) * torch.logspace(-3, 3, 32).repeat_interleave(16)).to(torch.bfloat16)
+k_pe = (torch.randn(T, 64, generator=g) * 3).to(torch.bfloat16)
+q_c = torch.randn(T, 64, generator=g).to(torch.bfloat16)
+cos_sin = torch.cat([torch.ones(256, 32), torch.zeros(256, 32)], dim=-1)
+cache = torch.zeros(3, 4, 352, dtype=torch.uint8)
+slots = torch.tensor([0, 1, 2, 5, 6, 7, 9, 11])
+k.fused_norm_rope(torch.arange(T), q_c, torch.ones(64, dtype=torch.bfloat16), 1e-6, kv_c,
+                  torch.ones(512, dtype=torch.bfloat16), 1e-6, k_pe, cos_sin, None, None, None, 1e-6, None,
+                  torch.zeros(T, 8, dtype=torch.int32), slot_mapping=slots, mla_kv_cache=cache,
+                  mla_kv_cache_dtype="nvfp4_ds_mla", has_indexer=False)
+
+
+@triton.jit
+def cast(src, dst, N: tl.constexpr):
+    i = tl.arange(0, N)
+    tl.store(dst + i, tl.load(src + i).to(tl.float8e4nv))
+
+
+x = kv_c.float()
+normed = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+pre_sf = torch.clamp(normed.view(T, 32, 16).abs().amax(-1) * (1.0 / 6.0), min=2.0 ** -9).reshape(-1)
+sf_cast = torch.empty(pre_sf.numel(), dtype=torch.float8_e4m3fn)
+cast[(1,)](pre_sf, sf_cast, N=pre_sf.numel())
+rope = k_pe.float().reshape(-1)
+rope_cast = torch.empty(rope.numel(), dtype=torch.float8_e4m3fn)
+cast[(1,)](rope, rope_cast, N=rope.numel())
+torch.save({"kv_c": kv_c, "k_pe": k_pe, "cache": cache, "slots": slots, "sf_cast": sf_cast,
+            "rope_cast": rope_cast}, sys.argv[2])
+"""
+
+
+def test_nvfp4_ds_mla_matches_vllms_triton_writer(tmp_path):
+    """Assumed for the CUDA-only conversions (the row's assumption); against vLLM's Triton writer in the interpreter,
+    its inline cvt.rn.satfinite.e2m1x2.f32 replaced by that instruction's definition: the 32 block scales are the
+    interpreter's e4m3 cast of max(amax / 6, 2^-9) (torch's round-to-nearest cast, the codec's, stands for the
+    GPU's), stored at byte 8 * (s % 4) + s // 4; the e2m1 codes, two per byte with the even value in the low
+    nibble, are the codec's e2m1(x * (1 / scale)) bit for bit; the rope is the e4m3 cast of its values."""
+    from kvtool.eval.codecs import nvfp4
+
+    out = tmp_path / "cache.pt"
+    run = subprocess.run([sys.executable, "-c", NVFP4_WRITER, str(KERNELS), str(out)], capture_output=True,
+                         text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    d = torch.load(out)
+    entries = d["cache"].view(-1, 352)[d["slots"]]
+    assert 256 + 64 + 32 == 352 == kv_dtypes.get("nvfp4_ds_mla").token_bytes
+    perm = torch.tensor([8 * (s % 4) + s // 4 for s in range(32)])
+    sf = entries[:, 320:352].contiguous().view(torch.float8_e4m3fn).float()[:, perm]  # [tokens, 32]
+    assert torch.equal(sf.reshape(-1), d["sf_cast"].float())
+    x = d["kv_c"].float()
+    normed = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+    mine = _rt_name(normed[:, None, None, :], "nvfp4_ds_mla", "latent").reshape(-1, 32, 16)
+    pre = torch.clamp(normed.view(-1, 32, 16).abs().amax(-1) * (1.0 / 6.0), min=2.0 ** -9)
+    torch_sf = pre.to(torch.float8_e4m3fn).float()
+    assert (torch_sf == sf).float().mean() > 0.9
+    lo, hi = (entries[:, :256] & 15).long(), (entries[:, :256] >> 4).long()
+    nib = torch.stack([lo, hi], -1).reshape(-1, 32, 16)
+    mags = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+    codes = torch.where(nib >= 8, -mags[nib % 8], mags[nib % 8])
+    t = normed.view(-1, 32, 16)
+    assert torch.equal(codes, nvfp4.e2m1((t * (1.0 / sf.unsqueeze(-1))).clamp(-6, 6)))
+    same = (torch_sf == sf).unsqueeze(-1).expand_as(t)
+    assert torch.equal(mine[same], (codes * sf.unsqueeze(-1))[same])  # the codec where the scale casts agree
+    rope = entries[:, 256:320].contiguous().view(torch.float8_e4m3fn).float()
+    assert torch.equal(rope.reshape(-1), d["rope_cast"].float())
+    r = _rt_name(d["k_pe"][:, None, None, :], "nvfp4_ds_mla", "rope").float().reshape(rope.shape)
+    assert (r == rope).float().mean() > 0.9
 
 
 def test_latent_round_trip_properties():
