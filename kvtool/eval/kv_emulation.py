@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from kvtool.eval import codecs
-from kvtool.model import kv_dtypes, kv_emulations
+from kvtool.model import kv_dtypes, kv_emulations, kvcache
 
 
 def row(name: str) -> kv_emulations.Emulation:
@@ -26,19 +26,19 @@ def row(name: str) -> kv_emulations.Emulation:
     return r
 
 
-def kept_layers(name: str, num_layers: int) -> frozenset[int]:
-    """The layers vLLM keeps in the model dtype for this dtype: the first and last boundary_layers."""
+def kept_layers(name: str, layer_types) -> frozenset[int]:
+    """The layers vLLM keeps in the model dtype for this dtype (kvtool.model.kvcache.boundary_skip, what kv-budget
+    sizes); layer_types: the model's (ModelSpec.layer_types), or a number of attention layers."""
     d = kv_dtypes.get(name)
-    n = d.boundary_layers if d is not None else 0
-    if not n or num_layers <= 0:
+    if d is None:
         return frozenset()
-    return frozenset(range(min(n, num_layers))) | frozenset(range(max(num_layers - n, 0), num_layers))
+    return kvcache.boundary_skip(d, ["full_attention"] * layer_types if isinstance(layer_types, int) else layer_types)
 
 
 class KvEmulation:
     """fn(layer, key, value) -> (key, value) as vLLM's cache of the row's dtype returns them."""
 
-    def __init__(self, name: str, scales=None, num_layers: int = 0):
+    def __init__(self, name: str, scales=None, num_layers=0):
         self.emulation = row(name)
         self.codec = codecs.get(self.emulation.codec)
         self.dtype_row = kv_dtypes.get(self.emulation.alias_of or name)
@@ -55,7 +55,8 @@ class KvEmulation:
                 self.codec(value, role="v", params=self.params, row=self.dtype_row, scale=vs))
 
 
-def build(name: str, scales=None, num_layers: int = 0) -> KvEmulation:
+def build(name: str, scales=None, num_layers=0) -> KvEmulation:
     """The hook of `name`. scales: a kvtool.eval.fp8.KVScales (its k / v tensors per layer, shape [] or
-    [kv_heads]) or None (1.0); num_layers: the model's attention layers (for the boundary layers)."""
+    [kv_heads]) or None (1.0); num_layers: the model's attention layers, or its ModelSpec.layer_types (for the
+    boundary layers)."""
     return KvEmulation(name, scales, num_layers)
