@@ -157,10 +157,22 @@ def plan(src: str, dst: str, opts: QuantizeOptions) -> QuantizePlan:
     spec = check_model(ckpt)
     arch = spec.arch
     check_destination(Path(dst), force=opts.force, protect=[src_path])
+    _check_servable(opts.format, spec, str(ckpt.config_path))
     entry, _ = parse_spec(observer_of(opts))
     new_config = with_kv_cache_scheme(ckpt.config, strategy=opts.strategy, observer_name=entry.name,
                                       config_file=str(ckpt.config_path))
     return QuantizePlan(src=src, dst=dst, opts=opts, ckpt=ckpt, arch=arch, spec=spec, new_config=new_config)
+
+
+def _check_servable(format_name: str, spec, config_file: str) -> None:
+    """Refuse scales for a format vLLM cannot serve at this head size (kv_dtypes.json's shape checks)."""
+    from kvtool.model import kv_dtypes
+    from kvtool.quantize.formats import get_format
+
+    fmt = get_format(format_name)
+    problems = [kv_dtypes.get(d).slot_problem(spec.head_dim or 0, None) for d in fmt.serves]
+    if all(problems):
+        raise InputError(f"--format {fmt.name}: {problems[0]}", file=config_file, field="head_dim")
 
 
 def quantize_kv(src: str, dst: str, opts: QuantizeOptions, *, log=None) -> QuantizeResult:

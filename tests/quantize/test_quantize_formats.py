@@ -43,7 +43,8 @@ pytest.importorskip("transformers")
 
 LAYERS, KV = 3, 2
 TINY = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=LAYERS, num_attention_heads=4,
-            num_key_value_heads=KV, head_dim=16, max_position_embeddings=256, tie_word_embeddings=True,
+            num_key_value_heads=KV, head_dim=64,  # a head size vLLM serves NVFP4 at (FlashInfer)
+            max_position_embeddings=256, tie_word_embeddings=True,
             vocab_size=49152)
 
 
@@ -126,3 +127,18 @@ def test_e5m2_scales_map_the_maximum_onto_57344(tmp_path, tiny_src, calib_text_f
         for role, table in (("k", scales.k), ("v", scales.v)):
             assert torch.allclose(table[i].reshape(()), amax[(i, role)].max() / 57344.0, rtol=1e-6, atol=0)
     assert not scales.q
+
+
+def test_nvfp4_quality_report_scores_the_nvfp4_cache(tmp_path, tiny_src, calib_text_file):
+    """The report's rows are the dtype the scales are for, as `kvtool eval --kv-cache-dtype nvfp4` emulates it:
+    the original, NVFP4 with global scale 1.0 (vLLM's default) and with the calibrated amax / 2688."""
+    from kvtool.quantize.run import QuantizeOptions, quantize_kv
+
+    dst = tmp_path / "dst"
+    res = quantize_kv(str(tiny_src), str(dst), QuantizeOptions(
+        src=str(tiny_src), dst=str(dst), format="nvfp4", calib_text=[str(calib_text_file)], calib_tokens=96,
+        seq_len=48, eval_text=[str(calib_text_file)], eval_tokens=96, device="cpu"))
+    labels = [r.label for r in res.quality]
+    assert labels == ["original", "nvfp4 scale 1.0", "nvfp4 calibrated (absmax:1, tensor)"]
+    cal, one = res.quality[2].metrics, res.quality[1].metrics
+    assert cal["kld_mean"] > 0 and one["kld_mean"] > 0 and cal["kld_mean"] != one["kld_mean"]

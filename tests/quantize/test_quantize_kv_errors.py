@@ -62,6 +62,14 @@ def test_nvfp4_refuses_per_head_scales_and_fp8_rounding_observers(capsys, tiny, 
     assert not (tmp_path / "out").exists()
 
 
+def test_nvfp4_refuses_a_head_size_vllm_does_not_serve_it_at(capsys, tiny, tmp_path, tiny_llama_config):
+    src, text = tiny
+    assert tiny_llama_config["hidden_size"] // tiny_llama_config["num_attention_heads"] not in (64, 128, 256, 512)
+    rc, err = _run(capsys, src, tmp_path / "out", "--calib-text", text, "--format", "nvfp4")
+    assert rc == 2 and "head_dim" in err and "FlashInfer" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "out").exists()
+
+
 def test_missing_source(capsys, tiny, tmp_path):
     _, text = tiny
     rc, err = _run(capsys, tmp_path / "absent", tmp_path / "out", "--calib-text", text)

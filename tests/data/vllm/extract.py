@@ -189,7 +189,8 @@ for _file, _names in KV_DTYPE_EXCERPTS.items():
 KV_CODEC_EXCERPTS: dict[str, tuple[str, ...]] = {
     "vllm/model_executor/layers/quantization/utils/nvfp4_emulation_utils.py": (
         "get_reciprocal", "cast_to_fp4", "ref_nvfp4_quant", "ref_nvfp4_quant_dequant"),
-    "vllm/v1/attention/backends/flashinfer.py": ("_nvfp4_kv_views", "FlashInferImpl.do_kv_cache_update"),
+    "vllm/v1/attention/backends/flashinfer.py": ("_nvfp4_kv_views", "FlashInferImpl.do_kv_cache_update",
+                                                 "FlashInferBackend.get_supported_head_sizes"),
     "vllm/utils/torch_utils.py": ("nvfp4_split_data_scale",),
 }
 for _file, _names in KV_CODEC_EXCERPTS.items():
