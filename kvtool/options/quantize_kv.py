@@ -33,7 +33,7 @@ class QuantizeOptions:
                                        "a power of two; nvfp4: absmax, the global scale amax / 2688).")
     q_scales: bool = option(True, negatable=True,
                             help="Also calibrate the queries' scales and write <attention>.q_scale beside k_scale / "
-                                 "v_scale: vLLM 0.33 loads them and its FP8-query backends (FlashAttention 3 on "
+                                 "v_scale: vLLM loads them and its FP8-query backends (FlashAttention 3 on "
                                  "Hopper, FlashInfer, Triton) divide queries by them; without them it uses 1.0.")
     format: str = option("e4m3", choices=FORMATS,
                          help="The KV cache the scales are for: e4m3 (vLLM --kv-cache-dtype fp8 / fp8_e4m3) | e5m2 "

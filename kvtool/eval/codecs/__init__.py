@@ -23,6 +23,11 @@ CODECS: dict[str, str] = {
     "nvfp4": "kvtool.eval.codecs.nvfp4:roundtrip",
     "fp8_ds_mla": "kvtool.eval.codecs.ds_mla:roundtrip",
     "nvfp4_ds_mla": "kvtool.eval.codecs.ds_mla:roundtrip_nvfp4",
+    "per_token_head": "kvtool.eval.codecs.per_token_head:roundtrip",
+    "int4_per_token_head": "kvtool.eval.codecs.per_token_head:roundtrip_int4",
+    "turboquant": "kvtool.eval.codecs.turboquant:roundtrip",
+    "ultraquant": "kvtool.eval.codecs.ultraquant:roundtrip",
+    "octave": "kvtool.eval.codecs.octave:roundtrip",
 }
 
 _loaded: dict[str, Callable] = {}
