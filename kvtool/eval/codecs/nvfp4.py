@@ -46,7 +46,7 @@ def e2m1(x: torch.Tensor) -> torch.Tensor:
     mids = torch.tensor(_MIDPOINTS, dtype=torch.float32, device=x.device)
     mags = torch.tensor(_E2M1, dtype=torch.float32, device=x.device)
     a = x.abs()
-    idx = torch.bucketize(a, mids)  # mids[idx-1] < a <= mids[idx]: on a midpoint, the lower code
+    idx = torch.bucketize(a.contiguous(), mids)  # mids[idx-1] < a <= mids[idx]: on a midpoint, the lower code
     on_mid = (idx < len(_MIDPOINTS)) & (a == mids[idx.clamp(max=len(_MIDPOINTS) - 1)])
     idx = idx + (on_mid & (idx % 2 == 1)).long()  # the lower code is odd: the even one is above
     return torch.copysign(mags[idx], x)

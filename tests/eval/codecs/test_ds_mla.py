@@ -67,19 +67,27 @@ with open(sys.argv[1]) as f, open(path, "w") as out:
 spec = importlib.util.spec_from_file_location("vllm_dsv32_kernels", path)
 k = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(k)
+
+def write(kv_c, k_pe, entry_bytes, cache_dtype):
+    # vLLM's fused_norm_rope storing the tokens (RMS-norm weight 1, rope cos 1 / sin 0) into slots of 3 blocks of 4
+    T = kv_c.shape[0]
+    q_c = torch.zeros(T, 64, dtype=torch.bfloat16)
+    cos_sin = torch.cat([torch.ones(256, 32), torch.zeros(256, 32)], dim=-1)  # cos 1, sin 0: k_pe unrotated
+    cache = torch.zeros(3, 4, entry_bytes, dtype=torch.uint8)
+    slots = torch.tensor([0, 1, 2, 5, 6, 7, 9, 11])
+    k.fused_norm_rope(torch.arange(T), q_c, torch.ones(64, dtype=torch.bfloat16), 1e-6, kv_c,
+                      torch.ones(512, dtype=torch.bfloat16), 1e-6, k_pe, cos_sin, None, None, None, 1e-6, None,
+                      torch.zeros(T, 8, dtype=torch.int32), slot_mapping=slots, mla_kv_cache=cache,
+                      mla_kv_cache_dtype=cache_dtype, has_indexer=False)
+    return cache, slots
+
+
 g = torch.Generator().manual_seed(0)
 T = 8  # 8 * 512 values: a power of two for the cast kernel
 kv_c = (torch.randn(T, 512, generator=g) * torch.tensor([0.01, 1.0, 30.0, 500.0]).repeat_interleave(128))
 kv_c = kv_c.to(torch.bfloat16)
 k_pe = torch.randn(T, 64, generator=g).to(torch.bfloat16)
-q_c = torch.randn(T, 64, generator=g).to(torch.bfloat16)
-cos_sin = torch.cat([torch.ones(256, 32), torch.zeros(256, 32)], dim=-1)  # cos 1, sin 0: k_pe unrotated
-cache = torch.zeros(3, 4, 656, dtype=torch.uint8)
-slots = torch.tensor([0, 1, 2, 5, 6, 7, 9, 11])
-k.fused_norm_rope(torch.arange(T), q_c, torch.ones(64, dtype=torch.bfloat16), 1e-6, kv_c,
-                  torch.ones(512, dtype=torch.bfloat16), 1e-6, k_pe, cos_sin, None, None, None, 1e-6, None,
-                  torch.zeros(T, 8, dtype=torch.int32), slot_mapping=slots, mla_kv_cache=cache,
-                  mla_kv_cache_dtype="fp8_ds_mla", has_indexer=False)
+cache, slots = write(kv_c, k_pe, 656, "fp8_ds_mla")
 entries = cache.view(-1, 656)[slots]
 scales = entries[:, 512:528].contiguous().view(torch.float32)
 x = kv_c.float()
@@ -159,14 +167,7 @@ g = torch.Generator().manual_seed(1)
 T = 8
 kv_c = (torch.randn(T, 512, generator=g) * torch.logspace(-3, 3, 32).repeat_interleave(16)).to(torch.bfloat16)
 k_pe = (torch.randn(T, 64, generator=g) * 3).to(torch.bfloat16)
-q_c = torch.randn(T, 64, generator=g).to(torch.bfloat16)
-cos_sin = torch.cat([torch.ones(256, 32), torch.zeros(256, 32)], dim=-1)
-cache = torch.zeros(3, 4, 352, dtype=torch.uint8)
-slots = torch.tensor([0, 1, 2, 5, 6, 7, 9, 11])
-k.fused_norm_rope(torch.arange(T), q_c, torch.ones(64, dtype=torch.bfloat16), 1e-6, kv_c,
-                  torch.ones(512, dtype=torch.bfloat16), 1e-6, k_pe, cos_sin, None, None, None, 1e-6, None,
-                  torch.zeros(T, 8, dtype=torch.int32), slot_mapping=slots, mla_kv_cache=cache,
-                  mla_kv_cache_dtype="nvfp4_ds_mla", has_indexer=False)
+cache, slots = write(kv_c, k_pe, 352, "nvfp4_ds_mla")
 
 
 @triton.jit
