@@ -243,18 +243,22 @@ def run(model: str, candidates: list[str], *, baseline: str | None = None, texts
         max_length: int = 1024, stride: int | None = None, max_tokens: int | None = None, device: str = "auto",
         dtype: str = "auto", batch_size: int | None = None, device_map=None, max_memory=None,
         kv_scales: str = "checkpoint", gates: dict | None = None, progress: bool | None = None,
-        tokenizer=None) -> SweepReport:
-    """Score every option (options_for) on one token stream against one baseline pass; see the module doc."""
+        tokenizer=None, options: list[SweepOption] | None = None) -> SweepReport:
+    """Score every option (options_for) on one token stream against one baseline pass; see the module doc.
+    options: score these instead (a subset of options_for's, or its rows repeated: bench/kv_sweep_bench.py)."""
     import torch
 
     from kvtool import progress as kv_progress
     from kvtool.eval import api
+    from kvtool.eval.metrics import add_many
     from kvtool.eval.windows import batches, check_settings, windows
     from kvtool.runtime.torch_utils import pick_device, pick_dtype
 
     stride = check_settings(max_length=max_length, stride=stride, max_tokens=max_tokens, batch_size=batch_size,
                             max_memory=max_memory, device_map=device_map)
     opts, skipped = options_for(model, list(candidates), baseline=baseline)
+    if options is not None:
+        opts = [dataclasses.replace(o, same_as=list(o.same_as)) for o in options]
     base_spec = baseline if baseline is not None else model
     dev = pick_device(device) if not device_map else None
     torch_dtype = pick_dtype(dtype, dev if dev is not None else pick_device("auto"))
@@ -298,12 +302,11 @@ def run(model: str, candidates: list[str], *, baseline: str | None = None, texts
                 targets = batch[:, -keep:]
                 base_logits = base.logits(batch, keep)
                 counts["baseline"] += 1
-                for i in (i for i, own in enumerate(is_base) if own):
-                    accs[i].add(base_logits, targets, base_logits)
+                own_rows = [i for i, own in enumerate(is_base) if own]
+                add_many([accs[i] for i in own_rows], [base_logits] * len(own_rows), targets, base_logits)
                 for members in by_model.values():
                     m = loaded[opts[members[0]].model]
-                    for s in range(0, len(members), rows_max):
-                        chunk = members[s:s + rows_max]
+                    for s, chunk in _chunks(members, rows_max):
                         hook = RowCodecs([fns[i] for i in chunk], len(group))
                         stacked = batch.repeat(len(chunk), 1)
                         if all(fns[i] is None for i in chunk):
@@ -313,8 +316,9 @@ def run(model: str, candidates: list[str], *, baseline: str | None = None, texts
                                 logits = m.logits(stacked, keep)
                         counts["options"] += 1
                         counts["rows"] += len(chunk)
-                        for r, i in enumerate(chunk):
-                            accs[i].add(logits[r * len(group):(r + 1) * len(group)], targets, base_logits)
+                        add_many([accs[i] for i in chunk],
+                                 [logits[r * len(group):(r + 1) * len(group)] for r in range(len(chunk))],
+                                 targets, base_logits)
                         del logits
                         bar.set_note(f"{s + len(chunk)}/{len(members)} options of {m.name}")
                 del base_logits
@@ -333,6 +337,13 @@ def run(model: str, candidates: list[str], *, baseline: str | None = None, texts
     report.recommended = recommend(opts)
     report.verdicts = conversion_verdicts(opts)
     return report
+
+
+def _chunks(members: list[int], rows_max: int) -> list[tuple[int, list[int]]]:
+    """members in as few forwards as rows_max allows, of equal size (12 at 10 a forward: 6 and 6, not 10 and 2)."""
+    n = -(-len(members) // rows_max)
+    size = -(-len(members) // n)
+    return [(s, members[s:s + size]) for s in range(0, len(members), size)]
 
 
 # --- the frontier ----------------------------------------------------------------------------------------------
