@@ -103,7 +103,7 @@ def _emulations() -> dict:
 def emulation_key(name: str) -> str:
     """Two dtypes with the same key are emulated identically: their kv_dtypes rows without name and citation,
     and their kv_emulations.json rows (through `alias_of`) without citation and oracle."""
-    row = dataclasses.replace(kv_dtypes.get(name), name="", citation={}, platform=None)
+    row = dataclasses.replace(kv_dtypes.table()[name], name="", citation={}, platform=None)
     key: dict = {"row": dataclasses.asdict(row)}
     table = _emulations()
     emu, seen = table.get(name), {name}
@@ -122,8 +122,7 @@ def sweep_dtypes(spec) -> tuple[list[list[str]], list[tuple[str, str]]]:
     skipped: list[tuple[str, str]] = []
     emulated = set(kv_dtypes.emulated())
     kind = kv_dtypes.attention_kind(spec)
-    for name in kv_dtypes.names():
-        row = kv_dtypes.get(name)
+    for name, row in kv_dtypes.table().items():
         if row.layout == "model" or kind not in row.attention:
             continue
         if name not in emulated:
@@ -331,7 +330,7 @@ def run(model: str, candidates: list[str], *, baseline: str | None = None, texts
     mark_frontier(opts)
     report = SweepReport(model=model, baseline=base_spec, options=opts, skipped=skipped, limits=limits,
                          text=text_name or ("pydoc (built-in evaluation text)" if texts is None else "text"),
-                         tokens=int(opts[0].metrics["tokens"]), windows=len(ws), window=max_length, stride=stride,
+                         tokens=int((opts[0].metrics or {})["tokens"]), windows=len(ws), window=max_length, stride=stride,
                          device=device_name, dtype=str(torch_dtype).replace("torch.", ""), seconds=seconds,
                          forwards=counts)
     report.recommended = recommend(opts)

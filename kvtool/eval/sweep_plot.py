@@ -42,7 +42,7 @@ def write_plot(report, path: str) -> None:
             if o is report.recommended:
                 ax.plot([o.bytes_per_token], [y], "o", markersize=15, markerfacecolor="none", color="black")
             ax.annotate(o.label, (o.bytes_per_token, y), fontsize=7, xytext=(4, 3), textcoords="offset points")
-        front = sorted((o.bytes_per_token, o.metrics[metric]) for o in report.options if getattr(o, flag))
+        front = sorted((o.bytes_per_token, (o.metrics or {})[metric]) for o in report.options if getattr(o, flag))
         if front:
             ax.plot([p[0] for p in front], [p[1] for p in front], "--", color="gray", linewidth=1,
                     label="Pareto frontier")

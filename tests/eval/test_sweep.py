@@ -194,3 +194,19 @@ def test_candidate_and_plot_go_with_kv_sweep(tiny_llama_path, capsys):
     rc = main(["eval", str(tiny_llama_path), *FAST, "--candidate", str(tiny_llama_path)])
     err = capsys.readouterr().err
     assert rc == 2 and "--candidate" in err and "--kv-sweep" in err
+
+
+@pytest.mark.torch
+def test_a_recipe_eval_step_sweeps(tiny_llama_path, tmp_path, capsys):
+    """The recipe's eval step takes kv_sweep (one options declaration, one plan / apply): its report is the
+    sweep's."""
+    r = tmp_path / "sweep.yaml"
+    r.write_text("version: 1\nsteps:\n  - eval:\n      dataset: pydoc\n      max_tokens: 160\n      max_length: 64\n"
+                 "      stride: 32\n      kv_sweep: true\n")
+    dst = tmp_path / "out"
+    assert main(["apply", str(r), str(tiny_llama_path), str(dst), "--format", "json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    step = d["steps"][0]
+    assert step["passed"] is True
+    metrics = step["details"]["metrics"]
+    assert metrics["recommended"] and len(metrics["options"]) >= 2

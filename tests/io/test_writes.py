@@ -32,6 +32,7 @@ ALLOWED = {
                                                     "random name): nothing can be planted there",
     ("kvtool/rope/show.py", "savefig"): "into the open file outputfile.replace hands it",
     ("kvtool/budget/plot.py", "savefig"): "into the open file outputfile.replace hands it",
+    ("kvtool/eval/sweep_plot.py", "savefig"): "into the open file outputfile.replace hands it",
     ("kvtool/fixtures.py", "mkdir"): "the fixture cache kvtool builds for its tests (never a model folder)",
     ("kvtool/fixtures.py", "open"): "the fixture cache's lock file",
     ("kvtool/fixtures.py", "save_pretrained"): "the fixture cache's own staging folder",
