@@ -57,6 +57,24 @@ def _finite(obj):
     return obj
 
 
+def _kv_cache_lines(kv: dict | None) -> list[str]:
+    """The emulation's row, as the report states it (kvtool.eval.api.kv_cache_info)."""
+    if not kv:
+        return []
+    params = ", ".join(f"{k} {v}" for k, v in kv["params"].items())
+    how = (f"exact (vLLM's code, {kv['oracle']})" if kv["match"] == "exact"
+           else f"assumed: {kv['assumption']}")
+    out = [f"kv cache  {kv['dtype']} emulated by the {kv['codec']} codec" + (f" ({params})" if params else "")
+           + f"; scales: {kv['scales_used']}; {kv['cited']}",
+           f"kv cache  {kv['reads']}; match to vLLM {how}"]
+    if kv.get("kept_layers"):
+        out.append(f"kv cache  layers {', '.join(map(str, kv['kept_layers']))} kept in the model dtype "
+                   "(vLLM's boundary layers)")
+    if kv.get("note"):
+        out.append(f"kv cache  {kv['note']}")
+    return out
+
+
 def render_text(r) -> console.Text:
     m = r.metrics
     lines = [f"model     {r.model}" + (f"  (baseline {r.baseline})" if r.baseline else "")]
@@ -71,6 +89,7 @@ def render_text(r) -> console.Text:
         if s.get("cache") == "mla_latent":
             kv += "; MLA: the cached latent (kv_c_normed) and rotated k_pe, one scale per layer (vLLM TRITON_MLA)"
     lines.append(f"device    {r.device}, {r.dtype}, KV cache {kv}")
+    lines += _kv_cache_lines(getattr(r, "kv_cache", None))
     fa = getattr(r, "fp8_attention", None)
     if fa and fa["name"] != "cache-only":
         att = f"attention {fa['name']} emulated (vLLM {fa['vllm']}): queries {fa['queries']}"

@@ -44,11 +44,14 @@ from kvtool.options.fields import check_fields
 class Candidate:
     """One model to score. model: folder / hub id, or an already loaded transformers model.
 
-    kv_cache_dtype: "auto" (FP8 emulation when the checkpoint declares a KV-cache scheme or has
-    scale tensors), "fp8" (always), "off" (never). kv_scales: "checkpoint" (its scale tensors; 1.0
+    kv_cache_dtype: "auto" (fp8_e4m3 emulation when the checkpoint declares a KV-cache scheme or has
+    scale tensors), "off" (never), or a dtype of kvtool/model/kv_emulations.json ("fp8", "fp8_e5m2",
+    "int8_per_token_head", ...: always; refused for a model whose attention vLLM cannot serve with it).
+    kv_scales: "checkpoint" (its scale tensors; 1.0
     for layers without one), "one" (1.0 everywhere, vLLM's default), {layer: (k, v)} / {layer: (k, v, q)}
-    or KVScales. fp8_attention: what else the FP8 path rounds, as a vLLM backend does
-    (kvtool.eval.fp8_backends.CHOICES: "cache-only", "flash-attn", "flashinfer", "triton", "cpu").
+    or KVScales (used by dtypes whose row loads checkpoint scales). fp8_attention: what else the FP8 path rounds,
+    as a vLLM backend does (kvtool.eval.fp8_backends.CHOICES: "cache-only", "flash-attn", "flashinfer", "triton",
+    "cpu"; with fp8 / fp8_e4m3 only).
     """
 
     model: Any
@@ -71,13 +74,14 @@ class EvalReport:
     stride: int
     batch_size: int
     text: str
-    kv_cache_dtype: str  # "fp8_e4m3" when emulated, else the model dtype name
+    kv_cache_dtype: str  # the emulated dtype (fp8 as fp8_e4m3), else the model dtype name
     kv_scales: dict | None  # {source, layers, min_scale, max_scale} when emulated
     seconds: float
     gates: list[GateResult] = field(default_factory=list)
     forwards_per_window: int = 1  # models run on each window in this evaluation (baseline included)
     memory: dict | None = None  # how the weights were held: {"mode": "layerwise" | "whole_model" | "device_map", ...}
     fp8_attention: dict | None = None  # the vLLM backend emulated and its q scales (kvtool.eval.fp8.Fp8Attention)
+    kv_cache: dict | None = None  # the emulation: its row, scales, match, what is read back (kv_cache_info)
 
     def __getattr__(self, name: str):  # r.ppl, r.kld_mean ... read through to the metrics
         metrics = self.__dict__.get("metrics") or {}
@@ -110,7 +114,8 @@ class EvalReport:
             "model": self.model, "label": self.label, "baseline": self.baseline, "windows": self.windows,
             "device": self.device, "dtype": self.dtype, "window": self.window, "stride": self.stride,
             "batch_size": self.batch_size, "text": self.text, "kv_cache_dtype": self.kv_cache_dtype,
-            "kv_scales": self.kv_scales, "fp8_attention": self.fp8_attention, "seconds": round(self.seconds, 3),
+            "kv_scales": self.kv_scales, "kv_cache": self.kv_cache, "fp8_attention": self.fp8_attention,
+            "seconds": round(self.seconds, 3),
             "forwards_per_window": self.forwards_per_window, "memory": self.memory,
             "tokens_per_s": round(self.tokens / self.seconds, 1) if self.seconds > 0 else None,
             "gates": [g.as_dict() for g in self.gates], "passed": self.passed,
@@ -167,6 +172,8 @@ def evaluate_many(candidates: Sequence[Candidate | Any], baseline=None, *, texts
                      fp8_attention=c.fp8_attention)
         check_fp8_attention(c.fp8_attention, c.kv_cache_dtype)
         _refuse_fp8_attention_without_fp8(c)
+        if isinstance(c.model, (str, os.PathLike)) and Path(c.model).is_dir():
+            refuse_unserved(os.fspath(c.model), c.kv_cache_dtype)  # before any model loads
     from kvtool.eval.windows import check_settings  # the command's plan makes the same checks
 
     stride = check_settings(max_length=max_length, stride=stride, max_tokens=max_tokens, batch_size=batch_size,
@@ -225,9 +232,10 @@ def _evaluate(pool, cands, baseline, *, texts, max_length, stride, max_tokens, b
             model=m.name, label=c.label, baseline=base.name if base is not None else None, metrics=acc.summary(),
             windows=len(ws), device=device_name, dtype=str(torch_dtype).replace("torch.", ""), window=max_length,
             stride=stride, batch_size=bs, text=text_name or ("pydoc (built-in evaluation text)" if texts is None else "text"),
-            kv_cache_dtype="fp8_e4m3" if emu else str(torch_dtype).replace("torch.", ""),
-            kv_scales=emu[1].describe() if emu else None, seconds=seconds, forwards_per_window=forwards,
-            memory=memory, fp8_attention=emu[0].describe() if emu else None)
+            kv_cache_dtype=emu.kv["dtype"] if emu else str(torch_dtype).replace("torch.", ""),
+            kv_scales=emu.scales.describe() if emu else None, seconds=seconds, forwards_per_window=forwards,
+            memory=memory, fp8_attention=emu.hook.describe() if emu and emu.kv.get("fp8_attention") else None,
+            kv_cache=emu.kv if emu else None)
         if gates:
             r.apply_gates(gates)
         reports.append(r)
@@ -246,7 +254,7 @@ def _score_whole(base, runs, emulation, accs, ws, bs, stream, n_ids: int, progre
             targets = batch[:, -keep:]
             base_logits = base.logits(batch, keep) if base is not None else None
             for (_c, m), emu, acc in zip(runs, emulation, accs):
-                with (_hooked(m, emu[0]) if emu else contextlib.nullcontext()):
+                with (_hooked(m, emu.hook) if emu else contextlib.nullcontext()):
                     logits = m.logits(batch, keep)
                 acc.add(logits, targets, base_logits)
                 del logits
@@ -435,10 +443,10 @@ class _LayerwisePool:
         index: dict[tuple, int] = {}
 
         def path(m, emu) -> int:
-            key = (id(m), id(emu[0]) if emu else None)  # one path per FP8 emulation (its backend too)
+            key = (id(m), id(emu.hook) if emu else None)  # one path per FP8 emulation (its backend too)
             if key not in index:
                 index[key] = len(paths)
-                paths.append(lw.ForwardPath(m, emu[0] if emu else None))
+                paths.append(lw.ForwardPath(m, emu.hook if emu else None))
             return index[key]
 
         base_i = path(base, None) if base is not None else None
@@ -580,13 +588,38 @@ def _sources(texts) -> list:
 
 
 def check_fp8_attention(name: str, kv_cache_dtype: str) -> None:
-    """--fp8-attention other than cache-only needs an FP8 cache (vLLM rounds queries only when the KV cache is
-    fp8: Attention.__init__). The name itself is a declared choice (kvtool/options/eval.py), checked there."""
+    """--fp8-attention other than cache-only needs an FP8 e4m3 cache (vLLM rounds queries only when the KV cache is
+    fp8: Attention.__init__; the rows of kv_emulations.json with fp8_attention). The name itself is a declared
+    choice (kvtool/options/eval.py), checked there."""
     from kvtool.eval.fp8_backends import DEFAULT
+    from kvtool.model import kv_emulations
 
-    if name != DEFAULT and kv_cache_dtype == "off":
+    if name == DEFAULT:
+        return
+    if kv_cache_dtype == "off":
         raise UsageError(f"{name} quantizes attention only with an FP8 KV cache; not with kv_cache_dtype off",
                          option="fp8_attention")
+    row = kv_emulations.get(kv_cache_dtype)
+    if row is not None and not row.fp8_attention:
+        with_it = ", ".join(n for n, r in kv_emulations.table().items() if r.fp8_attention)
+        raise UsageError(f"{name} is emulated with an {with_it} KV cache only; not with kv_cache_dtype "
+                         f"{kv_cache_dtype}", option="fp8_attention")
+
+
+def refuse_unserved(model: str, kv_cache_dtype: str, config: dict | None = None) -> None:
+    """A KV-cache dtype vLLM cannot serve this model's attention with (kv_dtypes.json `attention`, its packing's
+    head sizes): the UsageError kv-budget gives (kvtool.model.kvcache.cache_format), before anything loads.
+    model: a folder or hub id (its config is read), or config given."""
+    from kvtool.model import kv_emulations, kvcache
+    from kvtool.model.spec import build_spec
+
+    if kv_emulations.get(kv_cache_dtype) is None:  # auto / off
+        return
+    if config is None:
+        from kvtool.model.checkpoint import open_checkpoint
+
+        config = open_checkpoint(model, read_side_files=False).config
+    kvcache.cache_format(build_spec(config), kv_cache_dtype, refuse=True)
 
 
 def _no_fp8_cache(name: str) -> UsageError:
@@ -629,10 +662,23 @@ def _fp8_by_options(c: Candidate) -> bool:
     return c.kv_cache_dtype in kv_dtypes.emulated() or not isinstance(c.kv_scales, str)
 
 
-def _emulation(c: Candidate, m: _Loaded):
-    """(kvtool.eval.fp8.Fp8Attention hook, KVScales) when this candidate's K/V go through FP8, else None."""
+@dataclass
+class Emulated:
+    """A candidate's KV-cache emulation: the hook kv_hooks runs, the scales it was given, and what the report
+    says of it (kv_cache_info)."""
+
+    hook: Any
+    scales: Any
+    kv: dict
+
+
+def _emulation(c: Candidate, m: _Loaded) -> Emulated | None:
+    """How this candidate's K/V go through vLLM's cache, else None (kv_cache_dtype off, or auto without FP8 in the
+    checkpoint). The dtype's row of kvtool/model/kv_emulations.json says everything eval needs of it."""
+    from kvtool.eval import kv_emulation
     from kvtool.eval.fp8 import Fp8Attention, KVScales, declares_fp8_kv, read_checkpoint_scales
     from kvtool.eval.fp8_backends import DEFAULT, backend
+    from kvtool.model.spec import build_spec
 
     if c.kv_cache_dtype == "off":
         return None
@@ -646,10 +692,14 @@ def _emulation(c: Candidate, m: _Loaded):
         if c.fp8_attention != DEFAULT:  # a model given loaded: _refuse_fp8_attention_without_fp8 could not read it
             raise _no_fp8_cache(c.fp8_attention)
         return None
+    name = AUTO_EMULATION if c.kv_cache_dtype == "auto" else c.kv_cache_dtype
+    row = kv_emulation.row(name)
+    refuse_unserved(m.name, name, m.config)
     from kvtool.runtime.kv_hooks import mla_modules
 
     if mla_modules(m.model):
-        return _mla_emulation(c, m)
+        hook, mla_scales = _mla_emulation(c, m, row)
+        return Emulated(hook, mla_scales, kv_cache_info(row, mla_scales.describe(), "per layer (MLA latent)"))
     if isinstance(c.kv_scales, KVScales):
         scales = c.kv_scales
     elif given:
@@ -658,11 +708,51 @@ def _emulation(c: Candidate, m: _Loaded):
         scales = KVScales(source="one")  # vLLM: no scale in the checkpoint -> 1.0
     else:
         scales = stored
-    return Fp8Attention(scales, backend(c.fp8_attention)), scales
+    if row.fp8_attention:  # the e4m3 rows: vLLM's backends, their query / probability rounding included
+        hook = Fp8Attention(scales, backend(c.fp8_attention))
+        kept: frozenset = frozenset()
+    else:
+        hook = kv_emulation.build(name, scales, build_spec(m.config).layer_types)
+        kept = hook.kept_layers
+    return Emulated(hook, scales, kv_cache_info(row, scales.describe(), _granularity(scales), kept))
 
 
-def _mla_emulation(c: Candidate, m: _Loaded):
-    """(kvtool.eval.fp8_mla.Fp8Latent, MLAScales): vLLM's FP8 latent cache, one k_scale per layer."""
+AUTO_EMULATION = "fp8_e4m3"  # what auto emulates when the checkpoint asks for an FP8 cache (vLLM: kv_cache_scheme)
+READS = "K/V read back from the cache for every token, as decoding reads them"
+
+
+def _granularity(scales) -> str:
+    sizes = {int(t.numel()) for t in list(scales.k.values()) + list(scales.v.values())}
+    if not sizes or sizes == {1}:
+        return "per tensor"
+    return "per head" if 1 not in sizes else "per tensor and per head"
+
+
+def kv_cache_info(row, scales: dict, granularity: str, kept=frozenset()) -> dict:
+    """What the report says of an emulation: the dtype (an alias as the row it names), the codec, where its scales
+    come from and at which granularity, whether it matches vLLM exactly or under an assumption, what is read back."""
+    from kvtool.model import kv_dtypes, kv_emulations
+
+    dtype = row.alias_of or row.name
+    d = kv_dtypes.get(dtype)
+    info = {
+        "dtype": dtype, "codec": row.codec, "params": dict(row.params),
+        "scales": row.scales,
+        "scales_used": (f"{scales['source']} ({granularity})" if row.scales == "checkpoint"
+                        else kv_emulations.SCALES_WORDS[row.scales]),
+        "match": row.match, "assumption": row.assumption, "oracle": row.oracle,
+        "reads": READS, "first_prefill": row.first_prefill,
+        "kept_layers": sorted(kept), "fp8_attention": row.fp8_attention,
+        "note": (f"vLLM {kv_dtypes.release()} serves {dtype} on one platform only: {d.platform}"
+                 if d is not None and d.platform else None),
+        "cited": row.cite,
+    }
+    return info
+
+
+def _mla_emulation(c: Candidate, m: _Loaded, row):
+    """(kvtool.eval.fp8_mla.Fp8Latent, MLAScales): vLLM's FP8 latent cache in the row's format, one k_scale per
+    layer."""
     from kvtool.eval.fp8_backends import DEFAULT
     from kvtool.eval.fp8_mla import Fp8Latent, MLAScales, read_mla_scales, refuse_fp8_attention
 
@@ -670,6 +760,9 @@ def _mla_emulation(c: Candidate, m: _Loaded):
         raise refuse_fp8_attention(c.fp8_attention)
     if "index_topk" in m.config:  # DeepSeek-V3.2: the sparse backends' fp8_ds_mla, per-tile scales
         raise UsageError("the sparse MLA backends store fp8_ds_mla (per-tile scales), which eval does not emulate",
+                         option="kv_cache_dtype")
+    if row.codec != "fp8":  # the latent path rounds through an fp8 format (kv_dtypes.json: no other row serves MLA)
+        raise UsageError(f"eval emulates MLA's latent cache in fp8 formats only, not {row.name}",
                          option="kv_cache_dtype")
     if not isinstance(c.kv_scales, str):
         scales = MLAScales.from_given(c.kv_scales)
@@ -679,7 +772,7 @@ def _mla_emulation(c: Candidate, m: _Loaded):
             scales = MLAScales(source="one")
     else:
         scales = MLAScales(source="one")
-    return Fp8Latent(scales), scales
+    return Fp8Latent(scales, row.params["format"]), scales
 
 
 @contextlib.contextmanager

@@ -27,37 +27,12 @@ from typing import Mapping
 
 import torch
 
-from kvtool.model import kv_scale_names
 from kvtool.errors import InputError
+# the arithmetic lives in the codec (kvtool/eval/codecs/fp8.py); its names stay importable from here
+from kvtool.eval.codecs.fp8 import FP8_DTYPE, FP8_MAX, broadcast_scale, fp8_roundtrip, fp8_roundtrip_toward_zero  # noqa: F401
+from kvtool.model import kv_scale_names
 
-FP8_DTYPE = torch.float8_e4m3fn
-FP8_MAX = 448.0  # largest finite float8_e4m3fn
 _LAYER_RE = re.compile(r"(?:^|\.)(?:layers|h|blocks|block)\.(\d+)(?:\.|$)")
-
-
-def fp8_roundtrip(x: torch.Tensor, scale: torch.Tensor | float) -> torch.Tensor:
-    """x quantized to float8_e4m3fn with `scale` and dequantized, in x's dtype."""
-    q = (x.float() / scale).clamp_(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
-    return (q.float() * scale).to(x.dtype)
-
-
-_E4M3_SHIFT = 2.0 ** -120  # fp32 exponent bias 127 -> e4m3 bias 7
-_E4M3_KEEP = -(1 << 20)  # keep sign, exponent and the top 3 mantissa bits of the shifted fp32 value
-
-
-def fp8_roundtrip_toward_zero(x: torch.Tensor, scale: torch.Tensor | float) -> torch.Tensor:
-    """x quantized to e4m3 the way vLLM's CPU backend stores it, and dequantized, in x's dtype.
-
-    `float_to_fp8e4m3_scalar` (vllm 0.32.0 csrc/cpu/cpu_attn_fp8.hpp, called by
-    `reshape_and_cache_fp8_vec_impl` for the VEC ISA) multiplies by 1/scale, clamps to +-448, shifts
-    the exponent by 2^-120 and keeps bits 20.. of the fp32 pattern: the mantissa is truncated (rounded
-    toward zero), not rounded to nearest even, subnormals included. Dequantization is exact
-    (`fp8e4m3_to_float_scalar`: the byte back in place, times scale * 2^120)."""
-    inv = torch.as_tensor(scale, dtype=torch.float32, device=x.device).reciprocal()  # 1.0f / (float)k_scale
-    v = (x.float() * inv).clamp_(-FP8_MAX, FP8_MAX) * _E4M3_SHIFT
-    q = (v.view(torch.int32) & _E4M3_KEEP).view(torch.float32)
-    return (q * (1.0 / _E4M3_SHIFT) * scale).to(x.dtype)
-
 
 # how an engine's cache kernel rounds -> the round trip (looked up by name when called)
 ROUNDTRIPS = {"nearest": "fp8_roundtrip", "toward-zero": "fp8_roundtrip_toward_zero"}
@@ -99,16 +74,7 @@ class KVScales:
                 return 1.0
             key = (role, layer, x.device)
             if key not in cache:
-                t = s.to(x.device, torch.float32)
-                heads = x.shape[1]
-                if t.numel() == 1:
-                    t = t.reshape(())
-                elif t.numel() == heads:
-                    t = t.reshape(1, heads, 1, 1)  # K/V are [batch, kv_heads, seq, head_dim]
-                else:
-                    raise InputError(f"layer {layer} {role}_scale has {t.numel()} values; expected 1 or one per "
-                                     f"KV head ({heads})", field=f"{role}_scale")
-                cache[key] = t
+                cache[key] = broadcast_scale(s, x, role, layer)
             return cache[key]
 
         def fn(layer: int, key: torch.Tensor, value: torch.Tensor):

@@ -96,17 +96,18 @@ class MLAScales:
 
 class Fp8Latent:
     """The hook for kvtool.runtime.kv_hooks.kv_hook on an MLA model: `latent` rounds the cached latent and rope
-    key through e4m3 with the layer's scale (what TRITON_MLA reads back)."""
+    key through the row's fp8 format (e4m3 unless given) with the layer's scale (what TRITON_MLA reads back)."""
 
-    def __init__(self, scales: MLAScales):
+    def __init__(self, scales: MLAScales, fmt: str = "float8_e4m3fn"):
         self.scales = scales
+        self.fmt = fmt  # kvtool.eval.codecs.fp8.FORMATS: the row's format (fp8_e4m3 / fp8_e5m2)
 
     def __call__(self, layer: int, key: torch.Tensor, value: torch.Tensor):
         raise RuntimeError("an MLA model caches no per-head K/V: kv_hook runs Fp8Latent.latent")
 
     def latent(self, layer: int, kv_c_normed: torch.Tensor, k_pe: torch.Tensor):
         s = self.scales.scale(layer)
-        return fp8_roundtrip(kv_c_normed, s), fp8_roundtrip(k_pe, s)
+        return fp8_roundtrip(kv_c_normed, s, self.fmt), fp8_roundtrip(k_pe, s, self.fmt)
 
     def describe(self) -> dict:
         return {"name": "cache-only", "vllm": "TRITON_MLA (decode_attention_fwd)",

@@ -114,7 +114,7 @@ def plan(model: str, o: EvalOptions, *, texts=READ, text_name: str | None = None
     (None: the built-in one). gates: limits by name (parsed here, a recipe's thresholds); None: the command's
     (gate_limits). tokens / shape: a recipe's estimate of a model its earlier steps have not written yet (the
     folders are then not opened)."""
-    from kvtool.eval.api import check_fp8_attention, parse_max_memory
+    from kvtool.eval.api import check_fp8_attention, parse_max_memory, refuse_unserved
     from kvtool.eval.gate import parse_limits
 
     o.check()  # the declared choices and bounds (kvtool/options/eval.py), again after a caller's edits
@@ -134,6 +134,7 @@ def plan(model: str, o: EvalOptions, *, texts=READ, text_name: str | None = None
         from kvtool.model.preflight import check_loadable
 
         check_loadable(*local_paths(model, o), *o.candidate)  # a bad folder: before torch and transformers
+        refuse_unserved(local_paths(model, o)[0], o.kv_cache_dtype)  # the candidate (a mixed run: the local side)
     exact = tokens is not None
     if tokens is None:
         from kvtool.datasets import evaluation_text

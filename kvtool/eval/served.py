@@ -204,8 +204,8 @@ class LocalSide:
     def describe(self) -> dict:
         emu = self._emu
         return {"device": str(self._pool.device), "dtype": str(self._dtype).replace("torch.", ""),
-                "kv_cache_dtype": "fp8_e4m3" if emu else str(self._dtype).replace("torch.", ""),
-                "kv_scales": emu[1].describe() if emu else None}
+                "kv_cache_dtype": emu.kv["dtype"] if emu else str(self._dtype).replace("torch.", ""),
+                "kv_scales": emu.scales.describe() if emu else None, "kv_cache": emu.kv if emu else None}
 
     def tokenize(self, text: str) -> list[int]:
         """The text's ids as the local tokenizer gives them, with the server's own BOS (when it adds one) in front
@@ -225,7 +225,7 @@ class LocalSide:
 
         ids = ([sw.bos] if sw.bos is not None else []) + list(sw.ids)
         n = sw.n_prompt - 1  # every prompt position after the first
-        with torch.inference_mode(), (api._hooked(self._m, self._emu[0]) if self._emu else contextlib.nullcontext()):
+        with torch.inference_mode(), (api._hooked(self._m, self._emu.hook) if self._emu else contextlib.nullcontext()):
             logits = self._m.logits(torch.tensor([ids], dtype=torch.long), n)
         lp = torch.log_softmax(logits[0].double(), dim=-1).cpu().numpy()  # [n, V]: predicts sw.ids[1:]
         out: list = [None]

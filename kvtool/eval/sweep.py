@@ -35,7 +35,6 @@ from kvtool.model import kv_dtypes, kvcache
 
 LOGITS_BYTES = 1 << 30  # logits of one multi-option forward (rows x scored positions x vocabulary x 4 bytes)
 OWN_DTYPE = "off"  # eval's kv_cache_dtype for "the model at its own dtype": no emulation
-EMULATIONS_JSON = Path(kv_dtypes.__file__).with_name("kv_emulations.json")  # issue 41's table, when present
 
 
 @dataclass
@@ -94,24 +93,20 @@ def kv_bytes(spec, name: str) -> tuple[float, str]:
     return float(sum(fmt.bytes_per_token(layer) for layer in kvcache.layers(spec))), fmt.name
 
 
-def _emulations() -> dict:
-    if not EMULATIONS_JSON.is_file():
-        return {}
-    return json.loads(EMULATIONS_JSON.read_text(encoding="utf-8")).get("emulations", {})
-
-
 def emulation_key(name: str) -> str:
     """Two dtypes with the same key are emulated identically: their kv_dtypes rows without name and citation,
-    and their kv_emulations.json rows (through `alias_of`) without citation and oracle."""
+    and their kv_emulations.json rows (through `alias_of`): codec, params, scales, the reads."""
+    from kvtool.model import kv_emulations
+
     row = dataclasses.replace(kv_dtypes.table()[name], name="", citation={}, platform=None)
     key: dict = {"row": dataclasses.asdict(row)}
-    table = _emulations()
-    emu, seen = table.get(name), {name}
-    while isinstance(emu, dict) and emu.get("alias_of") and emu["alias_of"] not in seen:
-        seen.add(emu["alias_of"])
-        emu = table.get(emu["alias_of"])
-    if isinstance(emu, dict):
-        key["emulation"] = {k: v for k, v in emu.items() if k not in ("citation", "oracle", "alias_of", "about")}
+    emu, seen = kv_emulations.get(name), {name}
+    while emu is not None and emu.alias_of and emu.alias_of not in seen:
+        seen.add(emu.alias_of)
+        emu = kv_emulations.get(emu.alias_of)
+    if emu is not None:
+        key["emulation"] = {"codec": emu.codec, "params": dict(emu.params), "scales": emu.scales,
+                            "first_prefill": emu.first_prefill, "fp8_attention": emu.fp8_attention}
     return json.dumps(key, sort_keys=True, default=str)
 
 
@@ -280,7 +275,7 @@ def run(model: str, candidates: list[str], *, baseline: str | None = None, texts
         fns = []
         for o, own in zip(opts, is_base):
             emu = None if own else api._emulation(api.Candidate(o.model, o.kv_cache_dtype, kv_scales), loaded[o.model])
-            fns.append(emu[0] if emu else None)
+            fns.append(emu.hook if emu else None)
         accs = [api._new_acc() for _ in opts]
         vocab = int(base.model.get_output_embeddings().weight.shape[0])
         keep = ws[0].n_scored

@@ -42,7 +42,6 @@ class KvDtype:
     boundary_layers: int = 0  # first / last N attention layers vLLM keeps at the model dtype (dense models)
     must_match_model: bool = False  # float16 / bfloat16: vLLM refuses one that is not the model's dtype
     platform: str | None = None  # the one platform that serves it (ROCm only; an out-of-tree plugin)
-    eval: str | None = None  # the torch dtype `kvtool eval` rounds K and V through to emulate it (kvtool/eval/fp8.py)
 
     @property
     def cite(self) -> str:
@@ -164,8 +163,11 @@ def names() -> tuple[str, ...]:
 
 
 def emulated() -> tuple[str, ...]:
-    """The dtypes `kvtool eval` emulates (rows with an `eval` dtype); it cannot emulate the others."""
-    return tuple(n for n, r in table().items() if r.eval)
+    """The dtypes `kvtool eval` emulates: the rows of kv_emulations.json, in this table's order."""
+    from kvtool.model import kv_emulations
+
+    rows = kv_emulations.table()
+    return tuple(n for n in table() if n in rows)
 
 
 def get(name: str) -> KvDtype | None:
@@ -179,6 +181,11 @@ def attention_kind(spec) -> str:
     if not spec.is_mla:
         return "standard"
     return "mla_sparse" if "index_topk" in spec.config else "mla"
+
+
+def _emulation_words(emu) -> str:
+    params = ", ".join(str(v) for v in emu.params.values())
+    return f"emulated ({emu.codec}{': ' + params if params else ''}; {emu.match})"
 
 
 # How each layout's bytes read as a formula, for the docs table (d = head_dim; the code above is what counts).
@@ -199,7 +206,10 @@ def markdown() -> str:
     rows = [f"| `--kv-cache-dtype` | stored as | bytes per token per KV head (K + V), head_dim d | d = 128 | scales "
             f"| attention with a vLLM {release()} backend | `kvtool eval` | vLLM {release()} source |",
             "|---|---|---|---|---|---|---|---|"]
+    from kvtool.model import kv_emulations
+
     for r in table().values():
+        emu = kv_emulations.get(r.name)
         key = ("d (fp8)" if r.key_bits == 8 else f"(ceil({r.key_bits} d/8) + 2)") if r.layout == "turboquant" else ""
         formula = FORMULAS[r.layout].format(bits=r.element_bits, scale_bytes=r.scale_bytes, block=r.block,
                                             key=key, value_bits=r.value_bits, group_size=r.group_size,
@@ -213,6 +223,6 @@ def markdown() -> str:
         kinds = ", ".join(KIND_WORDS[k] for k in r.attention)
         c = r.citation
         rows.append(f"| `{r.name}` | {r.storage or 'model dtype'} | {formula} | {at128} | "
-                    f"{'; '.join([r.scales, *extra])} | {kinds} | {'emulated (' + r.eval + ')' if r.eval else ''} | "
+                    f"{'; '.join([r.scales, *extra])} | {kinds} | {_emulation_words(emu) if emu else ''} | "
                     f"`{c['file']}` {c['function']} |")
     return "\n".join(rows) + "\n"

@@ -331,8 +331,13 @@ def cache_format(spec, kv_cache_dtype: str = "auto", *, refuse: bool = True,
         why = ((why + "; ") if why else "") + (
             "FLASHMLA_SPARSE stores any quantized cache, and FLASHINFER_MLA_SPARSE_SM120 auto / fp8 too, as "
             f"fp8_ds_mla ({kv_dtypes.get('fp8_ds_mla').token_bytes} B per token per layer)")
-    skip: frozenset = frozenset()
-    if row.boundary_layers and not any(t in ("mamba", "linear_attention") for t in spec.layer_types):
-        n = min(row.boundary_layers, len(spec.layer_types) // 2)  # TurboQuantConfig.get_boundary_skip_layers
-        skip = frozenset(range(n)) | frozenset(range(len(spec.layer_types) - n, len(spec.layer_types)))
-    return CacheFormat(row, dtype_bytes(native), skip, spec.rotary_dim), why
+    return CacheFormat(row, dtype_bytes(native), boundary_skip(row, spec.layer_types), spec.rotary_dim), why
+
+
+def boundary_skip(row: kv_dtypes.KvDtype, layer_types) -> frozenset:
+    """The layers vLLM keeps in the model dtype for this dtype: the first and last boundary_layers (at most half
+    the layers each), none in a model with Mamba / linear-attention layers (TurboQuantConfig.get_boundary_skip_layers)."""
+    if not row.boundary_layers or any(t in ("mamba", "linear_attention") for t in layer_types):
+        return frozenset()
+    n = min(row.boundary_layers, len(layer_types) // 2)
+    return frozenset(range(n)) | frozenset(range(len(layer_types) - n, len(layer_types)))

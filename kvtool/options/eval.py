@@ -10,7 +10,7 @@ from kvtool.progress import FLAG_HELP
 
 PERCENT = {"$ref": "#/$defs/percent"}  # 0.02 or "2%"
 FORMATS = ("text", "json")
-# auto, the vLLM KV-cache dtypes eval emulates (kvtool/model/kv_dtypes.json rows with an `eval` dtype), off
+# auto, the vLLM KV-cache dtypes eval emulates (the rows of kvtool/model/kv_emulations.json), off
 KV_CACHE_DTYPES = ("auto", *kv_dtypes.emulated(), "off")
 KV_SCALE_SOURCES = ("checkpoint", "one")
 GATE_FIELDS = ("max_ppl_increase", "max_kld", "min_top1")  # kvtool.eval.gate.GATES (a test checks)
@@ -58,13 +58,15 @@ class EvalOptions:
     batch_size: int | None = option(None, minimum=1, recipe=False,
                                     help="Windows per forward (default 1 on CPU, 8192/L on CUDA).")
     kv_cache_dtype: str = option("auto", choices=KV_CACHE_DTYPES,
-                                 help="auto (fp8 when the checkpoint has KV scales) | fp8 | fp8_e4m3 | off; vLLM's "
-                                      "other KV-cache dtypes (fp8_e5m2, nvfp4, per-token-head, TurboQuant, ...) are "
-                                      "not emulated (docs/kv-budget.md).")
+                                 help="The vLLM KV-cache dtype to emulate: K/V stored and read back as vLLM "
+                                      "does, for every token (kvtool/model/kv_emulations.json); auto (fp8_e4m3 "
+                                      "when the checkpoint has KV scales or declares an FP8 cache) | off | a dtype "
+                                      "(docs/eval.md#kv-cache-dtypes). One the model's attention kind cannot be "
+                                      "served with is refused.")
     kv_scales: str = option("checkpoint", choices=KV_SCALE_SOURCES, recipe=False,
                             help="checkpoint | one (1.0, vLLM's default)")
     fp8_attention: str = option("cache-only", choices=FP8_ATTENTION,
-                                help="With an FP8 KV cache, what else vLLM 0.33's backend rounds to e4m3: cache-only "
+                                help="With an fp8 / fp8_e4m3 KV cache, what else vLLM 0.33's backend rounds to e4m3: cache-only "
                                      "(K/V only) | flash-attn (FA3 on Hopper: + queries) | flashinfer (+ queries) | "
                                      "triton (+ queries and probabilities) | cpu (vLLM's CPU build: K/V truncated "
                                      "toward zero); an MLA checkpoint: cache-only (the latent "

@@ -92,7 +92,7 @@ def test_only_the_latent_is_rounded(mla_model, monkeypatch):
     _, _, rounded = _record(mla_model, ids, hook.latent)
     assert float((rounded - ref).abs().max()) > 1e-4
     before = mla_model.config._attn_implementation
-    monkeypatch.setattr(fm, "fp8_roundtrip", lambda x, s: x)
+    monkeypatch.setattr(fm, "fp8_roundtrip", lambda x, s, fmt="float8_e4m3fn": x)
     _, _, same = _record(mla_model, ids, hook.latent)
     assert torch.equal(same, ref)
     assert mla_model.config._attn_implementation == before
@@ -201,7 +201,9 @@ def test_scales_given_to_the_api(mla_model):
     from kvtool.eval.api import Candidate, _Loaded, _emulation
 
     loaded = _Loaded("m", mla_model, None, None, json.loads(mla_model.config.to_json_string()))
-    hook, scales = _emulation(Candidate(mla_model, "fp8", {1: (0.125, 1.0)}), loaded)
+    emu = _emulation(Candidate(mla_model, "fp8", {1: (0.125, 1.0)}), loaded)
+    hook, scales = emu.hook, emu.scales
+    assert emu.kv["dtype"] == "fp8_e4m3" and emu.kv["reads"].startswith("K/V read back from the cache")
     assert isinstance(hook, Fp8Latent) and scales.k == {1: 0.125} and scales.source == "given"
     with pytest.raises(UsageError, match="not emulated for MLA"):
         _emulation(Candidate(mla_model, "fp8", fp8_attention="flash-attn"), loaded)

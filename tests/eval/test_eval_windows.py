@@ -66,15 +66,17 @@ def test_the_library_checks_refuse_with_the_declarations_line(name, value):
     assert declared.value.message.startswith("must be at least ")
 
 
-def test_eval_emulates_the_table_rows_with_an_eval_dtype_and_refuses_the_rest():
-    from kvtool.model import kv_dtypes
-    from kvtool.options.eval import EvalOptions
+def test_eval_emulates_the_rows_of_the_emulation_table_and_refuses_the_rest():
+    from kvtool.model import kv_dtypes, kv_emulations
+    from kvtool.options.eval import KV_CACHE_DTYPES, EvalOptions
 
-    assert kv_dtypes.emulated() == ("fp8", "fp8_e4m3")
+    assert kv_dtypes.emulated() == tuple(n for n in kv_dtypes.names() if n in kv_emulations.table())
+    assert {"fp8", "fp8_e4m3", "fp8_e5m2"} <= set(kv_dtypes.emulated())
+    assert KV_CACHE_DTYPES == ("auto", *kv_dtypes.emulated(), "off")
     for name in kv_dtypes.names():
-        if name in ("auto", "fp8", "fp8_e4m3"):
+        if name == "auto" or name in kv_emulations.table():
             assert EvalOptions(model="m", kv_cache_dtype=name).kv_cache_dtype == name
             continue
         with pytest.raises(UsageError) as exc:
             EvalOptions(model="m", kv_cache_dtype=name)
-        assert exc.value.message == f"must be one of auto, fp8, fp8_e4m3, off, got {name!r}"
+        assert exc.value.message == f"must be one of {', '.join(KV_CACHE_DTYPES)}, got {name!r}"

@@ -25,8 +25,9 @@ def mqa(tmp_path_factory, tiny_llama_path):
 
 
 @pytest.fixture(scope="module")
-def counted(tiny_llama_path, mqa):
-    """The sweep of the tiny llama and its MQA conversion, with every model call recorded."""
+def counted(tiny_llama_path, mqa, tiny_deepseek_path):
+    """The sweep of the tiny llama, its MQA conversion and a tiny MLA model (the same tokenizer: the latent
+    cache's emulation per row), with every model call recorded."""
     calls: list[tuple[str, int, bool]] = []
     real = api._Loaded.logits
 
@@ -38,14 +39,15 @@ def counted(tiny_llama_path, mqa):
     mp = pytest.MonkeyPatch()
     mp.setattr(api._Loaded, "logits", logits)
     try:
-        r = sweep.run(str(tiny_llama_path), [str(mqa)], max_length=L, stride=S, max_tokens=N, device=DEVICE,
+        r = sweep.run(str(tiny_llama_path), [str(mqa), str(tiny_deepseek_path)], max_length=L, stride=S, max_tokens=N, device=DEVICE,
                       dtype="fp32", gates={"max_ppl_increase": 0.02})
     finally:
         mp.undo()
     return r, calls
 
 
-def test_the_baseline_runs_once_per_window_and_options_share_forwards(counted, tiny_llama_path, mqa):
+def test_the_baseline_runs_once_per_window_and_options_share_forwards(counted, tiny_llama_path, mqa,
+                                                                      tiny_deepseek_path):
     r, calls = counted
     from kvtool.eval.windows import windows
 
@@ -57,15 +59,19 @@ def test_the_baseline_runs_once_per_window_and_options_share_forwards(counted, t
     theirs = [o for o in r.options if o.model == str(mqa)]
     # every option of a model in one forward (the tiny logits fit): rows = options, per window
     assert sorted(c[1] for c in calls if c[0] == base and c[2]) == [len(mine)] * n_windows
+    mla = [o for o in r.options if o.model == str(tiny_deepseek_path)]
     assert sorted(c[1] for c in calls if c[0] == str(mqa)) == [len(theirs)] * n_windows
-    assert len(calls) == 3 * n_windows and r.forwards["rows"] == (len(mine) + len(theirs)) * n_windows
+    assert sorted(c[1] for c in calls if c[0] == str(tiny_deepseek_path)) == [len(mla)] * n_windows
+    assert len(calls) == 4 * n_windows
+    assert r.forwards["rows"] == (len(mine) + len(theirs) + len(mla)) * n_windows
 
 
 def test_batched_options_equal_separate_evaluations(counted, tiny_llama_path):
     """Each option's figures against an `evaluate` of that option alone (one window per forward): equal to
     float rounding (batched matmuls sum in another order), measured."""
     r, _ = counted
-    assert len(r.options) >= 4  # MODEL and the conversion, each at its own dtype and at least fp8
+    assert len(r.options) >= 6  # MODEL and the two others, each at its own dtype and at least fp8
+    assert any(o.model.endswith("tiny-deepseek") and o.kv_cache_dtype == "fp8" for o in r.options)
     for o in r.options:
         alone = api.evaluate(o.model, str(tiny_llama_path), max_length=L, stride=S, max_tokens=N, device=DEVICE,
                              dtype="fp32", kv_cache_dtype=o.kv_cache_dtype, kv_scales="checkpoint", layerwise=False)

@@ -1,0 +1,135 @@
+"""How `kvtool eval` emulates each KV-cache dtype, as data (kv_emulations.json beside kv_dtypes.json). No torch.
+
+A row names its codec (a key of kvtool.eval.codecs.CODECS, checked there: the core imports no feature) and the
+codec's params, what vLLM does with a checkpoint's k/v scales, whether its first prefill chunk reads the cache,
+and whether the round trip is checked bit for bit against vLLM's code (`match: exact`) or holds under a named
+CUDA-only assumption (`assumed`). What a dtype stores (bits, boundary layers, group sizes) is its kv_dtypes.json
+row (`kv_dtypes.get(name)`); an alias (fp8 -> fp8_e4m3) is a row with `alias_of`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Mapping
+
+SCALES = ("checkpoint", "ignored", "dynamic")  # what vLLM does with a checkpoint's k/v scales
+FIRST_PREFILL = ("raw", "cache")  # what vLLM's first prefill chunk attends over
+MATCH = ("exact", "assumed")
+CITATION_KEYS = ("release", "file", "function")  # + optional "excerpt" (a file under tests/data/vllm/<release>/)
+_FIELDS = ("codec", "params", "scales", "first_prefill", "match", "assumption", "oracle", "fp8_attention",
+           "citation")
+FILE = Path(__file__).with_name("kv_emulations.json")
+
+# what the report says each `scales` value means
+SCALES_WORDS = {"checkpoint": "the checkpoint's k/v scales (1.0 without them)",
+                "ignored": "own per-token-head scales from each absmax; checkpoint scales ignored",
+                "dynamic": "computed from the data as vLLM does; checkpoint scales ignored"}
+
+
+@dataclass(frozen=True)
+class Emulation:
+    name: str
+    codec: str  # kvtool.eval.codecs.CODECS key
+    params: Mapping[str, Any]
+    scales: str  # SCALES
+    first_prefill: str  # FIRST_PREFILL
+    match: str  # MATCH
+    assumption: str | None  # match "assumed": the CUDA-only rounding assumed, in one sentence
+    oracle: str  # the test that checks the round trip against vLLM's code (path::name)
+    citation: Mapping[str, str]
+    fp8_attention: bool = False  # --fp8-attention's backends (queries / probabilities in e4m3) apply
+    alias_of: str | None = None
+
+    @property
+    def cite(self) -> str:
+        c = self.citation
+        return f"vLLM {c['release']} {c['file']} {c['function']}"
+
+
+def _problem(row: Any, codecs) -> str | None:
+    """Why a row of the table is malformed (the field and what is wrong), or None."""
+    if not isinstance(row, dict):
+        return "must be an object"
+    unknown = set(row) - set(_FIELDS) - {"alias_of"}
+    if unknown:
+        return f"{sorted(unknown)[0]}: unknown field"
+    if "alias_of" in row:
+        return None if set(row) == {"alias_of"} else "alias_of: an alias has no other field"
+    for f in _FIELDS:
+        if f not in row and f != "fp8_attention":
+            return f"{f}: missing"
+    if not isinstance(row["codec"], str) or (codecs is not None and row["codec"] not in codecs):
+        return f"codec: {row['codec']!r} is not a codec" + (f" ({', '.join(codecs)})" if codecs is not None else "")
+    if not isinstance(row["params"], dict):
+        return "params: must be an object"
+    for f, allowed in (("scales", SCALES), ("first_prefill", FIRST_PREFILL), ("match", MATCH)):
+        if row[f] not in allowed:
+            return f"{f}: {row[f]!r} is not one of {', '.join(allowed)}"
+    if (row["match"] == "assumed") != isinstance(row["assumption"], str):
+        return "assumption: a sentence exactly when match is assumed"
+    if not isinstance(row["oracle"], str) or "::" not in row["oracle"]:
+        return "oracle: a test as path::name"
+    c = row["citation"]
+    if not isinstance(c, dict) or set(c) - {*CITATION_KEYS, "excerpt"} or any(
+            not isinstance(c.get(k), str) or not c.get(k) for k in CITATION_KEYS):
+        return f"citation: an object of {', '.join(CITATION_KEYS)} (and optionally excerpt), each a string"
+    if not isinstance(row.get("fp8_attention", False), bool):
+        return "fp8_attention: true or false"
+    return None
+
+
+def parse(data: Any, codecs=None, dtypes=None, file: str = str(FILE)) -> tuple[str, dict[str, Emulation]]:
+    """(release, name -> row) from the table's JSON; a malformed row is a ValueError naming file and field.
+    codecs: the codec names a row may name (kvtool.eval.codecs.CODECS; None: not checked here); dtypes: the
+    --kv-cache-dtype names a key may be (default: kv_dtypes.json's)."""
+    from kvtool.model import kv_dtypes
+
+    known = kv_dtypes.names() if dtypes is None else dtypes
+    if not isinstance(data, dict) or not isinstance(data.get("emulations"), dict) or \
+            not isinstance(data.get("release"), str):
+        raise ValueError(f"{file}: must hold release and emulations")
+    raw = data["emulations"]
+    rows: dict[str, Emulation] = {}
+    for name, row in raw.items():
+        if name not in known:
+            raise ValueError(f"{file}: emulations.{name}: not a --kv-cache-dtype of kv_dtypes.json")
+        problem = _problem(row, codecs)
+        if problem:
+            raise ValueError(f"{file}: emulations.{name}.{problem}")
+    for name, row in raw.items():
+        target = row.get("alias_of", name)
+        if target not in raw or "alias_of" in raw[target]:
+            raise ValueError(f"{file}: emulations.{name}.alias_of: {target!r} is not a row of the table")
+        r = raw[target]
+        rows[name] = Emulation(
+            name=name, codec=r["codec"], params=MappingProxyType(dict(r["params"])), scales=r["scales"],
+            first_prefill=r["first_prefill"], match=r["match"], assumption=r["assumption"], oracle=r["oracle"],
+            citation=MappingProxyType(dict(r["citation"])), fp8_attention=r.get("fp8_attention", False),
+            alias_of=row.get("alias_of"))
+    return data["release"], rows
+
+
+@lru_cache(maxsize=1)
+def _load() -> tuple[str, dict[str, Emulation]]:
+    return parse(json.loads(FILE.read_text(encoding="utf-8")))
+
+
+def release() -> str:
+    return _load()[0]
+
+
+def table() -> dict[str, Emulation]:
+    """name -> row, in the file's order."""
+    return _load()[1]
+
+
+def names() -> tuple[str, ...]:
+    return tuple(table())
+
+
+def get(name: str) -> Emulation | None:
+    return table().get(name)

@@ -1,0 +1,89 @@
+"""kvtool/model/kv_emulations.json: every row well formed, keyed by a --kv-cache-dtype, naming a codec of the
+registry and an oracle test that exists; the loader refuses a malformed row naming the field. No torch."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from kvtool.model import kv_dtypes, kv_emulations
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _data() -> dict:
+    return json.loads(kv_emulations.FILE.read_text(encoding="utf-8"))
+
+
+def test_every_row_is_a_kv_cache_dtype_and_names_a_codec_of_the_registry():
+    from kvtool.eval.codecs import CODECS  # torch-free: the registry imports its codecs when asked
+
+    rows = kv_emulations.table()
+    assert {"fp8", "fp8_e4m3", "fp8_e5m2"} <= set(rows)
+    for name, r in rows.items():
+        assert kv_dtypes.get(name) is not None, name
+        assert r.codec in CODECS, name
+        assert r.citation["release"] == kv_emulations.release() == kv_dtypes.release()
+    assert rows["fp8"].alias_of == "fp8_e4m3" and rows["fp8"].params == rows["fp8_e4m3"].params
+    assert rows["fp8_e5m2"].params["format"] == "float8_e5m2" and rows["fp8_e4m3"].params["format"] == "float8_e4m3fn"
+
+
+def test_every_oracle_is_a_test_that_exists_and_says_exact_or_assumed_as_the_row_does():
+    for name, r in kv_emulations.table().items():
+        path, func = r.oracle.split("::")
+        text = (ROOT / path).read_text(encoding="utf-8")
+        m = re.search(rf"^def {re.escape(func)}\(.*?\):\n\s+\"\"\"(.*?)\"\"\"", text, re.M | re.S)
+        assert m, f"{name}: {r.oracle} is no test with a docstring"
+        assert r.match in m.group(1).lower(), f"{name}: {r.oracle}'s docstring does not say {r.match}"
+
+
+def test_cited_files_exist_in_the_vllm_release():
+    src = Path("/work/vllm-src") / kv_emulations.release()
+    for name, r in kv_emulations.table().items():
+        excerpt = r.citation.get("excerpt")
+        if excerpt:
+            assert (ROOT / "tests/data/vllm" / r.citation["release"] / excerpt).is_file(), name
+        if src.is_dir():
+            assert (src / r.citation["file"]).is_file(), name
+
+
+@pytest.mark.parametrize("edit, field", [
+    (lambda e: e["fp8_e5m2"].update(scales="sometimes"), "emulations.fp8_e5m2.scales"),
+    (lambda e: e["fp8_e5m2"].update(first_prefill="maybe"), "emulations.fp8_e5m2.first_prefill"),
+    (lambda e: e["fp8_e5m2"].update(match="close"), "emulations.fp8_e5m2.match"),
+    (lambda e: e["fp8_e5m2"].update(codec="nope"), "emulations.fp8_e5m2.codec"),
+    (lambda e: e["fp8_e5m2"].update(citation={"file": "x.py"}), "emulations.fp8_e5m2.citation"),
+    (lambda e: e["fp8_e5m2"].update(citation="vllm/x.py"), "emulations.fp8_e5m2.citation"),
+    (lambda e: e["fp8_e5m2"].update(match="exact"), "emulations.fp8_e5m2.assumption"),
+    (lambda e: e["fp8_e5m2"].pop("oracle"), "emulations.fp8_e5m2.oracle"),
+    (lambda e: e["fp8_e5m2"].update(colour="red"), "emulations.fp8_e5m2.colour"),
+    (lambda e: e.update(fp9={"alias_of": "fp8_e4m3"}), "emulations.fp9"),
+    (lambda e: e.update(fp8={"alias_of": "fp8_e6m1"}), "emulations.fp8.alias_of"),
+    (lambda e: e["fp8"].update(codec="fp8"), "emulations.fp8.alias_of"),
+])
+def test_a_malformed_row_is_refused_naming_its_field(edit, field):
+    from kvtool.eval.codecs import CODECS
+
+    data = copy.deepcopy(_data())
+    edit(data["emulations"])
+    with pytest.raises(ValueError, match=re.escape(f"kv_emulations.json: {field}")):
+        kv_emulations.parse(data, codecs=tuple(CODECS))
+
+
+def test_the_shipped_table_parses_with_the_registry():
+    from kvtool.eval.codecs import CODECS
+
+    assert kv_emulations.parse(_data(), codecs=tuple(CODECS))[1] == kv_emulations.table()
+
+
+def test_rows_are_frozen():
+    r = kv_emulations.get("fp8_e5m2")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        r.codec = "x"  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        r.params["format"] = "x"  # type: ignore[index]
