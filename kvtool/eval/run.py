@@ -197,15 +197,9 @@ def check_sweep(o: EvalOptions) -> None:
             raise UsageError("--kv-sweep scores every KV-cache dtype of the model locally; it does not go with "
                              "this option", option=name)
     if o.plot:
-        from pathlib import Path
+        from kvtool.io.plotfile import check_target
 
-        from kvtool.errors import InputError
-
-        target = Path(o.plot)
-        if target.suffix.lower() not in (".png", ".svg", ".pdf"):
-            raise UsageError(f"{o.plot}: use a .png, .svg or .pdf file name", option="plot")
-        if not target.parent.is_dir():
-            raise InputError("folder does not exist", file=str(target.parent))
+        check_target(o.plot)
 
 
 def sweep_limits(o: EvalOptions) -> dict[str, float]:

@@ -6,23 +6,12 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from kvtool.errors import InputError, UsageError
-from kvtool.io.outputfile import replace
+from kvtool.io import plotfile
 
 
 def write_plot(report, path: str) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise UsageError("needs matplotlib (pip install 'kvtool[plot]')", option="plot") from None
-    target = Path(path)
-    if target.suffix.lower() not in (".png", ".svg", ".pdf"):
-        raise UsageError(f"{path}: use a .png, .svg or .pdf file name", option="plot")
-    if not target.parent.is_dir():
-        raise InputError("folder does not exist", file=str(target.parent))
+    plt = plotfile.pyplot()
+    target = plotfile.check_target(path)
     fig, axes = plt.subplots(1, 2, figsize=(12, 5), dpi=120)
     panels = (("ppl_ratio", "ppl_ratio_se", "frontier_ppl", "PPL ratio (candidate / baseline)"),
               ("kld_mean", "kld_se", "frontier_kld", "KLD (baseline || option), nats/token"))
@@ -55,7 +44,4 @@ def write_plot(report, path: str) -> None:
     fig.suptitle(f"{Path(report.model).name or report.model}: KV cache options on {report.text} "
                  f"({report.tokens} tokens; {gate}ringed: recommended)", fontsize=10)
     fig.tight_layout()
-    try:  # rendered into a fresh file next to the destination and renamed: never half a file
-        replace(target, lambda fh: fig.savefig(fh, format=target.suffix.lower()[1:]))
-    finally:
-        plt.close(fig)
+    plotfile.save(fig, target)

@@ -87,7 +87,7 @@ def test_bytes_come_from_kv_budget(counted, tiny_llama_path, mqa, capsys):
     r, _ = counted
     for o in r.options:
         dtype = o.cache if o.kv_cache_dtype == sweep.OWN_DTYPE else o.kv_cache_dtype
-        assert main(["kv-budget", o.model, "--kv-cache-dtype", dtype, "--format", "json"]) == 0
+        assert main(["kv-budget", o.model, "--kv-cache-dtype", dtype, "--format", "json"]) in (0, 1)  # 1: a finding
         d = json.loads(capsys.readouterr().out)
         assert o.bytes_per_token == pytest.approx(d["kv_bytes_per_token"]), o.label
     own = {o.model: o.bytes_per_token for o in r.options if o.kv_cache_dtype == sweep.OWN_DTYPE}
