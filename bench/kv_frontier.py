@@ -32,7 +32,7 @@ def _models() -> dict[str, Path]:
 
 
 def run(models: list[str], texts: list[str], max_tokens: int, max_length: int, candidates: list[str]) -> dict:
-    results = json.loads(OUT.read_text()) if OUT.is_file() else {}
+    results: dict = {}
     paths = _models()
     for model in models:
         for text in texts:
@@ -49,6 +49,7 @@ def run(models: list[str], texts: list[str], max_tokens: int, max_length: int, c
                                  env=dict(os.environ, PYTHONPATH=str(ROOT)))
             if out.returncode != 0:
                 raise SystemExit(out.stderr[-3000:])
+            results = json.loads(OUT.read_text()) if OUT.is_file() else {}  # another run may have written
             results[f"{model}/{text}"] = json.loads(out.stdout)
             OUT.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")  # a bench artefact, not kvtool's
     return results
