@@ -113,7 +113,7 @@ def measure(tools: dict[str, list[str]], repeat: int, cwd: Path) -> dict[str, di
 def in_process_ms(folder: Path, repeat: int) -> float:
     """kvtool's own work with imports done: open, headers, all rules, render (lint_one + text)."""
     sys.path.insert(0, str(REPO))
-    from kvtool.rules.engine import lint_one
+    from kvtool.rules.runner import lint_one
     from kvtool.output import render
     from kvtool.rules.registry import LintOptions
 

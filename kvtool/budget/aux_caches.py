@@ -8,17 +8,16 @@ holds both whole.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from functools import lru_cache
-from pathlib import Path
 
 from kvtool.engines.ranges import contains
+from kvtool.model.engine_tables import Table, cited, load
 
 
 @lru_cache(maxsize=1)
-def table() -> dict:
-    data = json.loads(Path(__file__).with_name("aux_caches.json").read_text(encoding="utf-8"))
+def table() -> Table:
+    data = load("kvtool/budget/aux_caches.json")
     for row in data["caches"]:
         if row["layers"] not in RULES or row["layers"] not in data["rules"]:
             raise ValueError(f"aux_caches.json: {row['id']}: layer rule {row['layers']!r}")
@@ -34,7 +33,7 @@ class AuxCache:
     layers: tuple[int, ...]
     bytes_per_token: int  # per layer, on every GPU when replicated
     replicated: bool
-    citation: str
+    citation: str  # in words (kvtool.model.engine_tables.cited)
 
 
 def _int(v, default: int) -> int:
@@ -69,5 +68,5 @@ def caches(spec, release: str) -> list[AuxCache]:
         dim = _int(config.get(row["dim"]), row["dim_default"])
         per_token = dim * row["dtype_bytes"] + dim // row["scale_block"] * row["scale_bytes"]
         layers = RULES[row["layers"]](config, len(spec.layer_types), release, table()["rules"][row["layers"]])
-        out.append(AuxCache(row["id"], row["what"], layers, per_token, row["replicated"], row["citation"]))
+        out.append(AuxCache(row["id"], row["what"], layers, per_token, row["replicated"], cited(row["citation"])))
     return out

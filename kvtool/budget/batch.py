@@ -8,21 +8,20 @@ against every GPU of gpus.json). kv-budget sizes what sliding / chunked layers r
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from functools import lru_cache
-from pathlib import Path
 
 from kvtool.budget.gpus import GIB, Gpu
 from kvtool.engines.ranges import contains
+from kvtool.model.engine_tables import Table, load
 
 USAGES = ("serve", "llm")  # UsageContext.OPENAI_API_SERVER, UsageContext.LLM_CLASS
 OLDEST_READ = "0.10.2"
 
 
 @lru_cache(maxsize=1)
-def table() -> dict:
-    data = json.loads(Path(__file__).with_name("batch_defaults.json").read_text(encoding="utf-8"))
+def table() -> Table:
+    data = load("kvtool/budget/batch_defaults.json")
     for t in data["tiers"]:
         if set(t["platforms"]) - {"cuda", "rocm", "cpu"} or set(USAGES) - set(t):
             raise ValueError(f"batch_defaults.json: tier {t.get('id')!r}")
@@ -61,9 +60,8 @@ def defaults(gpu: Gpu | None, release: str, usage: str = "serve", world_size: in
     for t in data["tiers"]:
         if contains(t["releases"], at) and _holds(t, gpu):
             scale = world_size if t.get("per_world_size") else 1
-            c = t["citation"]
             return BatchDefaults(t[usage]["max_num_batched_tokens"] * scale, t[usage]["max_num_seqs"] * scale,
-                                 t["says"], f"{c['file']}, {c['function']} ({c['release']})", release, read,
+                                 t["says"], str(t["citation"]), release, read,
                                  contains(data["clamp"]["releases"], at))
     raise ValueError(f"batch_defaults.json: no tier for {gpu} at vLLM {release}")  # the last tier takes any GPU
 

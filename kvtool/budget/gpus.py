@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from functools import lru_cache
-from pathlib import Path
 
 from kvtool.errors import UsageError
+from kvtool.model.engine_tables import load
 from kvtool.units import parse_size
 
 GIB = 2**30
@@ -36,7 +35,7 @@ def _norm(name: str) -> str:
 @lru_cache(maxsize=1)
 def table() -> dict[str, Gpu]:
     """Normalised name or alias -> Gpu."""
-    data = json.loads((Path(__file__).with_name("gpus.json")).read_text(encoding="utf-8"))
+    data = load("kvtool/budget/gpus.json")
     out: dict[str, Gpu] = {}
     for row in data["gpus"]:
         if row["platform"] not in PLATFORMS:

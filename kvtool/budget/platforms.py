@@ -3,10 +3,10 @@ and the scheduler step. `gpu` is kv-budget's long-standing sizing (no row: gpus.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from functools import lru_cache
-from pathlib import Path
+
+from kvtool.model.engine_tables import Citation, load
 
 GIB = 2**30
 
@@ -21,7 +21,7 @@ class Platform:
     serve_batched_tokens: int  # per worker (x tensor-parallel size)
     llm_batched_tokens: int
     mla_batched_tokens_floor: int  # MLA: max(max_model_len, this), chunked prefill off
-    citations: tuple[str, ...]
+    citations: tuple[Citation, ...]
 
     def default_block_size(self, is_mla: bool) -> int:
         return self.mla_block_size if is_mla else self.block_size
@@ -36,13 +36,14 @@ class Platform:
 
 @lru_cache(maxsize=1)
 def table() -> dict[str, Platform]:
-    data = json.loads(Path(__file__).with_name("platforms.json").read_text(encoding="utf-8"))
+    data = load("kvtool/budget/platforms.json")
     out = {}
     for name, row in data["platforms"].items():
         out[name] = Platform(name, row["release"], int(row["block_size"]), int(row["mla_block_size"]),
                              row["pool_env"], int(row["max_num_batched_tokens"]["serve"]),
                              int(row["max_num_batched_tokens"]["llm"]), int(row["mla_batched_tokens_floor"]),
-                             tuple(row[k] for k in row if k.endswith("_citation")))
+                             tuple(c for k in row if k.endswith("_citation")
+                                   for c in (row[k] if isinstance(row[k], tuple) else (row[k],))))
     return out
 
 

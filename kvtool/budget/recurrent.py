@@ -1,7 +1,7 @@
 """Recurrent state of Mamba / linear-attention layers as vLLM allocates it, and the attention block size it forces.
 
 The data is recurrent_state.json: per state kind the shape formula vLLM's MambaStateShapeCalculator uses, per
-model type the config keys it feeds in and the SSM-state dtype rule, each with its citation (vLLM 0.33.0).
+model type the config keys it feeds in and the SSM-state dtype rule, each with its citation (the table's `release`).
 vLLM keeps one state page per sequence per state layer (mamba_cache_mode none) and raises the attention
 block size of a hybrid until an attention page holds a state page, then pads the state page to the attention
 page (Platform._align_hybrid_block_size), so state and attention layers share one block pool.
@@ -9,17 +9,16 @@ page (Platform._align_hybrid_block_size), so state and attention layers share on
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from functools import lru_cache
-from pathlib import Path
 
+from kvtool.model.engine_tables import Table, cited, load
 from kvtool.model.kvcache import KV_DTYPE_BYTES, cdiv, dtype_bytes, native_kv_dtype
 from kvtool.model.numbers import Bound, problem
 
 STATE_TYPES = ("mamba", "linear_attention")
 
-# Per-release rules (schemas/engines/facts.json `arithmetic` rows; no switch: vLLM 0.33.0's rules)
+# Per-release rules (schemas/engines/facts.json `arithmetic` rows; no switch: the rules of the table's release)
 # conv and SSM state both in the KV-cache dtype (0.10.0, before mamba_cache_dtype / mamba_ssm_cache_dtype)
 STATE_IN_KV_DTYPE = "mamba_state_in_kv_cache_dtype"
 # the SSM state in the conv state's dtype: no per-model default (Nemotron-H float32, Qwen3.5 mamba_ssm_dtype)
@@ -30,8 +29,8 @@ SWITCHES = (STATE_IN_KV_DTYPE, SSM_NO_MODEL_DEFAULT, BLOCK_MULTIPLE_OF_16)
 
 
 @lru_cache(maxsize=1)
-def table() -> dict:
-    return json.loads((Path(__file__).with_name("recurrent_state.json")).read_text())
+def table() -> Table:
+    return load("kvtool/budget/recurrent_state.json")
 
 
 @dataclass(frozen=True)
@@ -142,7 +141,7 @@ def layout(spec, tensor_parallel_size: int = 1, switches: frozenset = frozenset(
     conv, temporal = _shapes(row["kind"], p, max(1, tensor_parallel_size))
     kind = table()["kinds"][row["kind"]]
     return StateLayout(row["kind"], conv, temporal, conv_bytes, ssm_bytes, ssm,
-                       f"{kind['citation']}; {row['citation']}")
+                       f"{cited(kind['citation'])}; {cited(row['citation'])}")
 
 
 def attention_block_size(state_page: int, attn_bytes_per_token: float, block_size: int,

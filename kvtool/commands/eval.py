@@ -11,6 +11,7 @@ from kvtool import progress as kv_progress
 from kvtool.commands.options_cli import command
 from kvtool.deps import require_torch
 from kvtool.errors import EXIT_FINDINGS, EXIT_OK
+from kvtool.model.engine_tables import newest_read
 from kvtool.options.eval import EvalOptions
 
 
@@ -96,8 +97,8 @@ def render_text(r) -> console.Text:
         q = fa.get("q_scales")
         if q:
             att += (f", checkpoint q scales for {q['checkpoint_layers']} layers ({q['min_scale']:.4g}..{q['max_scale']:.4g})"
-                    if q["checkpoint_layers"] else f", q scale {q['fallback']:g} (no q scales in the checkpoint; vLLM 0.33 "
-                                                   "uses 1.0, not k_scale)")
+                    if q["checkpoint_layers"] else f", q scale {q['fallback']:g} (no q scales in the checkpoint; vLLM "
+                                                   f"{newest_read('vllm')} uses 1.0, not k_scale)")
         lines.append(f"fp8       {att}; probabilities {fa['probabilities']}")
     tok = (r.memory or {}).get("tokenization")
     if tok and tok["differ"]:

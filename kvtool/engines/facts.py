@@ -10,26 +10,17 @@ detector: they switch kvtool's own arithmetic (vLLM's max_model_len, KV-cache bl
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from functools import lru_cache
 
 from kvtool.engines.inside import lookup
 from kvtool.engines.ranges import contains, specifier
+from kvtool.model.engine_tables import Citation, load
 
 EFFECTS = ("refuses", "reads-differently", "arithmetic")
-FILES = ("facts.json", "transformers_releases.json")
+# the tables of rows (kvtool.model.engine_tables reads each): the hand-written and the generated one
+FILES = ("schemas/engines/facts.json", "schemas/engines/transformers_releases.json")
 _KEYS = {"id", "engine", "releases", "effect", "detector", "args", "says", "code", "citation", "arithmetic", "drops"}
-
-
-@dataclass(frozen=True)
-class Citation:
-    file: str  # path in the engine's repository
-    function: str
-    release: str  # the release whose source was read
-
-    def __str__(self) -> str:
-        return f"{self.file}, {self.function} ({self.release})"
 
 
 @dataclass(frozen=True)
@@ -61,12 +52,9 @@ class Fact:
 @lru_cache(maxsize=None)
 def facts() -> tuple[Fact, ...]:
     """Every row of every facts file, checked (a malformed row is kvtool's bug: ValueError)."""
-    from kvtool.model.architectures import schemas_dir
-
     out = []
     for name in FILES:
-        rows = json.loads((schemas_dir() / "engines" / name).read_text(encoding="utf-8"))["facts"]
-        out += [_row(r, name) for r in rows]
+        out += [_row(r, name) for r in load(name)["facts"]]
     ids = [f.id for f in out]
     if len(ids) != len(set(ids)):
         raise ValueError(f"engine fact ids repeat: {sorted(i for i in ids if ids.count(i) > 1)}")
@@ -86,7 +74,7 @@ def _row(r: dict, where: str) -> Fact:
             (r.get("detector") is not None and r["detector"] not in DETECTORS):
         raise ValueError(f"{where}: engine fact {r['id']!r}: detector {r.get('detector')!r}")
     return Fact(id=r["id"], engine=r["engine"], releases=r["releases"], effect=r["effect"], says=r["says"],
-                citation=Citation(**r["citation"]), detector=r.get("detector"), args=r.get("args", {}),
+                citation=r["citation"], detector=r.get("detector"), args=r.get("args", {}),
                 code=r.get("code"), arithmetic=r.get("arithmetic"), drops=tuple(r.get("drops", ())))
 
 

@@ -45,10 +45,10 @@ def _after(releases: str, newest: str) -> bool | None:
 
 @lru_cache(maxsize=None)
 def _stored() -> dict:
-    from kvtool.model.architectures import schemas_dir
+    from kvtool.model.engine_tables import path
 
     try:
-        return json.loads((schemas_dir() / "engines" / FILE).read_text(encoding="utf-8"))
+        return json.loads(path(f"schemas/engines/{FILE}").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return {"known": {}, "facts": {}}
 
@@ -74,9 +74,9 @@ def main(argv: list[str]) -> int:
     from kvtool import console
     from kvtool.engines.facts import facts
     from kvtool.engines.releases import known
-    from kvtool.model.architectures import schemas_dir
+    from kvtool.model.engine_tables import path as table_path
 
-    path = schemas_dir() / "engines" / FILE
+    path = table_path(f"schemas/engines/{FILE}")
     text = json.dumps(table(facts(), known()), indent=1) + "\n"
     if argv == ["--write"]:
         path.write_text(text, encoding="utf-8")

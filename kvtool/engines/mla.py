@@ -18,14 +18,13 @@ flags the others (KV404, kvtool/rules/mla_moe.py), kv-budget notes them.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from functools import lru_cache
 
-from kvtool.engines.facts import Citation
+from kvtool.model.engine_tables import Citation, load
 from kvtool.engines.ranges import contains
 
-FILE = "mla_backends.json"
+FILE = "schemas/engines/mla_backends.json"
 
 
 @dataclass(frozen=True)
@@ -77,16 +76,10 @@ def or_list(values) -> str:
     return v[0] if len(v) == 1 else f"{', '.join(v[:-1])} or {v[-1]}" if v else "none"
 
 
-def _citation(c: dict) -> Citation:
-    return Citation(file=c["file"], function=c["function"], release=c["release"])
-
-
 @lru_cache(maxsize=None)
 def table() -> tuple[tuple[Rows, ...], tuple[Backend, ...]]:
-    from kvtool.model.architectures import schemas_dir
-
-    data = json.loads((schemas_dir() / "engines" / FILE).read_text(encoding="utf-8"))
-    common = tuple(Rows(r["releases"], tuple(r["head_sizes"]), _citation(r["citation"])) for r in data["common"])
+    data = load(FILE)
+    common = tuple(Rows(r["releases"], tuple(r["head_sizes"]), r["citation"]) for r in data["common"])
     backs = []
     for r in data["backends"]:
         unknown = set(r) - {"name", "releases", "gpus", "declares", "citation", "kv_lora_rank", "qk_rope_head_dim",
@@ -95,7 +88,7 @@ def table() -> tuple[tuple[Rows, ...], tuple[Backend, ...]]:
             raise ValueError(f"{FILE}: backend {r.get('name')!r}: unknown keys {sorted(unknown)}")
         backs.append(Backend(name=r["name"], releases=r["releases"], gpus=r["gpus"],
                              declares=None if r["declares"] is None else tuple(r["declares"]),
-                             citation=_citation(r["citation"]), kv_lora_rank=r.get("kv_lora_rank"),
+                             citation=r["citation"], kv_lora_rank=r.get("kv_lora_rank"),
                              qk_rope_head_dim=r.get("qk_rope_head_dim"),
                              qk_nope_head_dims=tuple(r["qk_nope_head_dims"]) if r.get("qk_nope_head_dims") else None,
                              v_head_dims=tuple(r["v_head_dims"]) if r.get("v_head_dims") else None))

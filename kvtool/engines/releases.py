@@ -9,14 +9,11 @@ the engine is never imported), else the newest release kvtool knows.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
-from functools import lru_cache
 
 from kvtool.errors import UsageError
-
-ENGINES = ("transformers", "vllm")
+from kvtool.model.engine_tables import ENGINES  # the engines lint and kv-budget name: one tuple
 # A PEP 508 distribution name at the start of a requirement; the rest is the specifier set packaging reads.
 _NAME = re.compile(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(.*)\Z", re.S)
 
@@ -38,13 +35,11 @@ class Checked:
         return f"{self.engine} {shown}" + (f" ({self.requirement} from {self.source})" if self.requirement else "")
 
 
-@lru_cache(maxsize=None)
 def known() -> dict[str, tuple[str, ...]]:
-    """engine -> every release kvtool knows, oldest first (schemas/engines/releases.json)."""
-    from kvtool.model.architectures import schemas_dir
+    """engine -> every release kvtool knows, oldest first (schemas/engines/releases.json, kvtool.model.engine_tables)."""
+    from kvtool.model import engine_tables
 
-    data = json.loads((schemas_dir() / "engines" / "releases.json").read_text(encoding="utf-8"))
-    return {e: tuple(data[e]) for e in ENGINES}
+    return {e: engine_tables.known(e) for e in ENGINES}
 
 
 def newest(engine: str) -> str:
@@ -175,6 +170,9 @@ def one_release_of(requirements, engine: str, *, option: str) -> Checked:
     requirements for this engine are refused by name, never the last kept; one for another engine is refused
     by `one_release` (this command follows `engine` only)."""
     reqs = [requirements] if isinstance(requirements, str) else [r for r in (requirements or ()) if r is not None]
+    for req in reqs:  # another engine's requirement is refused as itself, never counted as a second release
+        if len(reqs) > 1 and parse(req, option=option)[0] != engine:
+            return one_release(req, engine, option=option)  # raises: "this option takes a vllm release"
     if len(reqs) > 1:
         from kvtool.errors import listed
 

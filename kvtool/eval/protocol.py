@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from kvtool.errors import InputError
+from kvtool.model.engine_tables import newest_read
 
 
 @dataclass(frozen=True)
@@ -31,7 +32,7 @@ class Family:
 FAMILIES = {
     "vllm": Family(
         "vllm", "/tokenize", "/detokenize", True, "prompt_logprobs", 20,
-        "vLLM 0.33.0: vllm/entrypoints/openai/completion/protocol.py (CompletionRequest.prompt_logprobs, "
+        f"vLLM {newest_read('vllm')}: vllm/entrypoints/openai/completion/protocol.py (CompletionRequest.prompt_logprobs, "
         "return_token_ids; CompletionResponseChoice.prompt_logprobs: list[dict[int, Logprob] | None]), "
         "vllm/entrypoints/serve/tokenize/protocol.py (TokenizeCompletionRequest, TokenizeResponse), "
         "vllm/config/model.py (ModelConfig.max_logprobs = 20), vllm/sampling_params.py "

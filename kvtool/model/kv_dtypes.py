@@ -6,17 +6,17 @@ per head), `nvfp4` (4-bit values plus one fp8 scale per 16), `turboquant` / `oct
 (K and V packed into one slot per head, scales and norms inside it, the slot rounded as vLLM rounds it),
 `token_blob` (DeepSeek's sparse-MLA rows: a fixed byte count per token) and `model` (auto). `SLOT_BYTES`
 holds one function per layout, restating the vLLM function the row cites (tests/model/test_kv_dtypes.py
-runs vLLM's own code from tests/data/vllm/0.33.0/ against each). No torch.
+runs vLLM's own code from tests/data/vllm/<the table's release>/ against each). No torch.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from functools import lru_cache
-from pathlib import Path
 from typing import Callable
+
+from kvtool.model.engine_tables import Citation, load
 
 # The attention kinds a row names; which one a model has: `attention_kind`.
 KIND_WORDS = {"standard": "MHA / GQA / MQA attention", "mla": "MLA",
@@ -30,7 +30,7 @@ class KvDtype:
     layout: str  # a key of SLOT_BYTES, or "model" (auto)
     scales: str  # what the scales cost, in words
     attention: tuple[str, ...]  # kinds with an in-tree vLLM backend for it (KIND_WORDS)
-    citation: dict
+    citation: Citation
     element_bits: int | None = None
     scale_bytes: int = 0  # per_token_head: bytes of each of the two scales (K, V) per head
     token_bytes: int | None = None  # token_blob: bytes per token per layer
@@ -46,7 +46,7 @@ class KvDtype:
     @property
     def cite(self) -> str:
         c = self.citation
-        return f"vLLM {c['release']} {c['file']} {c['function']}"
+        return f"vLLM {c.release} {c.file} {c.function}"
 
     def slot_bytes(self, head_dim: int, rope_dim: int | None = None) -> int:
         """Bytes one token costs per KV head, K and V together, on standard attention."""
@@ -138,13 +138,15 @@ SHAPE_CHECKS = {"octave": _octave_shape, "ultraquant": _grouped_shape}
 
 @lru_cache(maxsize=1)
 def _load() -> tuple[str, dict[str, KvDtype]]:
-    data = json.loads((Path(__file__).with_name("kv_dtypes.json")).read_text(encoding="utf-8"))
+    data = load("kvtool/model/kv_dtypes.json")  # citations parsed (kvtool.model.engine_tables)
     rows: dict[str, KvDtype] = {}
     for r in data["dtypes"]:
         r = dict(r)
         r["attention"] = tuple(r["attention"])
         rows[r["name"]] = KvDtype(**r)
-    return data["release"], rows
+    if data.release is None:
+        raise ValueError("kvtool/model/kv_dtypes.json: release: the vLLM release the table was read from")
+    return data.release, rows
 
 
 def release() -> str:
@@ -184,7 +186,9 @@ def attention_kind(spec) -> str:
 
 
 def _emulation_words(emu) -> str:
-    params = ", ".join(str(v) for v in emu.params.values())
+    # a string names itself (fp8's format); a number or flag says what it is; null (the model's, e.g. Octave's
+    # rotary dims) is left out
+    params = ", ".join(v if isinstance(v, str) else f"{k}={v}" for k, v in emu.params.items() if v is not None)
     return f"emulated ({emu.codec}{': ' + params if params else ''}; {emu.match})"
 
 
@@ -224,5 +228,5 @@ def markdown() -> str:
         c = r.citation
         rows.append(f"| `{r.name}` | {r.storage or 'model dtype'} | {formula} | {at128} | "
                     f"{'; '.join([r.scales, *extra])} | {kinds} | {_emulation_words(emu) if emu else ''} | "
-                    f"`{c['file']}` {c['function']} |")
+                    f"`{c.file}` {c.function} |")
     return "\n".join(rows) + "\n"

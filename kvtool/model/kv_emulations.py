@@ -12,9 +12,10 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from functools import lru_cache
-from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Mapping
+
+from kvtool.model.engine_tables import Citation, citation, load, path
 
 SCALES = ("checkpoint", "ignored", "dynamic")  # what vLLM does with a checkpoint's k/v scales
 FIRST_PREFILL = ("raw", "cache")  # what vLLM's first prefill chunk attends over
@@ -22,7 +23,8 @@ MATCH = ("exact", "assumed")
 CITATION_KEYS = ("release", "file", "function")  # + optional "excerpt" (a file under tests/data/vllm/<release>/)
 _FIELDS = ("codec", "params", "scales", "first_prefill", "match", "assumption", "oracle", "fp8_attention",
            "citation")
-FILE = Path(__file__).with_name("kv_emulations.json")
+NAME = "kvtool/model/kv_emulations.json"  # an engine table (kvtool.model.engine_tables.TABLES)
+FILE = path(NAME)
 
 # what the report says each `scales` value means
 SCALES_WORDS = {"checkpoint": "the checkpoint's k/v scales (1.0 without them)",
@@ -40,14 +42,14 @@ class Emulation:
     match: str  # MATCH
     assumption: str | None  # match "assumed": the CUDA-only rounding assumed, in one sentence
     oracle: str  # the test that checks the round trip against vLLM's code (path::name)
-    citation: Mapping[str, str]
+    citation: Citation
     fp8_attention: bool = False  # --fp8-attention's backends (queries / probabilities in e4m3) apply
     alias_of: str | None = None
 
     @property
     def cite(self) -> str:
         c = self.citation
-        return f"vLLM {c['release']} {c['file']} {c['function']}"
+        return f"vLLM {c.release} {c.file} {c.function}"
 
 
 def _problem(row: Any, codecs) -> str | None:
@@ -108,14 +110,15 @@ def parse(data: Any, codecs=None, dtypes=None, file: str = str(FILE)) -> tuple[s
         rows[name] = Emulation(
             name=name, codec=r["codec"], params=MappingProxyType(dict(r["params"])), scales=r["scales"],
             first_prefill=r["first_prefill"], match=r["match"], assumption=r["assumption"], oracle=r["oracle"],
-            citation=MappingProxyType(dict(r["citation"])), fp8_attention=r.get("fp8_attention", False),
+            citation=citation(r["citation"], f"{file}: emulations.{target}.citation"), fp8_attention=r.get("fp8_attention", False),
             alias_of=row.get("alias_of"))
     return data["release"], rows
 
 
 @lru_cache(maxsize=1)
 def _load() -> tuple[str, dict[str, Emulation]]:
-    return parse(json.loads(FILE.read_text(encoding="utf-8")))
+    load(NAME)  # the one table format (about, release, emulations; every citation in the one form)
+    return parse(json.loads(path(NAME).read_text(encoding="utf-8")))
 
 
 def release() -> str:

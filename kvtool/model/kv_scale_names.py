@@ -15,6 +15,8 @@ import re
 from dataclasses import dataclass
 from typing import Iterable
 
+from kvtool.model.engine_tables import newest_read, observed
+
 
 @dataclass(frozen=True)
 class ScaleSpelling:
@@ -114,10 +116,10 @@ def q_canonical_name(attn_prefix: str) -> str:
 # DeepSeek loader, vllm/model_executor/models/deepseek_v2.py DeepseekV2ForCausalLM.load_weights, and the llama one
 # call it on every checkpoint name; a None answer is `continue`: the tensor is dropped and the layer keeps 1.0).
 # The same function in vLLM 0.32.0 (tests/oracle/test_vllm_facts.py compares both excerpts with this table).
-REMAP_RELEASE = "0.33.0"
-REMAP_CITATION = ("vllm/model_executor/model_loader/weight_utils.py, maybe_remap_kv_scale_name, 0.33.0 (and 0.32.0); "
-                  "vllm/model_executor/layers/quantization/kv_cache.py, BaseKVCacheMethod.create_weights / "
-                  "process_weights_after_loading, 0.33.0")
+REMAP_RELEASE = newest_read("vllm")  # checked against tests/data/vllm/<REMAP_RELEASE>/ and the lane's release
+REMAP_CITATION = (f"vllm/model_executor/model_loader/weight_utils.py, maybe_remap_kv_scale_name, {REMAP_RELEASE} "
+                  f"(and {observed('vllm')}); vllm/model_executor/layers/quantization/kv_cache.py, "
+                  f"BaseKVCacheMethod.create_weights / process_weights_after_loading, {REMAP_RELEASE}")
 # the names the function remaps at all (any other name is taken only when it is a parameter)
 REMAP_ENDINGS = (".k_scale", ".v_scale", ".q_scale", ".q.scale", ".k_cache.scale", ".v_cache.scale")
 # (pattern, replacement) in order of precedence; {attn} is "mla_attn.mla_attn" in a model with MLA parameters

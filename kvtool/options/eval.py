@@ -66,7 +66,8 @@ class EvalOptions:
     kv_scales: str = option("checkpoint", choices=KV_SCALE_SOURCES, recipe=False,
                             help="checkpoint | one (1.0, vLLM's default)")
     fp8_attention: str = option("cache-only", choices=FP8_ATTENTION,
-                                help="With an fp8 / fp8_e4m3 KV cache, what else vLLM 0.33's backend rounds to e4m3: cache-only "
+                                help="With an fp8 / fp8_e4m3 KV cache, what else vLLM's backend rounds to e4m3 (the "
+                                     "newest release kvtool read): cache-only "
                                      "(K/V only) | flash-attn (FA3 on Hopper: + queries) | flashinfer (+ queries) | "
                                      "triton (+ queries and probabilities) | cpu (vLLM's CPU build: K/V truncated "
                                      "toward zero); an MLA checkpoint: cache-only (the latent "

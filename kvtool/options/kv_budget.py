@@ -20,8 +20,9 @@ class KvBudgetOptions:
     batch: int | None = option(None, flags=("--batch", "--concurrency"), minimum=1, maximum=1 << 30,
                                help="Concurrent sequences (default 1; when given with a GPU, exit 1 if they do not fit).")
     kv_cache_dtype: str = option("auto", choices=KV_CACHE_DTYPES,
-                                 help="A KV-cache dtype vLLM 0.33 accepts, sized with its scales and packing (auto = "
-                                      "the model dtype; the table: docs/kv-budget.md).")
+                                 help="A KV-cache dtype vLLM accepts (the release kvtool/model/kv_dtypes.json was read from), "
+                                      "sized with its scales and packing (auto = the model dtype; the table: "
+                                      "docs/kv-budget.md).")
     dtype: str = option("auto", choices=SERVED_DTYPES,
                         help="The model dtype vLLM serves with (its --dtype), which --kv-cache-dtype auto caches "
                              "in (auto: the config's, a float32 one in bfloat16).")

@@ -31,7 +31,7 @@ class QuantizeOptions:
                                 "absmax-pow2:2: 2x the observed max, rounded up to a power of two).")
     q_scales: bool = option(True, negatable=True,
                             help="Also calibrate the queries' scales and write <attention>.q_scale beside k_scale / "
-                                 "v_scale: vLLM 0.33 loads them and its FP8-query backends (FlashAttention 3 on "
+                                 "v_scale: vLLM loads them and its FP8-query backends (FlashAttention 3 on "
                                  "Hopper, FlashInfer, Triton) divide queries by them; without them it uses 1.0.")
     format: str = option("e4m3", choices=("e4m3",), help="FP8 format of the cache: e4m3.")
     device: str = option("auto", recipe=False, help="auto | cuda | cuda:N | cpu.")

@@ -6,7 +6,7 @@ from kvtool.errors import InputError
 
 from kvtool.recipes.load import FILE_KEYS, RecipeError, load_recipe
 from kvtool.rules import load_all
-from kvtool.rules.engine import ModelReport, select
+from kvtool.rules.runner import ModelReport, select
 from kvtool.rules.registry import RULES, Finding, LintOptions
 
 

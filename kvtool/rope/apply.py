@@ -16,6 +16,7 @@ import copy
 from dataclasses import dataclass, field
 
 from kvtool.errors import InputError, UsageError
+from kvtool.model.engine_tables import newest_read
 from kvtool.model.numbers import FACTOR_LIST_BOUND, ROPE_PARAM_BOUNDS, problem
 from kvtool.model.rope import types as rt
 from kvtool.model.rope.params import (
@@ -44,7 +45,7 @@ TYPE_OPTIONS = {
 # Why max_position_embeddings gets its new value: by the type's `context` (RopeKind), worded per type where
 # there is more to say.
 MAX_POSITION_RULE = {
-    "yarn": "original x factor (vLLM 0.33 serves max_position_embeddings as written for yarn)",
+    "yarn": f"original x factor (vLLM {newest_read('vllm')} serves max_position_embeddings as written for yarn)",
     "dynamic": "kept at the original length (vLLM multiplies it by factor; dynamic NTK starts past it)",
 }
 

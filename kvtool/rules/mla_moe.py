@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from kvtool.model.engine_tables import newest_read
 from kvtool.rules.registry import checker, define
 from kvtool.values import is_int as _is_int
 
@@ -226,7 +227,7 @@ def check_mla_sliding_window(ctx) -> None:
     what = f"{key} = {window}" if window else f"{key} with {len(sliding)} sliding_attention layers"
     ctx.report("KV405", f"{what} on an MLA model: vLLM's DeepSeek MLA layers never apply a window (vllm/model_executor/"
                         "layers/mla.py, MultiHeadLatentAttentionWrapper.__init__ builds MLAAttention without "
-                        "sliding_window, 0.33.0): every layer attends to and caches the whole context", path=key)
+                        f"sliding_window, {newest_read('vllm')}): every layer attends to and caches the whole context", path=key)
 
 
 @checker("moe")

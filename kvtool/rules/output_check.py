@@ -27,7 +27,7 @@ REFUSED = "kvtool's own checks refuse the output"
 def _errors(source: str, engines: tuple[str, ...] = ()) -> tuple[list, str | None]:
     """(error findings, the error line of a model lint cannot open) of `kvtool lint SOURCE [--engine ...]`,
     in-process."""
-    from kvtool.rules.engine import lint_one
+    from kvtool.rules.runner import lint_one
     from kvtool.rules.registry import LintOptions
 
     opts = LintOptions()

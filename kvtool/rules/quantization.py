@@ -217,9 +217,9 @@ def check_scale_point(ctx) -> None:
 
 
 define("KV805", "kv-cache-dtype-unserved", "error",
-       "The checkpoint's ModelOpt KV-cache algorithm is one vLLM 0.33 ignores or cannot serve for this model",
+       "The checkpoint's ModelOpt KV-cache algorithm is one vLLM ignores or cannot serve for this model",
        """
-       What it does: when lint checks vLLM 0.33.0 (the release kvtool/model/kv_dtypes.json was read from), reads
+       What it does: when lint checks the vLLM release kvtool/model/kv_dtypes.json was read from (its `release`), reads
        a ModelOpt quantization_config's kv_cache_quant_algo (or kv_cache_scheme) the way vLLM's
        get_kv_cache_quant_algo_string does ("FP8" -> fp8_e4m3, "NVFP4" -> nvfp4) and checks the
        KV-cache dtype it becomes against kvtool/model/kv_dtypes.json: an attention backend for the model's
@@ -239,7 +239,7 @@ def check_kv_cache_dtype_served(ctx) -> None:
 
     vllm = [c for c in ctx.options.engines or checked_default() if c.engine == "vllm"]
     if not any(kv_dtypes.release() in c.versions for c in vllm):
-        return  # the table holds what vLLM 0.33.0 does; other releases were not read
+        return  # the table holds what its release does; other releases were not read
     resolved = kvcache.modelopt_kv_dtype(ctx.spec)
     if resolved is None:
         return

@@ -38,7 +38,7 @@ def plan(o: LintOptions, settings: LintSettings | None = None, *, formats: tuple
          names: tuple[str, ...] = ()) -> LintPlan:
     """Options over settings (found as the command does when None); exit-2 errors for bad ones. `formats`: the
     output formats the caller renders (the engine imports no renderer); None: no format is checked."""
-    from kvtool.rules.engine import check_selectors
+    from kvtool.rules.runner import check_selectors
     from kvtool.rules.registry import Selection
 
     if settings is None:
@@ -83,7 +83,7 @@ def engines_for(o: LintOptions, settings: LintSettings, *, source: str = "--engi
 def apply(p: LintPlan, *, by_suffix: dict[str, Callable] | None = None) -> list:
     """One kvtool.rules.context.ModelReport per path. `by_suffix`: linters for other files, {".yaml": f} with
     f(path, engine options) (the command lints recipe files so; the recipe loader sits above the engine)."""
-    from kvtool.rules.engine import lint_one
+    from kvtool.rules.runner import lint_one
 
     out = []
     for path in p.paths:

@@ -16,10 +16,11 @@ def test_the_cpu_row_cites_vllms_functions():
     assert (row.release, row.block_size, row.mla_block_size, row.serve_batched_tokens, row.llm_batched_tokens) == \
         ("0.32.0", 128, 16, 2048, 4096)
     assert row.pool_env == "VLLM_CPU_KVCACHE_SPACE"
-    text = " ".join(row.citations)
-    for where in ("vllm/platforms/cpu.py CpuPlatform.check_and_update_config", "EngineArgs.get_batch_defaults",
-                  "CPUWorker.determine_available_memory"):
-        assert where in text
+    cited = {(c.file, c.function.split(" ")[0], c.release) for c in row.citations}
+    for where in (("vllm/platforms/cpu.py", "CpuPlatform.check_and_update_config"),
+                  ("vllm/engine/arg_utils.py", "EngineArgs.get_batch_defaults"),
+                  ("vllm/v1/worker/cpu_worker.py", "CPUWorker.determine_available_memory")):
+        assert (*where, "0.32.0") in cited
     assert platform("gpu") is None and set(table()) == {"cpu"}
     assert PLATFORMS == ("gpu", *table())  # the option's choices are the table
 

@@ -64,9 +64,21 @@ def test_one_release_refuses_a_range() -> None:
     assert rel.one_release("vllm==0.28.0", "vllm", option="engine").versions == ("0.28.0",)
 
 
+def test_one_release_of_refuses_another_engines_requirement_as_itself() -> None:
+    # --engine is one list of requirements everywhere; kv-budget follows vLLM: a transformers requirement beside a
+    # vLLM one is refused by name, not counted as a second vLLM release
+    with pytest.raises(UsageError, match=r"'transformers==5.25.0': this option takes a vllm release"):
+        rel.one_release_of(["transformers==5.25.0", "vllm==0.33.0"], "vllm", option="engine")
+    with pytest.raises(UsageError, match=r"given 2 times \('vllm==0.32.0', 'vllm==0.33.0'\)"):
+        rel.one_release_of(["vllm==0.32.0", "vllm==0.33.0"], "vllm", option="engine")
+    assert rel.one_release_of(["vllm==0.32.0"], "vllm", option="engine").versions == ("0.32.0",)
+
+
 def test_ci_tests_against_the_newest_transformers_release_kvtool_has_read() -> None:
     from pathlib import Path
 
     lines = (Path(__file__).resolve().parents[2] / ".ci" / "constraints.txt").read_text().splitlines()
     pins = [ln.split("==", 1)[1].strip() for ln in lines if ln.startswith("transformers==")]
-    assert pins == [rel.known()["transformers"][-1]]
+    from kvtool.model.engine_tables import newest_read
+
+    assert pins == [newest_read("transformers")]

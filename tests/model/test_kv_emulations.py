@@ -28,7 +28,7 @@ def test_every_row_is_a_kv_cache_dtype_and_names_a_codec_of_the_registry():
     for name, r in rows.items():
         assert kv_dtypes.get(name) is not None, name
         assert r.codec in CODECS, name
-        assert r.citation["release"] == kv_emulations.release() == kv_dtypes.release()
+        assert r.citation.release == kv_emulations.release() == kv_dtypes.release()
     assert rows["fp8"].alias_of == "fp8_e4m3" and rows["fp8"].params == rows["fp8_e4m3"].params
     assert rows["fp8_e5m2"].params["format"] == "float8_e5m2" and rows["fp8_e4m3"].params["format"] == "float8_e4m3fn"
 
@@ -45,11 +45,11 @@ def test_every_oracle_is_a_test_that_exists_and_says_exact_or_assumed_as_the_row
 def test_cited_files_exist_in_the_vllm_release():
     src = Path("/work/vllm-src") / kv_emulations.release()
     for name, r in kv_emulations.table().items():
-        excerpt = r.citation.get("excerpt")
+        excerpt = r.citation.excerpt
         if excerpt:
-            assert (ROOT / "tests/data/vllm" / r.citation["release"] / excerpt).is_file(), name
+            assert (ROOT / "tests/data/vllm" / r.citation.release / excerpt).is_file(), name
         if src.is_dir():
-            assert (src / r.citation["file"]).is_file(), name
+            assert (src / r.citation.file).is_file(), name
 
 
 @pytest.mark.parametrize("edit, field", [

@@ -18,11 +18,12 @@ import pytest
 
 from kvtool.model import kv_scale_names as ksn
 from kvtool.model import kvcache
+from kvtool.model.engine_tables import newest_read
 from kvtool.model.rope import types as rt
 from kvtool.rules.quantization import SUPPORTED_SCHEME
 
 pytestmark = pytest.mark.oracle
-VERSION = "0.33.0"
+VERSION = newest_read("vllm")  # the release the Python tables cite (schemas/engines/releases.json "read")
 EXCERPTS = Path(__file__).resolve().parents[1] / "data" / "vllm" / VERSION
 
 

@@ -16,12 +16,13 @@ from pathlib import Path
 import pytest
 
 from kvtool.model import kv_scale_names as ksn
+from kvtool.model.engine_tables import newest_read, observed
 
 pytestmark = pytest.mark.oracle
 pytest.importorskip("regex")  # vLLM's function imports it
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "vllm"
-RELEASES = ("0.32.0", "0.33.0")
+RELEASES = (observed("vllm"), newest_read("vllm"))  # the lane's and the newest read (REMAP_CITATION)
 SOURCE = "vllm/model_executor/model_loader/weight_utils.py"
 
 

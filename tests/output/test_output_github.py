@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kvtool.rules.engine import ModelReport, lint_one
+from kvtool.rules.runner import ModelReport, lint_one
 from kvtool.output import render
 from kvtool.output.github import render_github
 from kvtool.rules.registry import Finding, LintOptions

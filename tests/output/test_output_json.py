@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from kvtool.rules.engine import lint_one
+from kvtool.rules.runner import lint_one
 from kvtool.output import render
 from kvtool.rules.registry import LintOptions
 

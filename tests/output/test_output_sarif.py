@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from jsonschema import Draft4Validator
 
-from kvtool.rules.engine import lint_one
+from kvtool.rules.runner import lint_one
 from kvtool.output import render
 from kvtool.rules import load_all
 from kvtool.rules.registry import RULES, LintOptions

@@ -14,7 +14,7 @@ import pytest
 from kvtest import write_config, write_safetensors
 
 from kvtool.cli import main
-from kvtool.rules.engine import lint_one
+from kvtool.rules.runner import lint_one
 from kvtool.rules.registry import LintOptions
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "rope"

@@ -7,7 +7,7 @@ import json
 from kvtest import write_config
 from rules_helpers import FIXTURES, LLAMA, only
 
-from kvtool.rules.engine import lint_one
+from kvtool.rules.runner import lint_one
 from kvtool.rules.registry import LintOptions
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from kvtool.rules.engine import lint_one
+from kvtool.rules.runner import lint_one
 from kvtool.rules.registry import LintOptions
 
 CONFIGS = Path(__file__).resolve().parents[1] / "data" / "configs"

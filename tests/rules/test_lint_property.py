@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from kvtool.model.checkpoint import Checkpoint
 from kvtool.io.jsonfile import JsonDocument
-from kvtool.rules.engine import ModelReport, kv_summary
+from kvtool.rules.runner import ModelReport, kv_summary
 from kvtool.rules import load_all
 from kvtool.rules.context import LintContext
 from kvtool.rules.registry import CHECKERS, RULES, SEVERITY_ORDER, LintOptions

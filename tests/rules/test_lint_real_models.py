@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from kvtool.rules.engine import lint_one
+from kvtool.rules.runner import lint_one
 from kvtool.rules.registry import LintOptions
 
 pytestmark = pytest.mark.slow

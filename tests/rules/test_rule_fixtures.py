@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from kvtool.engines.releases import ENGINES, newest, resolve
-from kvtool.rules.engine import lint_one
+from kvtool.rules.runner import lint_one
 from kvtool.rules import load_all
 from kvtool.rules.registry import RULES, LintOptions
 

@@ -10,7 +10,7 @@ import pytest
 from jsonschema import Draft202012Validator
 
 from kvtool.model.architectures import all_architectures, schemas_dir
-from kvtool.rules.engine import lint_one
+from kvtool.rules.runner import lint_one
 from kvtool.rules.registry import LintOptions
 from kvtool.rules.schema import SCHEMA_CODES, describe, schema_for, validator_for
 

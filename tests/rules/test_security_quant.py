@@ -12,7 +12,7 @@ from kvtest import write_config, write_safetensors
 from rules_helpers import FIXTURES, LLAMA
 
 from kvtool.model import kv_scale_names as ksn
-from kvtool.rules.engine import lint_one
+from kvtool.rules.runner import lint_one
 from kvtool.rules.registry import LintOptions
 
 

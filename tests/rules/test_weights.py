@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from kvtest import write_config, write_safetensors
 
-from kvtool.rules.engine import lint_one
+from kvtool.rules.runner import lint_one
 from kvtool.rules.registry import LintOptions
 
 

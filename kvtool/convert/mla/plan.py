@@ -20,6 +20,7 @@ from kvtool.convert import defaults
 from kvtool.convert.mla.shape import MlaShape
 from kvtool.errors import InputError, UsageError
 from kvtool.io.writer import PlannedTensor
+from kvtool.model.engine_tables import newest_read
 
 # Source model types whose decoder block outside attention is DeepSeek-V3's dense layer: RMSNorm weight * x
 # (input_layernorm, post_attention_layernorm, model.norm), a SiLU-gated MLP (gate_proj / up_proj / down_proj),
@@ -320,7 +321,7 @@ def _refuse_source(o, arch, spec, config: dict, tensors: dict, layers: dict, whe
     rp = rope_for_layer(spec, "full_attention")
     if rp is None or rp.rope_type != "default" or not rp.theta:
         kind = rp.rope_type if rp is not None else "none"
-        raise UsageError(f"RoPE type {kind!r}: vLLM 0.33's DeepseekV2MLAAttention turns any non-default rope_type "
+        raise UsageError(f"RoPE type {kind!r}: vLLM {newest_read('vllm')}'s DeepseekV2MLAAttention turns any non-default rope_type "
                          "into deepseek_yarn (vllm/model_executor/models/deepseek_v2.py); only default RoPE converts",
                          file=where, field=rp.path if rp is not None else "rope_theta")
     act = spec.get("hidden_act") or config.get("hidden_act", "silu")
@@ -329,7 +330,7 @@ def _refuse_source(o, arch, spec, config: dict, tensors: dict, layers: dict, whe
     for names in layers.values():
         extra = sorted(set(names) - set(SOURCE_ATTENTION) - set(SOURCE_BIASES))
         if extra:
-            raise InputError("o_proj bias or q/k norm: vLLM 0.33's DeepseekV2MLAAttention has neither (its o_proj "
+            raise InputError(f"o_proj bias or q/k norm: vLLM {newest_read('vllm')}'s DeepseekV2MLAAttention has neither (its o_proj "
                              "has no bias; q/k biases are folded into the weights)",
                              file=getattr(tensors[names[extra[0]]], "file", weights_file), field=names[extra[0]])
         for n in names.values():

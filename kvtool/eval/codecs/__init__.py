@@ -20,6 +20,11 @@ from typing import Callable
 
 CODECS: dict[str, str] = {
     "fp8": "kvtool.eval.codecs.fp8:roundtrip",
+    "per_token_head": "kvtool.eval.codecs.per_token_head:roundtrip",
+    "int4_per_token_head": "kvtool.eval.codecs.per_token_head:roundtrip_int4",
+    "turboquant": "kvtool.eval.codecs.turboquant:roundtrip",
+    "ultraquant": "kvtool.eval.codecs.ultraquant:roundtrip",
+    "octave": "kvtool.eval.codecs.octave:roundtrip",
 }
 
 _loaded: dict[str, Callable] = {}

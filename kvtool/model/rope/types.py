@@ -228,7 +228,8 @@ for _kind in (
     RopeKind("llama3", "Llama 3.1: low frequencies / factor, high kept, a smooth band between",
              ("factor", "original_max_position_embeddings", "low_freq_factor", "high_freq_factor"),
              compute=_math("llama3"), validate=_check_llama3, context="as_is", applicable=True),
-    RopeKind("proportional", "proportional RoPE (transformers, vLLM >= 0.33): rotary part spread over the full head_dim",
+    # vLLM serves it from 0.33 (its rotary_embedding get_rope); transformers 5 (rope_utils)
+    RopeKind("proportional", "proportional RoPE (transformers, vLLM): rotary part spread over the full head_dim",
              (), frozenset({"factor"}), compute=_math("proportional"), validate=_check_factor, whole_head=True),
     RopeKind("ntk", "fixed NTK base stretch (vLLM), optionally mixed", ("factor",), frozenset({"mixed_b"}),
              compute=_math("ntk"), validate=_check_factor, engines=("vllm",)),

@@ -156,9 +156,13 @@ KV_DTYPE_EXCERPTS: dict[str, tuple[str, ...]] = {
                                                    "k_scales_bytes", "v_codes_bytes", "v_scales_bytes", "slot_size"),
     _B + "triton_attn.py": ("TritonAttentionBackend.customize_spec", "TritonAttentionBackend." + _KINDS),
     _B + "flashinfer.py": ("FlashInferBackend.customize_spec", "FlashInferBackend." + _KINDS),
-    _B + "turboquant_attn.py": ("TurboQuantAttentionBackend.customize_spec", "TurboQuantAttentionBackend." + _KINDS),
-    _B + "rocm_octave_attn.py": ("RocmOctaveAttentionBackend.customize_spec", "RocmOctaveAttentionBackend." + _KINDS),
-    _B + "ultraquant_attn.py": ("UltraQuantAttentionBackend.customize_spec", "UltraQuantAttentionBackend." + _KINDS),
+    _B + "turboquant_attn.py": ("TurboQuantAttentionBackend.customize_spec", "TurboQuantAttentionBackend." + _KINDS,
+                                "_build_hadamard_cached", "TurboQuantAttentionImpl._prefill_attention"),
+    _B + "rocm_octave_attn.py": ("RocmOctaveAttentionBackend.customize_spec", "RocmOctaveAttentionBackend." + _KINDS,
+                                 "_DECODE_MAX_QUERY_LEN", "RocmOctaveAttentionImpl.forward",
+                                 "RocmOctaveAttentionImpl._prefill"),
+    _B + "ultraquant_attn.py": ("UltraQuantAttentionBackend.customize_spec", "UltraQuantAttentionBackend." + _KINDS,
+                                "UltraQuantAttentionImpl._prefill_attention"),
     _B + "b12x.py": ("_B12X_FP8_KV_CACHE_DTYPES", "_B12X_SUPPORTED_KV_CACHE_DTYPES",
                      "B12xPagedAttentionBackend." + _KINDS),
     **{_B + f: tuple(f"{c}.{_KINDS}" for c in classes) for f, classes in {
@@ -355,8 +359,38 @@ def extract_mla(src_root: Path, version: str, backends: bool = False) -> None:
         _write_excerpts(src_root, version, rel, names, out_dir / excerpt_name(rel))
 
 
+# The KV codecs' oracles (tests/eval/codecs/): vLLM's PyTorch reference and Triton store code for the TurboQuant,
+# UltraQuant and Octave caches, whole files, run as they are (Triton under TRITON_INTERPRET=1), written to
+# tests/data/vllm/<release>/reference/:
+#
+#     python tests/data/vllm/extract.py /tmp/vllm/src 0.33.0 --reference
+REFERENCE_FILES = (
+    "vllm/model_executor/layers/quantization/turboquant/centroids.py",
+    "vllm/model_executor/layers/quantization/turboquant/config.py",
+    "vllm/v1/attention/ops/triton_turboquant_store.py",
+    "vllm/v1/attention/ops/triton_turboquant_decode.py",
+    "vllm/v1/attention/ops/triton_decode_attention.py",
+    "vllm/v1/attention/ops/ultraquant/reference.py",
+    "vllm/v1/attention/ops/ultraquant/format.py",
+    "vllm/v1/attention/ops/ultraquant/triton_store.py",
+    "vllm/v1/attention/ops/rocm_octave.py",
+)
+
+
+def extract_reference(src_root: Path, version: str) -> None:
+    out_dir = HERE / version / "reference"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for rel in REFERENCE_FILES:
+        target = out_dir / excerpt_name(rel)
+        head = f"# vLLM {version}, {rel} (Apache-2.0, https://github.com/vllm-project/vllm); the whole file, verbatim"
+        target.write_text(head + "\n" + (src_root / rel).read_text(encoding="utf-8"), encoding="utf-8")
+        print(f"wrote {target}")
+
+
 if __name__ == "__main__":
-    if sys.argv[3:] == ["--releases"]:
+    if sys.argv[3:] == ["--reference"]:
+        extract_reference(Path(sys.argv[1]), sys.argv[2])
+    elif sys.argv[3:] == ["--releases"]:
         extract_release(Path(sys.argv[1]), sys.argv[2])
     elif sys.argv[3:] == ["--batch"]:
         extract(Path(sys.argv[1]), sys.argv[2], BATCH_EXCERPTS, BATCH_DIR / sys.argv[2])

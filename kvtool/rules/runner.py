@@ -1,4 +1,4 @@
-"""The lint engine: open a checkpoint, build its spec, run every checker, filter by selection."""
+"""lint's rule runner: open a checkpoint, build its spec, run every checker, filter by selection."""
 
 from __future__ import annotations
 
