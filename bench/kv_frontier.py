@@ -70,8 +70,11 @@ def markdown(results: dict) -> str:
                          f"{m['ppl_ratio_se']:.4f} | {m['kld_mean']:.5f} ± {m['kld_se']:.5f} | "
                          f"{m['top1_agreement']:.4f} | {front or '-'} | {'ok' if o['passed'] else 'FAILED'} |")
         for v in r.get("conversions", []):
-            lines.append(f"\n{v['option']}: {'beats' if v['beats_dtypes'] else 'does not beat'} the dtypes at no "
-                         f"more bytes (best: {v['rival']})")
+            if v["rival"] is None:
+                lines.append(f"\n{v['option']}: no dtype of the model is that small")
+            else:
+                lines.append(f"\n{v['option']}: {'beats' if v['beats_dtypes'] else 'does not beat'} the dtypes at "
+                             f"no more bytes (best: {v['rival']})")
         lines.append("")
     return "\n".join(lines)
 

@@ -378,15 +378,14 @@ def recommend(opts: list[SweepOption]) -> SweepOption | None:
 def conversion_verdicts(opts: list[SweepOption]) -> list[dict]:
     """For each conversion option: does it beat MODEL's own options (dtypes) at no more KV bytes per token?
     beats: its PPL ratio and KLD are both lower than those of every MODEL option that costs no more bytes
-    (True where none costs that little); rival: the best such MODEL option (lowest KLD)."""
+    (None where none costs that little: nothing to compare); rival: the best such MODEL option (lowest KLD)."""
     mine = [o for o in opts if not o.candidate]
     out = []
     for c in (o for o in opts if o.candidate):
         cheaper = [o for o in mine if o.bytes_per_token <= c.bytes_per_token]
         rival = min(cheaper, key=lambda o: _num(o.metrics, "kld_mean")) if cheaper else None
-        if rival is None:
-            beats = True
-        else:
+        beats: bool | None = None
+        if rival is not None:
             beats = all(_num(c.metrics, k) < min(_num(o.metrics, k) for o in cheaper) for k in ("ppl_ratio", "kld_mean"))
         out.append({"option": c.label, "kv_bytes_per_token": c.bytes_per_token, "beats_dtypes": beats,
                     "rival": rival.label if rival else None,

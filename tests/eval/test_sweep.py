@@ -135,7 +135,7 @@ def test_pareto_recommend_and_conversion_verdicts_on_given_figures():
     assert sweep.recommend(opts) is conv  # the smallest that passes
     verdicts = {v["option"]: v for v in sweep.conversion_verdicts(opts)}
     assert verdicts["mqa + bf16"]["beats_dtypes"] and verdicts["mqa + bf16"]["rival"] == "int4"
-    assert verdicts["mqa + int4"]["beats_dtypes"] and verdicts["mqa + int4"]["rival"] is None
+    assert verdicts["mqa + int4"]["beats_dtypes"] is None and verdicts["mqa + int4"]["rival"] is None
     assert not verdicts["gqa + fp8"]["beats_dtypes"] and verdicts["gqa + fp8"]["rival"] == "fp8"
     assert sweep.pareto([(1, math.nan), (2, 1.0)]) == [False, True]
 
