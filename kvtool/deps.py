@@ -48,4 +48,6 @@ def require_torch(what: str) -> None:
         except (ImportError, ValueError):
             found = False
         if not found:
-            raise missing(name, what)
+            err = missing(name, what)
+            assert err is not None  # each of these is one of kvtool's optional packages
+            raise err

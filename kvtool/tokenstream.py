@@ -116,7 +116,7 @@ def first_tokens(tokenizer, sources: Iterable, budget: int | None = None, *, spe
     `tokenizer(text, add_special_tokens=True)`."""
     sources = list(sources)
     head, tail = _specials(tokenizer) if special_tokens else ([], [])
-    need = None if budget is None else max(budget - len(head), 0)
+    need = None if budget is None else max(budget - len(head or ()), 0)
     if head is None:  # special tokens not around the text: the tokenizer adds them itself, on the prefix
         got = _prefix(tokenizer, pieces(sources), budget, special_tokens=True)
     elif need == 0:
@@ -171,11 +171,11 @@ def _windowed(tokenizer, stream: Iterator[str], need: int | None) -> Tokens:
         if last:
             j, cut = len(ids), len(window)
         else:
-            j = _cut(window, offs, i0, len(window) - HOLD)
-            if j is None:  # no token boundary far enough from the end: a longer window
+            at = _cut(window, offs, i0, len(window) - HOLD)
+            if at is None:  # no token boundary far enough from the end: a longer window
                 want *= 2
                 continue
-            cut = offs[j - 1][1]
+            j, cut = at, offs[at - 1][1]
         out.extend(ids[i0:j])
         h.update(window[ctx:cut].encode("utf-8", "surrogatepass"))
         chars += cut - ctx

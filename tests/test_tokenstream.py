@@ -218,3 +218,22 @@ def test_a_file_over_the_limit_is_refused_when_it_is_given(tmp_path):
     with pytest.raises(InputError) as got:
         ts.TextFile(str(path), "text", limit=2000)
     assert got.value.line() == f"{path}: text: text file is larger than the 2000 byte limit"
+
+
+class Fused(Words):
+    """add_special_tokens changes the text's first token (a BOS merged into it), so the special tokens are not
+    around the text's own: first_tokens leaves them to the tokenizer, on the growing prefix."""
+
+    def __call__(self, text, add_special_tokens=True, return_offsets_mapping=False, verbose=True):
+        out = super().__call__(text, False, return_offsets_mapping, verbose)
+        if add_special_tokens and out["input_ids"]:
+            out["input_ids"] = [-out["input_ids"][0], *out["input_ids"][1:]]
+        return out
+
+
+def test_special_tokens_not_around_the_text_with_a_budget(small_windows):
+    """With a budget this used to stop on len(None) (the tokens before the text unknown), a TypeError."""
+    text = _texts()["prose"][:5000]
+    for budget in (None, 3, 200):
+        got = _check(Fused(), text, budget, special_tokens=True, windowed=False)
+        assert got.ids[0] < 0

@@ -66,6 +66,7 @@ def _top_level(tree: ast.Module) -> list[ast.stmt]:
     return out
 
 
+@functools.lru_cache(maxsize=None)
 def _source(module: str) -> Path | None:
     """kvtool.x.y -> kvtool/x/y.py (or its __init__), a tests/ helper name -> tests/**/name.py."""
     parts = module.split(".")
@@ -76,21 +77,41 @@ def _source(module: str) -> Path | None:
                 return p
         return None
     if len(parts) == 1:
-        hits = sorted((REPO / "tests").rglob(f"{module}.py"))
+        hits = _test_modules().get(module)
         return hits[0] if hits else None
     return None
 
 
 @functools.lru_cache(maxsize=None)
-def heavy(module: str, _seen: frozenset = frozenset()) -> bool:
-    """Importing `module` imports torch (or transformers ...)."""
-    if module.split(".")[0] in TORCH_LIBS:
-        return True
+def _test_modules() -> dict[str, list[Path]]:
+    """Every .py file under tests/ by its name, sorted (one walk of the tree, not one per import looked up)."""
+    out: dict[str, list[Path]] = {}
+    for p in sorted((REPO / "tests").rglob("*.py")):
+        out.setdefault(p.stem, []).append(p)
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def _imports(module: str) -> frozenset[str]:
+    """What importing `module` imports at top level (kvtool's modules and tests/ helpers only)."""
     path = _source(module)
-    if path is None or module in _seen:
-        return False
-    tree = _tree(path)
-    return tree is not None and any(heavy(m, _seen | {module}) for m in _names(_top_level(tree)))
+    tree = _tree(path) if path is not None else None
+    return frozenset(_names(_top_level(tree))) if tree is not None else frozenset()
+
+
+@functools.lru_cache(maxsize=None)
+def heavy(module: str) -> bool:
+    """Importing `module` imports torch (or transformers ...): a walk of the top-level import graph (each module's
+    imports read once, a loop visited once)."""
+    seen, todo = set(), [module]
+    while todo:
+        m = todo.pop()
+        if m.split(".")[0] in TORCH_LIBS:
+            return True
+        if m not in seen:
+            seen.add(m)
+            todo.extend(_imports(m))
+    return False
 
 
 def module_is_heavy(path: Path) -> bool:
@@ -121,10 +142,21 @@ def needs_torch(item) -> bool:
 
 
 def _functions(tree: ast.Module, names: tuple[str, ...]) -> list[ast.AST]:
-    wanted = set(names)
-    return [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name in wanted]
+    by_name = _function_index(tree)
+    return [n for name in dict.fromkeys(names) for n in by_name.get(name, ())]
 
 
+@functools.lru_cache(maxsize=None)
+def _function_index(tree: ast.Module) -> dict[str, list[ast.AST]]:
+    """The functions (at any depth) of a parsed file by name, in ast.walk order: one walk per file, not per test."""
+    out: dict[str, list[ast.AST]] = {}
+    for n in ast.walk(tree):
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            out.setdefault(n.name, []).append(n)
+    return out
+
+
+@functools.lru_cache(maxsize=None)
 def _conftests(path: Path) -> list[Path]:
     out = []
     for folder in path.parents:

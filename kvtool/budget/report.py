@@ -112,7 +112,7 @@ def _ranges(idx: list[int]) -> str:
     for i in idx + [None]:
         if start is None:
             start = prev = i
-        elif i is not None and i == prev + 1:
+        elif i is not None and prev is not None and i == prev + 1:
             prev = i
         else:
             out.append(f"{start}" if start == prev else f"{start}-{prev}")

@@ -117,7 +117,9 @@ _SURROGATE_ESCAPE, _SURROGATE_ESCAPE_B = re.compile(r"\\u[dD]"), re.compile(rb"\
 def may_hold_surrogate(text: str | bytes) -> bool:
     """Whether a JSON text (or its UTF-8 bytes) can decode to a string holding a surrogate: only a `\\ud..` escape
     makes one (UTF-8 cannot hold it). re finds it by its literal prefix, ~4x faster than `in` on 3.5 MB."""
-    return (_SURROGATE_ESCAPE_B if isinstance(text, bytes) else _SURROGATE_ESCAPE).search(text) is not None
+    if isinstance(text, bytes):
+        return _SURROGATE_ESCAPE_B.search(text) is not None
+    return _SURROGATE_ESCAPE.search(text) is not None
 
 
 def lone_surrogate(s: str) -> str | None:

@@ -307,6 +307,7 @@ def copy_source(src: str | os.PathLike, dst: str | os.PathLike, *, expect: Ident
         if link and _hard_link(src, dst, ident):
             return "link"
         out = create(dst, 0o600)
+        closed = False
         try:
             if _reflink(fd, out):
                 how = "reflink"
@@ -321,11 +322,11 @@ def copy_source(src: str | os.PathLike, dst: str | os.PathLike, *, expect: Ident
             check_unchanged(src, ident, fd)
         except BaseException:
             os.close(out)
-            out = None
+            closed = True
             os.unlink(dst)
             raise
         finally:
-            if out is not None:
+            if not closed:
                 os.close(out)
         return how
     finally:

@@ -107,6 +107,7 @@ def is_inside(root: Path, name: str) -> bool:
 
 def _index_files(scan: WeightScan, root: Path) -> list[str]:
     """Shard names from the index, refusing any that escape the model folder or do not exist."""
+    assert scan.index_doc is not None  # called only for a checkpoint with an index
     wm = scan.index_doc.data.get("weight_map")
     if not isinstance(wm, dict) or not wm:
         what = "empty" if isinstance(wm, dict) else "missing or not an object"

@@ -40,6 +40,7 @@ def write(ckpt, plan: Plan, *, dst: str | Path | None = None, in_place: bool = F
     text = dump_json_like(plan.config)
     if in_place:
         return _write_in_place(ckpt, text)
+    assert dst is not None  # the command and recipes pass DST unless in_place
     return _write_dst(ckpt, Path(dst), text, link=link)
 
 
@@ -84,6 +85,7 @@ def run(a: RopeOptions, echo: Callable[[str], None] = console.out) -> int:
     plan = plan_change(ckpt.config, source, a)
 
     key, rp = target_params(spec, a.layer_type)
+    assert plan.spec is not None  # plan_change always builds it
     new_key, new_rp = target_params(plan.spec, a.layer_type)
     st_before = sh.state_of(spec, key, rp, switches=switches)
     st_after = sh.state_of(plan.spec, new_key, new_rp, params=plan.new, switches=switches)

@@ -116,6 +116,7 @@ def describe(before: RopeState, after: RopeState | None = None, *, original: int
         for i in _rows(len(wb)):
             lines.append(f"  {i:4d}  {_fmt_len(wb[i]):>18}")
     else:
+        assert after.inv_freq is not None  # returned above otherwise
         wa = wavelengths(after.inv_freq)
         lines.append("  pair  before(tokens)    after(tokens)   stretch")
         for i in _rows(len(wb)):

@@ -332,7 +332,7 @@ def release_free_memory() -> None:
         _malloc_trim(0)
 
 
-_malloc_trim = None
+_malloc_trim: Any = None  # glibc's malloc_trim once looked up (False where there is none), None before
 
 
 def _to_meta(module: nn.Module) -> None:

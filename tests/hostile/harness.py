@@ -1,4 +1,5 @@
-"""One checker for every hostile-input case: run kvtool in a subprocess and assert its contract.
+"""One checker for every hostile-input case: run kvtool (in-process where as faithful, else in a subprocess:
+`run_kvtool`) and assert its contract.
 
 A case is a command line plus the folders it must not change. `check_refusal` asserts:
 the documented exit code; exactly one stderr line, naming the file (and field, when given);
@@ -12,7 +13,9 @@ import hashlib
 import os
 import subprocess
 import sys
+import threading
 import time
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -53,9 +56,37 @@ class Result:
     lines: list[str] = field(default_factory=list)
 
 
+# Where a run happens. A subprocess is what a user runs, and the only place that shows start-up (sys.path, imports),
+# signals, closed or odd standard streams, the interpreter's own traceback and exit; it costs a fresh interpreter and
+# kvtool's imports (~0.3-0.5 s CPU for a refusal, seconds when torch loads) per run. A run that changes none of
+# those (no stdin, input, working folder, wrapper or environment of its own but the trap) goes through the same
+# entry kvtool.cli._entry takes, in this process: its own stdout / stderr descriptors, fd 0 on /dev/null, guarded
+# streams, console.settle, Python's default warning filters, a fresh sys.argv, and a watchdog that ends the worker
+# (a failure, never a hang) past the time bound; not while another thread runs in this process (a test's stand-in
+# server: what it prints would land in the run's stderr). One test in SUBPROCESS_SHARE (by its test id, so the same ones
+# every run) still runs every case as a subprocess, and KVTOOL_TEST_SUBPROCESS=1 runs them all so (docs/testing.md).
+SUBPROCESS_ENV = "KVTOOL_TEST_SUBPROCESS"
+SUBPROCESS_SHARE = 8
+
+
+def in_process(*, env: dict | None = None, cwd=None, stdin=subprocess.DEVNULL, input=None, prefix=()) -> bool:
+    """Whether this run goes in-process (see above)."""
+    if prefix or input is not None or stdin is not subprocess.DEVNULL or cwd is not None:
+        return False
+    if set(env or {}) - {TRAP_ENV} or os.environ.get(SUBPROCESS_ENV):
+        return False
+    if threading.active_count() > 1:  # a test's own thread (a stand-in server) would write where the run reads
+        return False
+    test = os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0]
+    return zlib.crc32(test.encode()) % SUBPROCESS_SHARE != 0
+
+
 def run_kvtool(args: list[str], *, cwd: Path | None = None, env: dict | None = None, stdin=subprocess.DEVNULL,
                timeout: float = TIME_BOUND_S, input: bytes | None = None, prefix: list[str] = ()) -> Result:
-    """kvtool in a subprocess; `prefix` runs it under a wrapper (e.g. setpriv dropping root's file capabilities)."""
+    """kvtool as `python -m kvtool ARGS` runs it; `prefix` runs it under a wrapper (e.g. setpriv dropping root's
+    file capabilities). In this process where that is as faithful (`in_process`), else in a subprocess."""
+    if in_process(env=env, cwd=cwd, stdin=stdin, input=input, prefix=prefix):
+        return _run_here([str(a) for a in args], env=env or {}, timeout=timeout)
     e = dict(os.environ)
     e.setdefault("OMP_NUM_THREADS", "1")
     e.pop("KVTOOL_DEBUG", None)
@@ -69,6 +100,84 @@ def run_kvtool(args: list[str], *, cwd: Path | None = None, env: dict | None = N
     err = p.stderr.decode("utf-8", "replace")
     return Result(p.returncode, p.stdout.decode("utf-8", "replace"), err, dt,
                   [ln for ln in err.splitlines() if ln.strip()])
+
+
+def _run_here(args: list[str], *, env: dict, timeout: float) -> Result:
+    """kvtool.cli._entry's run in this process, its output read from descriptors 1 and 2 (what a library or torch
+    writes there directly included). Restores the environment, streams, descriptors, argv and log handlers."""
+    import faulthandler
+    import io
+    import logging
+    import tempfile
+    import traceback
+    import warnings
+
+    from kvtool import cli, console
+
+    saved_env = dict(os.environ)
+    saved_streams = sys.stdin, sys.stdout, sys.stderr
+    saved_argv = sys.argv
+    saved_fds = {fd: os.dup(fd) for fd in (0, 1, 2)}
+    handlers = [h for lg in [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]
+                for h in getattr(lg, "handlers", ()) if type(h) is logging.StreamHandler]
+    handler_streams = [h.stream for h in handlers]
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        t0 = time.monotonic()
+        try:
+            os.environ.pop("KVTOOL_DEBUG", None)
+            os.environ.update(env)
+            null = os.open(os.devnull, os.O_RDONLY)
+            os.dup2(null, 0)
+            os.close(null)
+            os.dup2(out.fileno(), 1)
+            os.dup2(err.fileno(), 2)
+            sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8", write_through=True)
+            sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8",
+                                          errors="backslashreplace", write_through=True)
+            sys.argv = [str(Path(cli.__file__).with_name("__main__.py")), *args]
+            console.guard_streams()
+            for h in handlers:  # a library's handler made earlier writes where a fresh one would: this stderr
+                h.stream = sys.stderr  # not setStream: it flushes the old stream, which may be closed
+            faulthandler.dump_traceback_later(timeout, exit=True, file=saved_fds[2])
+            with warnings.catch_warnings():  # a fresh interpreter's filters; shown on stderr (pytest records them)
+                warnings.resetwarnings()
+                warnings.simplefilter("default")
+                for category in (DeprecationWarning, PendingDeprecationWarning, ImportWarning, ResourceWarning):
+                    warnings.filterwarnings("ignore", category=category)
+                warnings.showwarning = _show_warning
+                try:
+                    rc = cli.main(args)
+                except SystemExit as exc:  # the interpreter's reading of sys.exit(code)
+                    rc = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
+                    if not isinstance(exc.code, (int, type(None))):
+                        console.out(str(exc.code), err=True)
+                except BaseException:  # noqa: BLE001 - what the interpreter would print, and its exit code
+                    sys.stderr.write(traceback.format_exc())
+                    rc = 1
+                rc = console.settle(rc)
+        finally:
+            faulthandler.cancel_dump_traceback_later()
+            seconds = time.monotonic() - t0
+            for h, stream in zip(handlers, handler_streams):
+                h.stream = stream
+            sys.stdin, sys.stdout, sys.stderr = saved_streams
+            sys.argv = saved_argv
+            for fd, saved in saved_fds.items():
+                os.dup2(saved, fd)
+                os.close(saved)
+            os.environ.clear()
+            os.environ.update(saved_env)
+            console.FAILED.clear()
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read().decode("utf-8", "replace"), err.read().decode("utf-8", "replace")
+    return Result(rc, stdout, stderr, seconds, [ln for ln in stderr.splitlines() if ln.strip()])
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    import warnings
+
+    sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
 
 
 def check_refusal(args: list[str], *, sources: list[Path], dst: Path | None = None, exit_code: int = 2,
