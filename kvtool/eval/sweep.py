@@ -98,8 +98,9 @@ def emulation_key(name: str) -> str:
     and their kv_emulations.json rows (through `alias_of`): codec, params, scales, the reads."""
     from kvtool.model import kv_emulations
 
-    row = dataclasses.replace(kv_dtypes.table()[name], name="", citation={}, platform=None)
-    key: dict = {"row": dataclasses.asdict(row)}
+    row = {k: v for k, v in dataclasses.asdict(kv_dtypes.table()[name]).items()
+           if k not in ("name", "citation", "platform")}
+    key: dict = {"row": row}
     emu, seen = kv_emulations.get(name), {name}
     while emu is not None and emu.alias_of and emu.alias_of not in seen:
         seen.add(emu.alias_of)
