@@ -107,6 +107,11 @@ def render_text(r) -> console.Text:
     if r.memory and r.memory.get("windows_moved"):
         lines.append(f"windows   {r.memory['windows_moved']} started up to a few tokens late so that their text "
                      "tokenizes back to their tokens")
+    reads = (r.memory or {}).get("cache_reads")
+    if reads:
+        from kvtool.eval.served_reads import line
+
+        lines.append(line(reads))
     lines.append(f"ppl       {m['ppl']:.4f} ± {m['ppl_se']:.4f}")
     if r.baseline:
         lines.append(f"baseline  {m['baseline_ppl']:.4f} ± {m['baseline_ppl_se']:.4f}")

@@ -82,6 +82,9 @@ def check_served(o: EvalOptions) -> None:
     """The served options' refusals: options only the local path has (a mixed run's local side takes device,
     dtype and the KV-cache emulation), a mixed run without the baseline's served name, bounds."""
     if not o.server and not o.baseline_server:
+        for name in ("served_kv_cache_dtype", "served_chunk"):
+            if getattr(o, name) is not None:
+                raise UsageError("describes a server; it goes with --server or --baseline-server", option=name)
         return
     if not o.server and o.baseline is None:
         raise UsageError("names the baseline served at --baseline-server (MODEL is then the local candidate "
@@ -157,7 +160,8 @@ def apply(p: EvalPlan, *, device: str | None = None, progress: bool | None = Non
         return served.evaluate(p.model, server=o.server, baseline=o.baseline, baseline_server=o.baseline_server,
                                texts=p.texts, text_name=p.text_name, max_length=o.max_length, stride=o.stride,
                                max_tokens=o.max_tokens, top_logprobs=o.top_logprobs, timeout=o.server_timeout,
-                               gates=p.gates, progress=progress, local=local)
+                               gates=p.gates, progress=progress, local=local,
+                               served_kv_cache_dtype=o.served_kv_cache_dtype, served_chunk=o.served_chunk)
     if o.kv_sweep:
         from kvtool.eval import sweep
 

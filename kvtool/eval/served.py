@@ -27,7 +27,7 @@ import numpy as np
 
 from kvtool import progress as kv_progress
 from kvtool.errors import InputError, UsageError
-from kvtool.eval import topk
+from kvtool.eval import served_reads, topk
 from kvtool.eval.server import Server
 from kvtool.eval.sums import Sums
 from kvtool.eval.windows import Window, windows
@@ -75,10 +75,12 @@ def _scored(sw: ServedWindow, positions: list) -> list:
 
 
 def evaluate_served(cand, base, text: str, *, max_length: int, stride: int, max_tokens: int | None, k: int,
-                    progress: bool | None = None) -> tuple[Sums, dict]:
+                    progress: bool | None = None, served_kv_cache_dtype: str | None = None,
+                    served_chunk: int | None = None) -> tuple[Sums, dict]:
     """Score cand (against base) on text; the sums and what the report says about how. Each side is a Server or,
     in a mixed run, a LocalSide (never both local): the served side tokenizes and cuts the windows, the other
-    side must tokenize the text into the same ids."""
+    side must tokenize the text into the same ids. served_kv_cache_dtype / served_chunk: what the candidate's
+    server (else the served baseline's) serves, where it does not tell (kvtool.eval.served_reads)."""
     served = cand if isinstance(cand, Server) else base
     served.connect()
     other = base if served is cand else cand
@@ -89,6 +91,7 @@ def evaluate_served(cand, base, text: str, *, max_length: int, stride: int, max_
                              "are named differently, so their alternatives cannot be compared", option="baseline_server")
     elif other is not None:
         other.connect(served)
+    reads = served_reads.observe(served, declared_dtype=served_kv_cache_dtype, declared_chunk=served_chunk)
     ids = served.tokenize(text)
     if max_tokens is not None:
         ids = ids[:max_tokens]
@@ -108,11 +111,15 @@ def evaluate_served(cand, base, text: str, *, max_length: int, stride: int, max_
     ws = windows(len(ids), max_length, stride)
     sums = Sums()
     moved = 0
+    prefilled = []  # per window: (tokens the engine prefills, index of the first scored target, targets scored)
     t0 = time.perf_counter()
     with kv_progress.task("eval (served)", total=len(ids) - 1, unit="tok", enabled=progress, rate=True) as bar:
         for w in ws:
             sw = prepare(served, ids, w)
             moved += sw.begin != w.begin
+            shift = 0 if sw.bos is None else 1  # a BOS the server puts first is a prefilled token too
+            n = min(w.n_scored, sw.n_prompt - 1)
+            prefilled.append((sw.n_prompt + shift, sw.n_prompt - n + shift, n))
             c = _scored(sw, cand.score(sw, k))
             b = _scored(sw, base.score(sw, k)) if base is not None else None
             _add(sums, c, b, k, served)
@@ -120,7 +127,9 @@ def evaluate_served(cand, base, text: str, *, max_length: int, stride: int, max_
     local = other if isinstance(other, LocalSide) else None
     about = {"mode": "served" if local is None else "served+local", "server": served.url,
              "family": served.family.name, "top_logprobs": k, "windows": len(ws), "windows_moved": moved,
-             "seconds": time.perf_counter() - t0, "kld_estimator": ESTIMATOR}
+             "seconds": time.perf_counter() - t0, "kld_estimator": ESTIMATOR,
+             "cache_reads": dict(served_reads.summary(reads, prefilled, max_length=max_length, stride=stride),
+                                 side="candidate" if served is cand else "baseline")}
     if isinstance(base, Server):
         about["baseline_server"] = base.url
     if tokenization is not None:
@@ -285,19 +294,22 @@ def _add(sums: Sums, c: list, b: list | None, k: int, cand: Server) -> None:
 def evaluate(model: str, *, server: str | None, baseline: str | None = None, baseline_server: str | None = None,
              texts=None, text_name: str | None = None, max_length: int = 1024, stride: int | None = None,
              max_tokens: int | None = None, top_logprobs: int = 20, timeout: float = 300.0, gates=None,
-             progress: bool | None = None, local: dict | None = None):
+             progress: bool | None = None, local: dict | None = None, served_kv_cache_dtype: str | None = None,
+             served_chunk: int | None = None):
     """`kvtool eval MODEL --server URL [--baseline NAME] [--baseline-server URL]` as a library: the
     kvtool.eval.api.EvalReport of the model served under the name MODEL at URL, against the baseline served under
     NAME (default MODEL) at --baseline-server (default URL) when either is given. Mixed runs (sides(): one side a
     local model folder): `--server URL --baseline FOLDER`, or `FOLDER --baseline-server URL --baseline NAME`;
-    local: the local side's device, dtype, kv_cache_dtype and kv_scales."""
+    local: the local side's device, dtype, kv_cache_dtype and kv_scales. served_kv_cache_dtype / served_chunk:
+    what the server serves where it does not tell (the report's `cache_reads`, kvtool.eval.served_reads)."""
     from kvtool.eval.api import EvalReport
 
     stride = stride if stride is not None else max(1, max_length // 2)
     cand, base = sides(model, server=server, baseline=baseline, baseline_server=baseline_server, timeout=timeout,
                        local=dict(local or {}, progress=progress))
     sums, about = evaluate_served(cand, base, _text(texts), max_length=max_length, stride=stride,
-                                  max_tokens=max_tokens, k=top_logprobs, progress=progress)
+                                  max_tokens=max_tokens, k=top_logprobs, progress=progress,
+                                  served_kv_cache_dtype=served_kv_cache_dtype, served_chunk=served_chunk)
     seconds, n_windows = about.pop("seconds"), about.pop("windows")
     served = cand if isinstance(cand, Server) else base
     r = EvalReport(model=_name(cand), label=None, baseline=_name(base) if base is not None else None,

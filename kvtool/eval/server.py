@@ -13,7 +13,7 @@ What a request may do (docs/eval.md, "Against a running server"):
   GET); any other is one line naming the status and where it pointed. Only http and https are spoken at all: the
   opener has no ftp, file or data handler;
 - the answer is read up to `response_limit` bytes (a larger Content-Length is refused before reading), must be
-  JSON (a Content-Type other than JSON is refused), UTF-8, with bounded integers and nesting
+  JSON (a Content-Type other than JSON is refused; only vLLM's Prometheus /metrics is read as text/plain), UTF-8, with bounded integers and nesting
   (kvtool.io.jsonfile.parse_json) and no key twice in an object.
 """
 
@@ -38,7 +38,8 @@ from kvtool.io import jsonfile, urls
 # JSON-escaped (a 100-byte token of \\uXXXX escapes is 600 bytes) and its numbers (logprob, rank, offset).
 OVERHEAD = 64 * 2**10  # the envelope: ids, names, usage, the generated token
 ENTRY_BYTES = 2048
-MODELS_LIMIT = 2**20  # GET /v1/models: a list of names
+MODELS_LIMIT = 2**20  # GET /v1/models: a list of names (also /server_info)
+METRICS_LIMIT = 8 * 2**20  # GET /metrics: Prometheus text (kvtool.eval.served_reads reads one gauge of it)
 ERROR_BODY_LIMIT = 65536  # an HTTP error's body: read for its message only
 MAX_REDIRECTS = 4
 READ_CHUNK = 1 << 16
@@ -49,7 +50,7 @@ def response_limit(path: str, body: dict | None) -> int:
     alternatives + the token itself + the generated one) entries; /tokenize 16 bytes per byte of text (an id and
     its separator per byte at most); /detokenize an entry per id; anything else (/v1/models) MODELS_LIMIT."""
     if body is None:
-        return MODELS_LIMIT
+        return METRICS_LIMIT if path == "/metrics" else MODELS_LIMIT
     prompt = body.get("prompt", body.get("input", body.get("tokens")))
     if path.endswith("completions"):
         k = int(body.get("prompt_logprobs") or body.get("logprobs") or 0)
@@ -204,14 +205,16 @@ class Server:
     def error(self, message: str) -> InputError:
         return InputError(message, file=self.url, option=self.option)
 
-    def request(self, path: str, body: dict | None = None, *, missing_ok: bool = False) -> Any:
-        """GET (body None) or POST JSON; the decoded JSON answer. missing_ok: a 404 / 405 returns None.
+    def request(self, path: str, body: dict | None = None, *, missing_ok: bool = False, text: bool = False) -> Any:
+        """GET (body None) or POST JSON; the decoded JSON answer (text: a text/plain answer as str, e.g.
+        Prometheus' /metrics). missing_ok: a 404 / 405 returns None.
         The whole request, redirects included, within one --server-timeout."""
         data = None if body is None else json.dumps(body).encode()
         limit = response_limit(path, body)
         method = "GET" if body is None else "POST"
         url = self.target.base + path
-        headers = {"Content-Type": "application/json", "Accept": "application/json", **self.target.authorization()}
+        headers = {"Content-Type": "application/json", "Accept": "text/plain" if text else "application/json",
+                   **self.target.authorization()}
         timed_out = self.error(f"{path}: no complete answer within {self.timeout:g} s (--server-timeout: the "
                                "deadline of the whole request)")
         with _Deadline(self.timeout) as deadline:
@@ -232,7 +235,7 @@ class Server:
                             raise _Expired from None
                         raise self.error(f"{path}: HTTP {exc.code}: {message}") from None
                     with resp:
-                        raw = self._read(path, resp, limit, deadline)
+                        raw = self._read(path, resp, limit, deadline, text)
                     break
             except _Expired:
                 raise timed_out from None
@@ -250,6 +253,11 @@ class Server:
                 raise self.error(f"{path}: {type(exc).__name__}: {_said(exc)}") from None
             if deadline.expired:
                 raise timed_out
+        if text:
+            try:
+                return raw.decode("utf-8")
+            except UnicodeDecodeError:
+                raise self.error(f"{path}: the answer is not UTF-8 text ({raw[:60]!r})") from None
         return self._decode(path, raw)
 
     def _redirect(self, path: str, exc: urllib.error.HTTPError, method: str, url: str, hop: int) -> str:
@@ -271,10 +279,13 @@ class Server:
                            "as a GET without its body; only 307 and 308 keep them)")
         return target
 
-    def _read(self, path: str, resp, limit: int, deadline: _Deadline) -> bytes:
+    def _read(self, path: str, resp, limit: int, deadline: _Deadline, text: bool = False) -> bytes:
         """The body, at most limit bytes: a Content-Length past it, or more bytes, are refused unread."""
         kind = (resp.headers.get("Content-Type") or "application/json").split(";")[0].strip().lower()
-        if kind != "application/json" and not kind.endswith("+json"):
+        if text:
+            if kind != "text/plain":
+                raise self.error(f"{path}: the answer is {kind[:60]!r}, not text/plain (Content-Type)")
+        elif kind != "application/json" and not kind.endswith("+json"):
             raise self.error(f"{path}: the answer is {kind[:60]!r}, not JSON (Content-Type)")
         length = resp.headers.get("Content-Length")
         too_large = self.error(f"{path}: the answer is larger than the {limit} bytes this request can produce "

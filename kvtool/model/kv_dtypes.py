@@ -133,7 +133,21 @@ def _grouped_shape(d: KvDtype, head_dim: int, rope_dim: int | None) -> str | Non
     return None
 
 
-SHAPE_CHECKS = {"octave": _octave_shape, "ultraquant": _grouped_shape}
+# the head sizes of vLLM 0.33's one NVFP4 backend (vllm/v1/attention/backends/flashinfer.py
+# FlashInferBackend.get_supported_head_sizes; tests/model/test_kv_dtypes.py reads it)
+NVFP4_HEAD_SIZES = (64, 128, 256, 512)
+
+
+def _nvfp4_shape(d: KvDtype, head_dim: int, rope_dim: int | None) -> str | None:
+    # vllm/utils/torch_utils.py nvfp4_kv_cache_full_dim / nvfp4_split_data_scale: head_size // 2 bytes of e2m1 and
+    # head_size // 16 e4m3 scales per head; FlashInfer, the backend that serves it, takes the sizes above
+    if head_dim % d.block or head_dim not in NVFP4_HEAD_SIZES:
+        return (f"vLLM serves NVFP4 with FlashInfer only, for head_dim {', '.join(map(str, NVFP4_HEAD_SIZES))} "
+                f"(head_dim {head_dim})")
+    return None
+
+
+SHAPE_CHECKS = {"octave": _octave_shape, "ultraquant": _grouped_shape, "nvfp4": _nvfp4_shape}
 
 
 @lru_cache(maxsize=1)

@@ -43,6 +43,14 @@ class EvalOptions:
                                     "--max-logprobs, 20 by default).")
     server_timeout: float = option(300.0, minimum=1, maximum=86400,
                                    help="With a server: seconds one request may take (no retries).")
+    served_kv_cache_dtype: str | None = option(None, choices=kv_dtypes.names(),
+                                               help="With a server: the --kv-cache-dtype it serves, when it does not "
+                                                    "tell (vLLM's /metrics does); the report says what its prefill "
+                                                    "read from the cache (kvtool/eval/served_reads.json).")
+    served_chunk: int | None = option(None, minimum=1,
+                                      help="With a server: the tokens it prefills at once (vLLM "
+                                           "--max-num-batched-tokens with chunked prefill), when it does not tell "
+                                           "(/server_info in vLLM's dev mode does).")
     text: list[str] = option(default_factory=list, repeatable=True, schema=TEXT_FILES,
                              help="UTF-8 text file(s), joined into one stream.")
     dataset: str | None = option(None, schema={"type": "string", "minLength": 1},

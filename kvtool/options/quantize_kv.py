@@ -8,6 +8,7 @@ from kvtool.progress import FLAG_HELP
 
 DEFAULT_OBSERVER = "absmax-pow2:2"  # kept equal to kvtool.quantize.observers.DEFAULT_OBSERVER (a test checks)
 STRATEGIES = ("tensor", "attn_head")  # kvtool.quantize.calibrate.STRATEGIES (a test checks)
+FORMATS = ("e4m3", "e5m2", "nvfp4")  # kvtool.quantize.formats.FORMATS (a test checks)
 MIN_CALIB_TOKENS = 16  # fewer tokens give too few samples of each head's amax to set a scale on
 
 
@@ -26,14 +27,18 @@ class QuantizeOptions:
     seq_len: int = option(512, recipe="calibration.seq_len", minimum=8, help="Tokens per calibration sequence.")
     strategy: str = option("tensor", choices=STRATEGIES,
                            help="tensor (one scale per layer) | attn_head (one per KV head).")
-    observer: str = option(DEFAULT_OBSERVER, schema={"type": "string", "pattern": "^[a-z][a-z0-9_-]*(:[0-9.]+)?$"},
-                           help="absmax[:H] | absmax-pow2[:H] | attn-out[:H] | percentile:P | mse (default "
-                                "absmax-pow2:2: 2x the observed max, rounded up to a power of two).")
+    observer: str | None = option(None, schema={"type": "string", "pattern": "^[a-z][a-z0-9_-]*(:[0-9.]+)?$"},
+                                  help="absmax[:H] | absmax-pow2[:H] | attn-out[:H] | percentile:P | mse (default: "
+                                       "the format's; e4m3 / e5m2: absmax-pow2:2, 2x the observed max rounded up to "
+                                       "a power of two; nvfp4: absmax, the global scale amax / 2688).")
     q_scales: bool = option(True, negatable=True,
                             help="Also calibrate the queries' scales and write <attention>.q_scale beside k_scale / "
                                  "v_scale: vLLM loads them and its FP8-query backends (FlashAttention 3 on "
                                  "Hopper, FlashInfer, Triton) divide queries by them; without them it uses 1.0.")
-    format: str = option("e4m3", choices=("e4m3",), help="FP8 format of the cache: e4m3.")
+    format: str = option("e4m3", choices=FORMATS,
+                         help="The KV cache the scales are for: e4m3 (vLLM --kv-cache-dtype fp8 / fp8_e4m3) | e5m2 "
+                              "(fp8_e5m2) | nvfp4 (nvfp4 and nvfp4_4over6: k_scale / v_scale are NVFP4's per-layer "
+                              "global scales).")
     device: str = option("auto", recipe=False, help="auto | cuda | cuda:N | cpu.")
     dtype: str = option("auto", recipe=False, help="Model dtype for calibration: auto (bf16 on CUDA, fp32 on CPU) | "
                                                    "bf16 | fp16 | fp32.")

@@ -29,8 +29,12 @@ from dataclasses import dataclass, field
 import torch
 
 from kvtool.runtime.layerwise import LayerwiseModel, find_layers, run_layer
-from kvtool.quantize.formats import Fp8Format, roundtrip
+from kvtool.quantize.formats import FORMATS, Fp8Format, roundtrip
 from kvtool.quantize.observers import DEFAULT_OBSERVER, make_observer, parse_spec
+
+# vLLM rounds queries to e4m3 whatever the cache (Attention.__init__ query_quant: QuantFP8 with
+# current_platform.fp8_dtype(), for fp8 and nvfp4 caches): q_scale is an e4m3 scale for every --format
+QUERY_FORMAT = FORMATS["e4m3"]
 
 STRATEGIES = ("tensor", "attn_head")
 
@@ -228,7 +232,7 @@ def _calibrate_layers(lm: LayerwiseModel, batches: list[torch.Tensor], *, observ
             obs = observers.get((layer_idx, "q"))
             if obs is None:
                 obs = observers[(layer_idx, "q")] = make_observer(q_observer, num_heads=query.shape[1],
-                                                                  per_head=per_head, fmt=fmt)
+                                                                  per_head=per_head, fmt=QUERY_FORMAT)
             obs.update(query)
         return query
 

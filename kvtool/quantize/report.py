@@ -22,6 +22,20 @@ def render_plan(src, dst, calib_tokens: int, eval_tokens: int) -> console.Text:
         f"  estimate     {costs.quantize_kv(shape, calib_tokens, eval_tokens).line()}"])
 
 
+def serve_line(fmt) -> str:
+    """How to serve the scales written for `fmt` (kvtool.quantize.formats.Fp8Format; None: e4m3)."""
+    from kvtool.quantize.formats import FORMATS
+
+    fmt = fmt or FORMATS["e4m3"]
+    line = f"serve with vLLM --kv-cache-dtype {' or '.join(fmt.serves)}"
+    if fmt.kind != "fp8":
+        # vLLM 0.33 loads an unquantized model's KV scales only through compressed-tensors' kv_cache_scheme, which
+        # accepts num_bits 8 type float only (CompressedTensorsKVCacheMethod.validate_kv_cache_scheme)
+        line += (f" (given explicitly: the scheme can only say FP8; these are {fmt.name} global scales, "
+                 f"amax / {fmt.max:g}, not FP8 ones)")
+    return line
+
+
 def render(result) -> console.Text:
     c = result.calibration
     lines = [
@@ -34,8 +48,9 @@ def render(result) -> console.Text:
         + (f", q_scale {_fmt_range(c.q.values())}" if getattr(c, "q", None) else ""),
         (f"  source shards: {len(result.linked)} hard-linked, {len(result.copied)} copied (unchanged)" if result.linked
          else f"  source shards: {len(result.copied)} copied (unchanged)"),
-        "  config.json: quantization_config.kv_cache_scheme (compressed-tensors); serve with vLLM --kv-cache-dtype fp8",
+        "  config.json: quantization_config.kv_cache_scheme (compressed-tensors); " + serve_line(result.format),
     ]
+    lines += [f"  {line}" for line in result.ignoring]
     for note in c.notes:
         lines.append(f"  note: {note}")
     if result.quality:
@@ -60,8 +75,8 @@ def versus_scale_one(rows) -> str | None:
     The SE of a difference between two rows is taken as sqrt(se1^2 + se2^2) from their paired SEs
     against the original: an upper bound, since both rows share the original's tokens and most of
     their FP8 noise (the rows' per-token values are not kept to pair them directly)."""
-    one = next((r for r in rows if r.label == "fp8 scale 1.0"), None)
-    cal = next((r for r in rows if r.label.startswith("fp8 calibrated")), None)
+    one = next((r for r in rows if r.label.endswith(" scale 1.0")), None)
+    cal = next((r for r in rows if " calibrated (" in r.label), None)
     if one is None or cal is None:
         return None
     parts, worse = [], []

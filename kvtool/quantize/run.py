@@ -20,6 +20,8 @@ class QuantizeResult:
     copied: list[str]
     quality: list = field(default_factory=list)  # EvalReport per row: original, scale 1.0, calibrated
     config: dict | None = None
+    format: object = None  # kvtool.quantize.formats.Fp8Format
+    ignoring: list[str] = field(default_factory=list)  # ignoring_lines(): the dtypes these scales do not serve
 
 
 def read_texts(files: list[str], option: str) -> list:
@@ -36,15 +38,32 @@ def read_texts(files: list[str], option: str) -> list:
 def check_options(opts: QuantizeOptions) -> None:
     """The option checks that need no checkpoint; torch-free (`--dry-run` runs them too). The declared choices
     and bounds are the options object's own check (kvtool/options/fields.py), run again after a caller's edits."""
-    from kvtool.quantize.formats import get_format
+    from kvtool.quantize.formats import check_combination, get_format
     from kvtool.quantize.observer_specs import parse_spec
 
     from kvtool.datasets import check_calibration_source
 
     opts.check()
     check_calibration_source(opts.calib_text, opts.calib_dataset)
-    parse_spec(opts.observer)
-    get_format(opts.format)
+    fmt = get_format(opts.format)
+    entry, _ = parse_spec(observer_of(opts))
+    check_combination(fmt, opts.strategy, entry.name)
+
+
+def observer_of(opts: QuantizeOptions) -> str:
+    """--observer, or the format's default (kvtool.quantize.formats.FORMATS `default_observer`)."""
+    from kvtool.quantize.formats import get_format
+
+    return opts.observer or get_format(opts.format).default_observer
+
+
+def ignoring_lines() -> list[str]:
+    """One line per --kv-cache-dtype that does not read the scales quantize-kv writes (kv_emulations.json rows
+    whose `scales` is not "checkpoint"); torch-free."""
+    from kvtool.model import kv_emulations
+
+    return [f"{name}: ignores checkpoint scales ({kv_emulations.SCALES_WORDS[row.scales]})"
+            for name, row in kv_emulations.table().items() if row.scales != "checkpoint"]
 
 
 def tokenize_windows(tokenizer, texts: list, n_tokens: int, seq_len: int):
@@ -138,10 +157,22 @@ def plan(src: str, dst: str, opts: QuantizeOptions) -> QuantizePlan:
     spec = check_model(ckpt)
     arch = spec.arch
     check_destination(Path(dst), force=opts.force, protect=[src_path])
-    entry, _ = parse_spec(opts.observer)
+    _check_servable(opts.format, spec, str(ckpt.config_path))
+    entry, _ = parse_spec(observer_of(opts))
     new_config = with_kv_cache_scheme(ckpt.config, strategy=opts.strategy, observer_name=entry.name,
                                       config_file=str(ckpt.config_path))
     return QuantizePlan(src=src, dst=dst, opts=opts, ckpt=ckpt, arch=arch, spec=spec, new_config=new_config)
+
+
+def _check_servable(format_name: str, spec, config_file: str) -> None:
+    """Refuse scales for a format vLLM cannot serve at this head size (kv_dtypes.json's shape checks)."""
+    from kvtool.model import kv_dtypes
+    from kvtool.quantize.formats import get_format
+
+    fmt = get_format(format_name)
+    problems = [kv_dtypes.get(d).slot_problem(spec.head_dim or 0, None) for d in fmt.serves]
+    if all(problems):
+        raise InputError(f"--format {fmt.name}: {problems[0]}", file=config_file, field="head_dim")
 
 
 def quantize_kv(src: str, dst: str, opts: QuantizeOptions, *, log=None) -> QuantizeResult:
@@ -193,7 +224,7 @@ def apply(p: QuantizePlan, *, log=None) -> QuantizeResult:
         # one decoder layer's weights at a time, read onto the device (kvtool.runtime.layerwise)
         with open_layerwise(src, device=device, dtype=dtype, attn="sdpa", layers_path=layers_path,
                             layerwise=opts.layerwise) as lm:
-            result = calibrate_layers(lm, batches, observer=canonical(opts.observer), strategy=opts.strategy,
+            result = calibrate_layers(lm, batches, observer=canonical(observer_of(opts)), strategy=opts.strategy,
                                       fmt=fmt, num_kv_heads=spec.num_kv_heads, bar=bar, q_scales=opts.q_scales)
             held = describe(lm)
             if lm.mode == "whole_model" and not opts.no_eval:
@@ -212,7 +243,7 @@ def apply(p: QuantizePlan, *, log=None) -> QuantizeResult:
     if not opts.no_eval:
         if model is None:  # the folder: the report reads one decoder layer at a time (kvtool.eval.layerwise)
             model = src
-        quality = quality_report(model, tok, result, eval_texts, opts, device)
+        quality = quality_report(model, tok, result, eval_texts, opts, device, fmt)
         prov["quality"] = [{"label": r.label, **{k: r.metrics.get(k) for k in
                             ("ppl", "baseline_ppl", "ppl_ratio", "ppl_ratio_se", "kld_mean", "kld_se", "top1_agreement",
                              "tokens")}}
@@ -227,7 +258,8 @@ def apply(p: QuantizePlan, *, log=None) -> QuantizeResult:
         summary = write_output(Path(src), tmp, config=new_config, scales=scales, metadata=meta, provenance=prov,
                                link=opts.link, validated=identities(p.ckpt.headers))
     return QuantizeResult(dst=Path(dst), calibration=result, scale_tensors=summary.scale_tensors,
-                          linked=summary.linked, copied=summary.copied, quality=quality, config=new_config)
+                          linked=summary.linked, copied=summary.copied, quality=quality, config=new_config,
+                          format=fmt, ignoring=ignoring_lines())
 
 
 def _provenance(p: QuantizePlan, result, scales: dict, text_sha256: str, calib_label: list[str], n: int, held,
@@ -238,6 +270,7 @@ def _provenance(p: QuantizePlan, result, scales: dict, text_sha256: str, calib_l
     prov = {
         "kvtool_version": __version__, "command": "quantize-kv", "source": str(p.src),
         "model_type": p.spec.model_type, "format": fmt.name, "vllm_kv_cache_dtype": fmt.vllm_cache_dtype,
+        "serves": list(fmt.serves),
         "strategy": p.opts.strategy, "observer": result.observer, "scale_point": "post_rope",
         "q_scales": bool(result.q),
         "calibration": {"tokens": n, "sequences": result.sequences, "seq_len": p.opts.seq_len,
@@ -258,8 +291,12 @@ def _provenance(p: QuantizePlan, result, scales: dict, text_sha256: str, calib_l
     return prov
 
 
-def quality_report(model, tok, result, eval_texts, opts: QuantizeOptions, device) -> list:
-    """Original vs FP8 with scale 1.0 vs FP8 calibrated, on held-out text, via kvtool eval."""
+def quality_report(model, tok, result, eval_texts, opts: QuantizeOptions, device, fmt=None) -> list:
+    """Original vs the format's cache with scale 1.0 vs calibrated, on held-out text, via kvtool eval. A format eval
+    does not emulate (kv_dtypes.emulated) gets no report: a note says so."""
+    from kvtool.model import kv_dtypes
+    from kvtool.quantize.formats import FORMATS
+
     from kvtool.eval.api import Candidate, evaluate_many
     from kvtool.eval.fp8 import KVScales
 
@@ -267,12 +304,17 @@ def quality_report(model, tok, result, eval_texts, opts: QuantizeOptions, device
         model.to(device)
     calibrated = KVScales.from_mapping({i: (result.k[i], result.v[i], result.q.get(i)) for i in result.k},
                                        source="calibrated")
+    fmt = fmt or FORMATS["e4m3"]
+    kv = fmt.eval_dtype
+    if kv not in kv_dtypes.emulated():
+        result.notes.append(f"no quality report: kvtool eval does not emulate --kv-cache-dtype {kv}")
+        return []
     window = min(1024, opts.eval_tokens)
     t0 = time.perf_counter()
     rows = evaluate_many(
         [Candidate(model, "off", label="original"),
-         Candidate(model, "fp8", "one", label="fp8 scale 1.0"),
-         Candidate(model, "fp8", calibrated, label=f"fp8 calibrated ({result.observer}, {result.strategy})")],
+         Candidate(model, kv, "one", label=f"{kv} scale 1.0"),
+         Candidate(model, kv, calibrated, label=f"{kv} calibrated ({result.observer}, {result.strategy})")],
         baseline=model, texts=eval_texts, max_length=window, max_tokens=opts.eval_tokens,
         device=str(device), dtype=opts.dtype, tokenizer=tok,
         text_name=("--eval-text" if eval_texts else "pydoc (built-in held-out evaluation text)"))

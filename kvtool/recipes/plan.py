@@ -183,7 +183,10 @@ def plan_quantize_kv(recipe: Recipe, step: Step, state: PlanState) -> str:
     # a recipe's quantize-kv step writes no quality report: its eval step measures
     est = costs.quantize_kv(_shape(state), o.calib_tokens)
     state.written_by = step.index
-    return f"FP8 KV scales ({o.strategy}, observer {o.observer})" + _estimate_note(est)
+    from kvtool.quantize.run import observer_of
+
+    kind = "NVFP4" if o.format == "nvfp4" else "FP8"
+    return f"{kind} KV scales ({o.strategy}, observer {observer_of(o)})" + _estimate_note(est)
 
 
 def plan_lint(recipe: Recipe, step: Step, state: PlanState) -> str:

@@ -114,8 +114,10 @@ def test_octave_refuses_a_head_size_its_format_cannot_pack(tmp_path, capsys):
                                   "max_position_embeddings": 2048, "torch_dtype": "bfloat16"})  # head_dim 80
     rc, _, err = run(capsys, str(tmp_path / "m"), "--kv-cache-dtype", "octave_k3v4")
     assert rc == 2 and "multiples of 64" in err
-    assert run_json(capsys, str(tmp_path / "m"), "--kv-cache-dtype", "nvfp4")["kv_bytes_per_token"] \
-        == 2 * (40 + 5) * 32 * 4
+    assert run_json(capsys, str(tmp_path / "m"), "--kv-cache-dtype", "fp8")["kv_bytes_per_token"] == 2 * 80 * 32 * 4
+    # NVFP4's one backend, FlashInfer, serves head_dim 64 / 128 / 256 / 512 only
+    rc, _, err = run(capsys, str(tmp_path / "m"), "--kv-cache-dtype", "nvfp4")
+    assert rc == 2 and "FlashInfer only" in err
 
 
 def test_every_vllm_dtype_is_a_choice():

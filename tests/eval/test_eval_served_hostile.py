@@ -135,3 +135,25 @@ def test_a_local_baseline_folder_the_server_also_serves_is_ambiguous(hostile, te
     assert main(["eval", "honest", "--server", hostile, "--baseline", "./honest", "--text", text, *WINDOW,
                  "--dry-run"]) == 0
     assert "against ./honest (local)" in capsys.readouterr().out
+
+
+def test_the_report_says_what_the_served_figure_includes(hostile, text, capsys):
+    """A server that does not tell its KV-cache dtype or chunk (no vLLM /metrics gauge, no /server_info): the
+    report says so; declared, it counts the scored tokens by what their attention read from the cache
+    (kvtool.eval.served_reads, tests/eval/test_served_reads.py)."""
+    rc = main(["eval", "honest", "--server", hostile, "--text", text, *WINDOW])
+    out, _ = capsys.readouterr()
+    assert rc == 0 and "cache     served kv_cache_dtype not known" in out
+    rc = main(["eval", "honest", "--server", hostile, "--text", text, *WINDOW, "--format", "json",
+               "--served-kv-cache-dtype", "turboquant_k8v4"])
+    d = json.loads(capsys.readouterr().out)["memory"]["cache_reads"]
+    assert rc == 0 and d["includes_cache_cost"] == "none" and d["tokens"]["raw"] == 39 and d["chunk"] is None
+    # windows of 16, stride 8: a chunk of 4 leaves in each window only context and the first targets raw
+    rc = main(["eval", "honest", "--server", hostile, "--text", text, *WINDOW, "--served-kv-cache-dtype",
+               "turboquant_k8v4", "--served-chunk", "4"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "chunks of 4 (--served-chunk)" in out and "only earlier" not in out
+    assert "leaves part of the cache's cost out" in out and "turboquant_attn.py" in out
+    rc = main(["eval", "honest", "--text", text, *WINDOW, "--served-chunk", "4"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "--served-chunk" in err and "goes with --server" in err

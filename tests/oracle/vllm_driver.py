@@ -3,11 +3,13 @@ in this one process (a shared start: torch and vLLM import once) and writes what
 
     python tests/oracle/vllm_driver.py jobs.json out.json
 
-A job: {"name", "model", "dtype", "kv_cache_dtype", "eager", "max_model_len", "prompts": [[ids...], ...]}.
+A job: {"name", "model", "dtype", "kv_cache_dtype", "eager", "max_model_len", "prompts": [[ids...], ...]}, and
+optionally the scheduler's "max_num_batched_tokens", "enable_chunked_prefill", "enable_prefix_caching".
 Per job it records the observed engine facts (block size, batched tokens, KV blocks and the logged
 "KV cache size" line, the KV-cache tensors' bytes), the prompt log-probabilities of each prompt's tokens,
 or the error that stopped the engine. A job {"probe": "fp8_store", ...} runs vLLM's CPU cache op
-(`cpu_attn_reshape_and_cache`) on given values and returns the stored bytes."""
+(`cpu_attn_reshape_and_cache`) on given values and returns the stored bytes; {"probe": "cpu_backend"} the KV-cache
+dtypes the CPU attention backend lists."""
 
 from __future__ import annotations
 
@@ -66,6 +68,13 @@ def batch_defaults(job: dict) -> dict:
             "serve_seqs": seqs[UsageContext.OPENAI_API_SERVER], "llm_seqs": seqs[UsageContext.LLM_CLASS]}
 
 
+def cpu_backend(job: dict) -> dict:
+    """The KV-cache dtypes vLLM's CPU attention backend lists (CPUAttentionBackend.supported_kv_cache_dtypes)."""
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    return {"name": job["name"], "supported_kv_cache_dtypes": list(CPUAttentionBackend.supported_kv_cache_dtypes)}
+
+
 def run(job: dict, capture: Capture) -> dict:
     from vllm import LLM, SamplingParams
 
@@ -75,13 +84,18 @@ def run(job: dict, capture: Capture) -> dict:
     llm = None
     try:
         kw = dict(model=job["model"], dtype=job.get("dtype", "auto"), enforce_eager=job.get("eager", True),
-                  max_model_len=job.get("max_model_len"), seed=0, kv_cache_dtype=job.get("kv_cache_dtype", "auto"))
+                  max_model_len=job.get("max_model_len"), seed=0, kv_cache_dtype=job.get("kv_cache_dtype", "auto"),
+                  max_num_batched_tokens=job.get("max_num_batched_tokens"),
+                  enable_chunked_prefill=job.get("enable_chunked_prefill"),
+                  enable_prefix_caching=job.get("enable_prefix_caching"))
         llm = LLM(**{k: v for k, v in kw.items() if v is not None})
         cfg = llm.llm_engine.vllm_config
         out["block_size"] = cfg.cache_config.block_size
         out["num_blocks"] = cfg.cache_config.num_gpu_blocks
         out["max_num_batched_tokens"] = cfg.scheduler_config.max_num_batched_tokens
         out["max_num_seqs"] = cfg.scheduler_config.max_num_seqs
+        out["chunked_prefill"] = cfg.scheduler_config.enable_chunked_prefill
+        out["prefix_caching"] = cfg.cache_config.enable_prefix_caching
         out["max_model_len"] = cfg.model_config.max_model_len
         out["cache_dtype"] = str(cfg.cache_config.cache_dtype)
         out["model_dtype"] = str(cfg.model_config.dtype)
@@ -119,7 +133,7 @@ def main() -> None:
     logging.getLogger("vllm").addHandler(capture)
     results = []
     for job in jobs:
-        probe = {"fp8_store": fp8_store, "batch_defaults": batch_defaults}.get(job.get("probe"))
+        probe = {"fp8_store": fp8_store, "batch_defaults": batch_defaults, "cpu_backend": cpu_backend}.get(job.get("probe"))
         results.append(probe(job) if probe else run(job, capture))
         print(json.dumps({k: v for k, v in results[-1].items() if k not in ("prompt_logprobs", "traceback", "stored")}),
               file=sys.stderr, flush=True)

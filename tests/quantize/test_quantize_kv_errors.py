@@ -38,7 +38,7 @@ def test_missing_calibration_file(capsys, tiny, tmp_path):
     ("--observer", "minmax", "--observer"),
     ("--observer", "percentile:101", "--observer"),
     ("--strategy", "channel", "--strategy"),
-    ("--format", "e5m2", "--format"),
+    ("--format", "e3m4", "--format"),
     ("--seq-len", "1", "--seq-len"),
     ("--calib-tokens", "3", "--calib-tokens"),
 ])
@@ -46,6 +46,27 @@ def test_bad_options(capsys, tiny, tmp_path, opt, value, field):
     src, text = tiny
     rc, err = _run(capsys, src, tmp_path / "out", "--calib-text", text, opt, value)
     assert rc == 2 and field in err and "Traceback" not in err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("extra, field, words", [
+    (("--strategy", "attn_head"), "--strategy", "one scale per layer"),
+    (("--observer", "mse"), "--observer", "rounds candidates through an FP8 cache"),
+    (("--observer", "attn-out"), "--observer", "rounds candidates through an FP8 cache"),
+])
+def test_nvfp4_refuses_per_head_scales_and_fp8_rounding_observers(capsys, tiny, tmp_path, extra, field, words):
+    """vLLM's NVFP4 stores read one global scale per layer; mse / attn-out try candidates through an FP8 cache."""
+    src, text = tiny
+    rc, err = _run(capsys, src, tmp_path / "out", "--calib-text", text, "--format", "nvfp4", *extra)
+    assert rc == 2 and field in err and words in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "out").exists()
+
+
+def test_nvfp4_refuses_a_head_size_vllm_does_not_serve_it_at(capsys, tiny, tmp_path, tiny_llama_config):
+    src, text = tiny
+    assert tiny_llama_config["hidden_size"] // tiny_llama_config["num_attention_heads"] not in (64, 128, 256, 512)
+    rc, err = _run(capsys, src, tmp_path / "out", "--calib-text", text, "--format", "nvfp4")
+    assert rc == 2 and "head_dim" in err and "FlashInfer" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "out").exists()
 
 

@@ -20,6 +20,9 @@ from typing import Callable
 
 CODECS: dict[str, str] = {
     "fp8": "kvtool.eval.codecs.fp8:roundtrip",
+    "nvfp4": "kvtool.eval.codecs.nvfp4:roundtrip",
+    "fp8_ds_mla": "kvtool.eval.codecs.ds_mla:roundtrip",
+    "nvfp4_ds_mla": "kvtool.eval.codecs.ds_mla:roundtrip_nvfp4",
     "per_token_head": "kvtool.eval.codecs.per_token_head:roundtrip",
     "int4_per_token_head": "kvtool.eval.codecs.per_token_head:roundtrip_int4",
     "turboquant": "kvtool.eval.codecs.turboquant:roundtrip",

