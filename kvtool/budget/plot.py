@@ -5,8 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from kvtool.budget.budget import Budget, BudgetOptions, figures
-from kvtool.errors import InputError, UsageError
-from kvtool.io.outputfile import replace
+from kvtool.io import plotfile
 
 GIB = 2**30
 
@@ -18,18 +17,8 @@ def _lengths(max_len: int) -> list[int]:
 
 
 def write_plot(spec, b: Budget, path: str) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise UsageError("needs matplotlib (pip install 'kvtool[plot]')", option="plot") from None
-    target = Path(path)
-    if target.suffix.lower() not in (".png", ".svg", ".pdf"):
-        raise UsageError(f"{path}: use a .png, .svg or .pdf file name", option="plot")
-    if not target.parent.is_dir():
-        raise InputError("folder does not exist", file=str(target.parent))
+    plt = plotfile.pyplot()
+    target = plotfile.check_target(path)
     o: BudgetOptions = b.options
     lengths = _lengths(b.max_model_len)
     fig, ax = plt.subplots(figsize=(8, 4.8), dpi=120)
@@ -49,8 +38,4 @@ def write_plot(spec, b: Budget, path: str) -> None:
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    # Rendered into a fresh file next to the destination and renamed, so a failure never leaves half a file.
-    try:
-        replace(target, lambda fh: fig.savefig(fh, format=target.suffix.lower()[1:]))
-    finally:
-        plt.close(fig)
+    plotfile.save(fig, target)

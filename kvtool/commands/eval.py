@@ -34,6 +34,10 @@ def register(app: typer.Typer) -> None:
             report = apply(p)
         if o.format == "json":
             console.out(console.json_text(_finite(report.as_dict()), indent=2, sort_keys=True))
+        elif o.kv_sweep:
+            from kvtool.eval.sweep import render_text as sweep_text
+
+            console.out(sweep_text(report))
         else:
             console.out(render_text(report))
         if not report.passed:

@@ -41,16 +41,42 @@ class Accumulator(Sums):
             self._add_chunk(logits[sl], targets[sl], None if base_logits is None else base_logits[sl])
 
     def _add_chunk(self, logits, targets, base_logits) -> None:
+        self._add_terms(logits, targets, None if base_logits is None else _base_terms(base_logits, targets))
+
+    def _add_terms(self, logits, targets, base: "tuple | None") -> None:
         c = torch.log_softmax(logits.float(), dim=-1)
         lc = c.gather(-1, targets[:, None])[:, 0]
         self.nll.add(-lc)
-        if base_logits is None:
+        if base is None:
             return
-        b = torch.log_softmax(base_logits.float(), dim=-1)
-        lb = b.gather(-1, targets[:, None])[:, 0]
+        b, pb, lb, top = base
         self.base_nll.add(-lb)
         self.diff.add(lb - lc)
         # clamp: rounding can make a per-token KL of identical distributions -1e-9
-        self.kld.add((b.exp() * (b - c)).sum(-1).clamp_min(0.0))
-        self.top1.add((b.argmax(-1) == c.argmax(-1)).to(torch.float64))
+        self.kld.add((pb * (b - c)).sum(-1).clamp_min(0.0))
+        self.top1.add((top == c.argmax(-1)).to(torch.float64))
         self.dp.add(lc.exp() - lb.exp())
+
+
+def _base_terms(base_logits, targets) -> tuple:
+    """What every candidate's comparison needs of the baseline: log-probs, probs, the target's, the argmax."""
+    b = torch.log_softmax(base_logits.float(), dim=-1)
+    return b, b.exp(), b.gather(-1, targets[:, None])[:, 0], b.argmax(-1)
+
+
+def add_many(accs: list, logits: list, targets: torch.Tensor, base_logits: torch.Tensor) -> None:
+    """Several candidates against one baseline on the same targets (`eval --kv-sweep`): Accumulator.add for each,
+    the baseline's terms computed once per chunk instead of once per candidate (the same arithmetic)."""
+    v = base_logits.shape[-1]
+    base_logits = base_logits.reshape(-1, v)
+    targets = targets.reshape(-1).to(base_logits.device)
+    flat = [x.reshape(-1, v) for x in logits]
+    for x in flat:
+        if x.shape[0] != targets.shape[0]:
+            raise ValueError(f"{x.shape[0]} rows of logits for {targets.shape[0]} targets")
+    step = max(1, _CHUNK_ELEMENTS // v)
+    for i in range(0, targets.shape[0], step):
+        sl = slice(i, i + step)
+        base = _base_terms(base_logits[sl], targets[sl])
+        for acc, x in zip(accs, flat):
+            acc._add_terms(x[sl].to(base_logits.device), targets[sl], base)

@@ -122,7 +122,9 @@ def plan(model: str, o: EvalOptions, *, texts=READ, text_name: str | None = None
 
     o.check()  # the declared choices and bounds (kvtool/options/eval.py), again after a caller's edits
     check_served(o)
-    limits = gate_limits(o) if gates is None else parse_limits(**gates)
+    check_sweep(o)
+    limits = sweep_limits(o) if o.kv_sweep and gates is None else gate_limits(o) if gates is None \
+        else parse_limits(**gates)
     if texts is READ:
         from kvtool.datasets import read_texts
 
@@ -134,7 +136,7 @@ def plan(model: str, o: EvalOptions, *, texts=READ, text_name: str | None = None
     if shape is None and local_paths(model, o):
         from kvtool.model.preflight import check_loadable
 
-        check_loadable(*local_paths(model, o))  # refuse a bad folder before torch and transformers are imported
+        check_loadable(*local_paths(model, o), *o.candidate)  # a bad folder: before torch and transformers
         refuse_unserved(local_paths(model, o)[0], o.kv_cache_dtype)  # the candidate (a mixed run: the local side)
     exact = tokens is not None
     if tokens is None:
@@ -160,6 +162,19 @@ def apply(p: EvalPlan, *, device: str | None = None, progress: bool | None = Non
                                max_tokens=o.max_tokens, top_logprobs=o.top_logprobs, timeout=o.server_timeout,
                                gates=p.gates, progress=progress, local=local,
                                served_kv_cache_dtype=o.served_kv_cache_dtype, served_chunk=o.served_chunk)
+    if o.kv_sweep:
+        from kvtool.eval import sweep
+
+        report = sweep.run(p.model, o.candidate, baseline=p.baseline, texts=p.texts, text_name=p.text_name,
+                           max_length=o.max_length, stride=o.stride, max_tokens=o.max_tokens,
+                           device=device or o.device, dtype=o.dtype, batch_size=o.batch_size,
+                           device_map=o.device_map, max_memory=p.max_memory, kv_scales=o.kv_scales,
+                           gates=p.gates, progress=progress)
+        if o.plot:
+            from kvtool.eval.sweep_plot import write_plot
+
+            write_plot(report, o.plot)
+        return report
     from kvtool.eval.api import evaluate
 
     return evaluate(p.model, p.baseline, texts=p.texts, text_name=p.text_name, max_length=o.max_length,
@@ -169,10 +184,44 @@ def apply(p: EvalPlan, *, device: str | None = None, progress: bool | None = Non
                     device_map=o.device_map, max_memory=p.max_memory, gates=p.gates, progress=progress)
 
 
+# what --kv-sweep decides itself (option -> the value it takes): the sweep chooses the KV-cache dtypes
+_SWEEP_FIXED = {"server": None, "baseline_server": None, "kv_cache_dtype": "auto", "fp8_attention": "cache-only"}
+
+
+def check_sweep(o: EvalOptions) -> None:
+    """--kv-sweep's refusals: the options it decides itself, --candidate and --plot without it, a plot file
+    kvtool cannot write (before any model loads)."""
+    if not o.kv_sweep:
+        for name in ("candidate", "plot"):
+            if getattr(o, name):
+                raise UsageError("goes with --kv-sweep", option=name)
+        return
+    for name, value in _SWEEP_FIXED.items():
+        if getattr(o, name) != value:
+            raise UsageError("--kv-sweep scores every KV-cache dtype of the model locally; it does not go with "
+                             "this option", option=name)
+    if o.plot:
+        from kvtool.io.plotfile import check_target
+
+        check_target(o.plot)
+
+
+def sweep_limits(o: EvalOptions) -> dict[str, float]:
+    """The sweep's gates: the command's, every option against the one baseline (MODEL itself by default)."""
+    from kvtool.eval.gate import parse_limits
+
+    off = o.max_ppl_increase.strip().lower() in ("off", "none", "")
+    return parse_limits(None if off else o.max_ppl_increase, o.max_kld, o.min_top1)
+
+
 def render_plan(p: EvalPlan) -> console.Text:
     """--dry-run: what will be evaluated and its estimated cost (kvtool.model.costs)."""
     about = "" if p.tokens_exact else "~"
     o = p.options
+    if o.kv_sweep:
+        from kvtool.eval.sweep import render_plan as sweep_plan
+
+        return sweep_plan(p.model, o.candidate, p.baseline)
     if o.server or o.baseline_server:
         local = local_paths(p.model, o)
         cand = f"{p.model} (local)" if not o.server else f"{p.model} served at {redact(o.server)}"

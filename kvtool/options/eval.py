@@ -86,6 +86,17 @@ class EvalOptions:
                                    help="Gate: mean KL(baseline||model), nats/token.")
     min_top1: float | None = option(None, recipe="thresholds.min_top1", minimum=0, maximum=1,
                                     help="Gate: top-1 agreement with the baseline.")
+    kv_sweep: bool = option(False, help="Score MODEL under every KV-cache dtype eval emulates that vLLM serves for "
+                                        "its attention, plus each --candidate, against one baseline pass; print "
+                                        "KV bytes per token, PPL ratio, KLD, top-1, the Pareto frontier and the "
+                                        "smallest option that passes the gates. docs/kv-frontier.md")
+    candidate: list[str] = option(default_factory=list, repeatable=True, metavar="DIR", applies=("--kv-sweep",),
+                                  schema={"type": "array", "items": {"type": "string", "minLength": 1}},
+                                  help="A converted checkpoint of MODEL (same tokenizer) on the same frontier, at "
+                                       "its own dtype and under every KV-cache dtype swept.")
+    plot: str | None = option(None, recipe=False, metavar="FILE.png", applies=("--kv-sweep",),
+                              help="Plot KV bytes per token against PPL ratio and KLD (.png, .svg or .pdf; needs "
+                                   "matplotlib); hollow marks fail the gates.")
     format: str = option("text", choices=FORMATS, recipe=False, help="text | json")
     dry_run: bool = option(False, recipe=False, help="Print the estimated peak memory and time; evaluate nothing.")
     progress: bool | None = option(None, negatable=True, recipe=False, help=FLAG_HELP)

@@ -170,7 +170,8 @@ def _check_servable(format_name: str, spec, config_file: str) -> None:
     from kvtool.quantize.formats import get_format
 
     fmt = get_format(format_name)
-    problems = [kv_dtypes.get(d).slot_problem(spec.head_dim or 0, None) for d in fmt.serves]
+    rows = [kv_dtypes.table()[d] for d in fmt.serves]  # formats.py names kv_dtypes rows (a test checks)
+    problems = [row.slot_problem(spec.head_dim or 0, None) for row in rows]
     if all(problems):
         raise InputError(f"--format {fmt.name}: {problems[0]}", file=config_file, field="head_dim")
 

@@ -31,7 +31,7 @@ ALLOWED = {
     ("kvtool/convert/aware/spill.py", "save_file"): "into a folder of its own from tempfile.mkdtemp (mode 0700, "
                                                     "random name): nothing can be planted there",
     ("kvtool/rope/show.py", "savefig"): "into the open file outputfile.replace hands it",
-    ("kvtool/budget/plot.py", "savefig"): "into the open file outputfile.replace hands it",
+    ("kvtool/io/plotfile.py", "savefig"): "into the open file outputfile.replace hands it",
     ("kvtool/fixtures.py", "mkdir"): "the fixture cache kvtool builds for its tests (never a model folder)",
     ("kvtool/fixtures.py", "open"): "the fixture cache's lock file",
     ("kvtool/fixtures.py", "save_pretrained"): "the fixture cache's own staging folder",
