@@ -176,14 +176,14 @@ def parse(data: Any, codecs=None, dtypes=None, file: str = str(FILE)) -> tuple[s
         if problem:
             raise ValueError(f"{file}: emulations.{name}.{problem}")
     for name, row in raw.items():
-        target = row.get("alias_of", name)
-        if target not in raw or "alias_of" in raw[target]:
-            raise ValueError(f"{file}: emulations.{name}.alias_of: {target!r} is not a row of the table")
-        r = raw[target]
+        source = row.get("alias_of", name)
+        if source not in raw or "alias_of" in raw[source]:
+            raise ValueError(f"{file}: emulations.{name}.alias_of: {source!r} is not a row of the table")
+        r = raw[source]
         rows[name] = Emulation(
             name=name, codec=r["codec"], params=MappingProxyType(dict(r["params"])), scales=r["scales"],
-            reads=_reads(name, r["reads"], f"{file}: emulations.{target}.reads"), match=r["match"], assumption=r["assumption"], oracle=r["oracle"],
-            citation=citation(r["citation"], f"{file}: emulations.{target}.citation"), fp8_attention=r.get("fp8_attention", False),
+            reads=_reads(name, r["reads"], f"{file}: emulations.{source}.reads"), match=r["match"], assumption=r["assumption"], oracle=r["oracle"],
+            citation=citation(r["citation"], f"{file}: emulations.{source}.citation"), fp8_attention=r.get("fp8_attention", False),
             alias_of=row.get("alias_of"))
     return data["release"], rows
 
