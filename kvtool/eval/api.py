@@ -600,8 +600,8 @@ def check_fp8_attention(name: str, kv_cache_dtype: str) -> None:
         raise UsageError(f"{name} quantizes attention only with an FP8 KV cache; not with kv_cache_dtype off",
                          option="fp8_attention")
     row = kv_emulations.get(kv_cache_dtype)
-    if row is not None and not row.fp8_attention:
-        with_it = ", ".join(n for n, r in kv_emulations.table().items() if r.fp8_attention)
+    if row is not None and not kv_emulations.takes_fp8_attention(row, name):
+        with_it = ", ".join(n for n, r in kv_emulations.table().items() if kv_emulations.takes_fp8_attention(r, name))
         raise UsageError(f"{name} is emulated with an {with_it} KV cache only; not with kv_cache_dtype "
                          f"{kv_cache_dtype}", option="fp8_attention")
 
@@ -708,8 +708,8 @@ def _emulation(c: Candidate, m: _Loaded) -> Emulated | None:
         scales = KVScales(source="one")  # vLLM: no scale in the checkpoint -> 1.0
     else:
         scales = stored
-    if row.fp8_attention:  # the e4m3 rows: vLLM's backends, their query / probability rounding included
-        hook = Fp8Attention(scales, backend(c.fp8_attention))
+    if row.fp8_attention:  # the FP8 rows: vLLM's backends, their query / probability rounding included
+        hook = Fp8Attention(scales, backend(c.fp8_attention), row.params["format"])
         kept: frozenset = frozenset()
     else:
         spec = build_spec(m.config)
