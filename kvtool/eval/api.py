@@ -588,9 +588,9 @@ def _sources(texts) -> list:
 
 
 def check_fp8_attention(name: str, kv_cache_dtype: str) -> None:
-    """--fp8-attention other than cache-only needs an FP8 e4m3 cache (vLLM rounds queries only when the KV cache is
-    fp8: Attention.__init__; the rows of kv_emulations.json with fp8_attention). The name itself is a declared
-    choice (kvtool/options/eval.py), checked there."""
+    """--fp8-attention other than cache-only needs an FP8 cache whose row takes that backend (vLLM rounds queries
+    only when the KV cache is fp8: Attention.__init__; kv_emulations.json fp8_attention: true, or a list naming it,
+    e.g. fp8_e5m2 with cpu). The name itself is a declared choice (kvtool/options/eval.py), checked there."""
     from kvtool.eval.fp8_backends import DEFAULT
     from kvtool.model import kv_emulations
 
