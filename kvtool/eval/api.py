@@ -234,7 +234,7 @@ def _evaluate(pool, cands, baseline, *, texts, max_length, stride, max_tokens, b
             stride=stride, batch_size=bs, text=text_name or ("pydoc (built-in evaluation text)" if texts is None else "text"),
             kv_cache_dtype=emu.kv["dtype"] if emu else str(torch_dtype).replace("torch.", ""),
             kv_scales=emu.scales.describe() if emu else None, seconds=seconds, forwards_per_window=forwards,
-            memory=memory, fp8_attention=emu.hook.describe() if emu and emu.kv.get("fp8_attention") else None,
+            memory=memory, fp8_attention=_fp8_attention_info(emu),
             kv_cache=emu.kv if emu else None)
         if gates:
             r.apply_gates(gates)
@@ -708,7 +708,9 @@ def _emulation(c: Candidate, m: _Loaded) -> Emulated | None:
         scales = KVScales(source="one")  # vLLM: no scale in the checkpoint -> 1.0
     else:
         scales = stored
-    if row.fp8_attention:  # the FP8 rows: vLLM's backends, their query / probability rounding included
+    # the e4m3 rows, or a row that lists the backend asked (fp8_e5m2 with cpu): vLLM's backends, their rounding of K/V
+    # (toward zero on its CPU build) and of queries / probabilities included; otherwise the row's codec
+    if row.fp8_attention is True or (row.fp8_attention and c.fp8_attention != DEFAULT):
         hook = Fp8Attention(scales, backend(c.fp8_attention), row.params["format"])
         kept: frozenset = frozenset()
     else:
@@ -716,6 +718,13 @@ def _emulation(c: Candidate, m: _Loaded) -> Emulated | None:
         hook = kv_emulation.build(name, scales, spec.layer_types, kv_emulation.model_params(spec))
         kept = hook.kept_layers
     return Emulated(hook, scales, kv_cache_info(row, scales.describe(), _granularity(scales), kept))
+
+
+def _fp8_attention_info(emu) -> dict | None:
+    """The --fp8-attention backend emulated (kvtool.eval.fp8.Fp8Attention / fp8_mla.Fp8Latent describe), else None
+    (a row's codec: fp8_e5m2 without --fp8-attention, though its row lists the backends it takes)."""
+    describe = getattr(emu.hook, "describe", None) if emu and emu.kv.get("fp8_attention") else None
+    return describe() if callable(describe) else None
 
 
 AUTO_EMULATION = "fp8_e4m3"  # what auto emulates when the checkpoint asks for an FP8 cache (vLLM: kv_cache_scheme)

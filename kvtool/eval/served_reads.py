@@ -1,13 +1,13 @@
 """What a served figure includes: whether vLLM's attention read each scored token's K/V back from its cache while
-it computed the prompt log-probabilities `kvtool eval --server` scores (served_reads.json, per --kv-cache-dtype,
-cited). No torch.
+it computed the prompt log-probabilities `kvtool eval --server` scores (per --kv-cache-dtype, cited: the `reads` of
+kvtool/model/kv_emulations.json, kv_emulations.reads()). No torch.
 
 Decoding writes every token into the cache and attends over the cache; local eval scores the model that way. A
 prefill chunk instead may attend over its own K/V as computed (`raw`): for TurboQuant and UltraQuant the first
 chunk always does, Octave does for chunks over 128 tokens. Earlier chunks of a request are read from the cache by
 every backend. So how much of a served window went through the cache depends on the dtype and on the chunk the
 server's scheduler prefills at once (vLLM `--max-num-batched-tokens` with chunked prefill; a prompt_logprobs
-request never reads the prefix cache: served_reads.json `prompt_logprobs_skip_prefix_cache`).
+request never reads the prefix cache: kv_emulations.json `prompt_logprobs_skip_prefix_cache_citation`).
 
 `observe` asks the server what it can tell: the cache dtype (vLLM's /metrics `vllm:cache_config_info`) and the
 chunk (its /server_info, present only with VLLM_SERVER_DEV_MODE=1); `--served-kv-cache-dtype` / `--served-chunk`
@@ -17,96 +17,15 @@ tokens whose attention read every key from the cache, only the earlier chunks', 
 
 from __future__ import annotations
 
-import json
 import re
-from dataclasses import dataclass
-from functools import lru_cache
-from pathlib import Path
 from typing import Any, Mapping
 
 from kvtool.errors import InputError, UsageError
+from kvtool.model.engine_tables import Citation
+from kvtool.model.kv_emulations import Reads, reads_of, skip_prefix_cache_citation
 
-FILE = Path(__file__).with_name("served_reads.json")
-READS = ("raw", "cache")  # or an int N: from the cache when the chunk has at most N tokens, raw above
-CITATION_KEYS = ("release", "file", "function")
 METRIC = "vllm:cache_config_info"
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
-
-
-@dataclass(frozen=True)
-class Reads:
-    name: str
-    first: str | int | None  # the request's first chunk: raw | cache | N (cache up to N tokens) | None (unserved)
-    later: str | int | None  # continuation chunks, the same
-    citation: Mapping[str, str]
-    lossless: bool = False  # auto: the cache holds the model's own dtype
-    why: str | None = None  # first None: why
-
-    @property
-    def cite(self) -> str:
-        c = self.citation
-        return f"vLLM {c['release']} {c['file']} {c['function']}"
-
-    def own_chunk_cached(self, first_chunk: bool, length: int) -> bool | None:
-        """Whether a chunk of `length` tokens reads its own K/V back from the cache (None: not known)."""
-        rule = self.first if first_chunk else self.later
-        if rule is None:
-            return None
-        if isinstance(rule, int):
-            return length <= rule
-        return rule == "cache"
-
-    @property
-    def first_prefill(self) -> str | None:
-        """kv_emulations.json's term: what a first prefill chunk longer than any threshold attends over."""
-        return None if self.first is None else ("cache" if self.first == "cache" else "raw")
-
-
-def _problem(row: Any) -> str | None:
-    if not isinstance(row, dict):
-        return "must be an object"
-    unknown = set(row) - {"first", "later", "citation", "lossless", "why"}
-    if unknown:
-        return f"{sorted(unknown)[0]}: unknown field"
-    for key in ("first", "later"):
-        v = row.get(key, "missing")
-        if not (v is None or v in READS or (isinstance(v, int) and not isinstance(v, bool) and v > 0)):
-            return f"{key}: must be raw, cache, a positive token count or null, got {v!r}"
-    if (row["first"] is None) != (row["later"] is None) or (row["first"] is None and not row.get("why")):
-        return "first / later null only together, with why"
-    c = row.get("citation")
-    if not isinstance(c, dict) or any(not isinstance(c.get(k), str) or not c.get(k) for k in CITATION_KEYS):
-        return f"citation: must name {', '.join(CITATION_KEYS)}"
-    return None
-
-
-@lru_cache(maxsize=1)
-def _load() -> tuple[dict, dict[str, Reads]]:
-    data = json.loads(FILE.read_text(encoding="utf-8"))
-    rows: dict[str, Reads] = {}
-    for name, row in data["reads"].items():
-        problem = _problem(row)
-        if problem:
-            raise ValueError(f"{FILE}: reads.{name}.{problem}")
-        rows[name] = Reads(name, row["first"], row["later"], row["citation"], bool(row.get("lossless")), row.get("why"))
-    return data, rows
-
-
-def table() -> dict[str, Reads]:
-    return _load()[1]
-
-
-def get(name: str) -> Reads | None:
-    return table().get(name)
-
-
-def cpu() -> dict:
-    """What vLLM's CPU build reads (the lane's engine): {"release", "first", "later", "dtypes", "citation"}."""
-    return _load()[0]["cpu"]
-
-
-def skip_prefix_cache_citation() -> Mapping[str, str]:
-    return _load()[0]["prompt_logprobs_skip_prefix_cache"]
 
 
 # --- what the server tells -----------------------------------------------------------------------------------
@@ -205,7 +124,7 @@ def summary(facts: dict, windows, *, max_length: int, stride: int) -> dict:
     """The report's `cache_reads`: facts (observe) + the row, its citation and the token counts, and whether the
     figure includes the cache's cost: "all" | "part" | "none" | "no cost" (auto) | "unknown"."""
     name = facts["kv_cache_dtype"]
-    row = get(name) if name else None
+    row = reads_of(name) if name else None
     counts = account(row, windows, facts["chunk"])
     scored = sum(counts.values())
     if row is None or counts["unknown"]:
@@ -222,7 +141,7 @@ def summary(facts: dict, windows, *, max_length: int, stride: int) -> dict:
                prefix_cache="not read: vLLM skips it for prompt_logprobs requests "
                             f"({_cite(skip_prefix_cache_citation())})")
     if row is not None:
-        out.update(first=row.first, later=row.later, citation=dict(row.citation))
+        out.update(first=row.first, later=row.later, citation=row.citation.as_json())
         if row.why:
             out["why"] = row.why
     if includes in ("part", "none", "unknown"):
@@ -245,7 +164,8 @@ def advice(row: Reads | None, *, max_length: int, stride: int) -> str:
             + "; the first window's first chunk stays raw) and pass --served-chunk if the server does not tell it")
 
 
-def _cite(c: Mapping[str, str]) -> str:
+def _cite(c: Citation | Mapping[str, str]) -> str:
+    c = c.as_json() if isinstance(c, Citation) else c
     return f"vLLM {c['release']} {c['file']} {c['function']}"
 
 
@@ -266,7 +186,7 @@ def line(s: dict) -> str:
     if inc == "no cost":
         return head + "the cache holds the model's dtype (nothing to include)"
     if inc == "unknown":
-        return head + f"what its prefill reads is not known ({s.get('why', 'no row in kvtool/eval/served_reads.json')})"
+        return head + f"what its prefill reads is not known ({s.get('why', 'no reads row in kvtool/model/kv_emulations.json')})"
     body = (f"{t['cache']} of {scored} scored tokens read every K/V back from the cache"
             + (f", {t['prefix']} only earlier chunks' (their own chunk raw)" if t["prefix"] else "")
             + (f", {t['raw']} none (first chunk, raw K/V)" if t["raw"] else "")

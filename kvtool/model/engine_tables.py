@@ -48,7 +48,8 @@ TABLES: dict[str, tuple[str, ...]] = {
     "schemas/engines/transformers_releases.json": ("releases_read", "facts"),  # generated: build_engine_tables.py
     "schemas/engines/mla_backends.json": ("common", "backends"),  # kvtool/engines/mla.py
     "kvtool/model/kv_dtypes.json": ("dtypes",),  # kvtool/model/kv_dtypes.py
-    "kvtool/model/kv_emulations.json": ("emulations",),  # kvtool/model/kv_emulations.py
+    "kvtool/model/kv_emulations.json": ("emulations", "not_emulated", "prompt_logprobs_skip_prefix_cache_citation",
+                                        "cpu"),  # kvtool/model/kv_emulations.py (reads too: eval --server's)
     "kvtool/budget/aux_caches.json": ("caches", "rules"),
     "kvtool/budget/batch_defaults.json": ("tiers", "clamp"),
     "kvtool/budget/gpus.json": ("gpus",),
@@ -174,7 +175,9 @@ def load(relative: str) -> Table:
             raise ValueError(f"{relative}: engine: {engine!r} (one of {', '.join(ENGINES)})")
         if release is not None and release not in known(engine):
             raise ValueError(f"{relative}: release: {engine} {release} is not in {RELEASES}")
-    return Table(relative, data["about"], release, engine, {k: _parse(data[k], f"{relative}: {k}") for k in rows})
+    parsed = {k: citation(data[k], f"{relative}: {k}") if _is_citation_key(k) and isinstance(data[k], dict)
+              else _parse(data[k], f"{relative}: {k}") for k in rows}  # a row key may be a citation (`..._citation`)
+    return Table(relative, data["about"], release, engine, parsed)
 
 
 @lru_cache(maxsize=None)

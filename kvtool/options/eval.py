@@ -46,7 +46,7 @@ class EvalOptions:
     served_kv_cache_dtype: str | None = option(None, choices=kv_dtypes.names(),
                                                help="With a server: the --kv-cache-dtype it serves, when it does not "
                                                     "tell (vLLM's /metrics does); the report says what its prefill "
-                                                    "read from the cache (kvtool/eval/served_reads.json).")
+                                                    "read from the cache (kvtool/model/kv_emulations.json reads).")
     served_chunk: int | None = option(None, minimum=1,
                                       help="With a server: the tokens it prefills at once (vLLM "
                                            "--max-num-batched-tokens with chunked prefill), when it does not tell "

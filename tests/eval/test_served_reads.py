@@ -1,4 +1,5 @@
-"""What vLLM's attention reads while it prefills, per --kv-cache-dtype (kvtool/eval/served_reads.json), checked
+"""What vLLM's attention reads while it prefills, per --kv-cache-dtype (the `reads` of kvtool/model/kv_emulations.json:
+each emulated row's and not_emulated's; kv_emulations.reads()), checked
 against verbatim excerpts of the cited functions (tests/data/vllm/reads/<release>/, tests/data/vllm/extract.py
 --reads), and the accounting `kvtool eval --server` reports from it (kvtool.eval.served_reads). vLLM's CPU build
 itself is asked in tests/oracle/test_vllm_lane.py."""
@@ -6,6 +7,7 @@ itself is asked in tests/oracle/test_vllm_lane.py."""
 from __future__ import annotations
 
 import ast
+import dataclasses
 import re
 from pathlib import Path
 
@@ -14,7 +16,8 @@ import pytest
 from kvtool.errors import UsageError
 from kvtool.eval import served_reads
 from kvtool.eval.windows import windows
-from kvtool.model import kv_dtypes
+from kvtool.model import kv_dtypes, kv_emulations
+from kvtool.model.engine_tables import Citation
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "vllm" / "reads"
 
@@ -38,27 +41,27 @@ EVIDENCE = {
 }
 
 
-def _excerpt(citation: dict) -> str:
-    path = DATA / citation["release"] / (citation["file"].replace("/", "__") + ".txt")
+def _excerpt(citation: Citation) -> str:
+    path = DATA / citation.release / (citation.file.replace("/", "__") + ".txt")
     assert path.is_file(), f"no excerpt {path} (tests/data/vllm/extract.py --reads)"
     return path.read_text(encoding="utf-8")
 
 
-def _function(citation: dict) -> tuple[str, str]:
+def _function(citation: Citation) -> tuple[str, str]:
     """(qualified name, its excerpted source) of the citation's first function."""
-    name = citation["function"].split(" (")[0].split(", ")[0]
+    name = citation.function.split(" (")[0].split(", ")[0]
     if name == "CacheDType":  # a module constant: the cache config excerpt of tests/data/vllm/0.33.0
-        text = (DATA.parent / citation["release"] / "vllm__config__cache.py.txt").read_text(encoding="utf-8")
+        text = (DATA.parent / citation.release / "vllm__config__cache.py.txt").read_text(encoding="utf-8")
         return name, text
     text = _excerpt(citation)
     parts = re.split(r"^# --- (\S+) \(lines \d+-\d+\)$", text, flags=re.M)
     found = dict(zip(parts[1::2], parts[2::2]))
-    assert name in found, f"{citation['file']}: {name} is not excerpted"
+    assert name in found, f"{citation.file}: {name} is not excerpted"
     return name, found[name]
 
 
 def _constant(release: str, file: str, name: str) -> int:
-    text = _excerpt({"release": release, "file": file})
+    text = _excerpt(Citation(release, file, name))
     tree = ast.parse(text)
     for node in tree.body:
         if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == name for t in node.targets):
@@ -67,11 +70,11 @@ def _constant(release: str, file: str, name: str) -> int:
 
 
 def test_every_dtype_vllm_accepts_has_a_row():
-    assert set(served_reads.table()) == set(kv_dtypes.names())
+    assert set(kv_emulations.reads()) == set(kv_dtypes.names())
 
 
 def test_every_cited_function_shows_its_claim():
-    for name, row in served_reads.table().items():
+    for name, row in kv_emulations.reads().items():
         func, source = _function(row.citation)
         assert func in EVIDENCE, (name, func)
         for snippet in EVIDENCE[func]:
@@ -81,11 +84,11 @@ def test_every_cited_function_shows_its_claim():
 
 
 def test_the_raw_first_chunks_are_the_fast_paths_over_the_batch_own_kv():
-    raw = {n for n, r in served_reads.table().items() if r.first == "raw"}
+    raw = {n for n, r in kv_emulations.reads().items() if r.first == "raw"}
     assert raw == {"turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc",
                    "ultraquant_4bit"}
     for n in raw:
-        _, source = _function(served_reads.get(n).citation)
+        _, source = _function(kv_emulations.reads_of(n).citation)
         # the first chunk: every K/V of the request is in this batch, and attention is over them as computed
         assert "attn_metadata.max_query_len == attn_metadata.max_seq_len" in source
 
@@ -93,27 +96,27 @@ def test_the_raw_first_chunks_are_the_fast_paths_over_the_batch_own_kv():
 def test_the_thresholds_are_vllms_constants():
     tq = _constant("0.33.0", "vllm/v1/attention/backends/turboquant_attn.py", "_CONTINUATION_DECODE_THRESHOLD")
     octave = _constant("0.33.0", "vllm/v1/attention/backends/rocm_octave_attn.py", "_DECODE_MAX_QUERY_LEN")
-    for name, row in served_reads.table().items():
+    for name, row in kv_emulations.reads().items():
         if name.startswith(("turboquant_", "ultraquant_")):
             assert (row.first, row.later) == ("raw", tq), name
         if name.startswith("octave_"):
             assert (row.first, row.later) == (octave, octave), name
-    assert not any(isinstance(r.first, int) or isinstance(r.later, int) for n, r in served_reads.table().items()
+    assert not any(isinstance(r.first, int) or isinstance(r.later, int) for n, r in kv_emulations.reads().items()
                    if not n.startswith(("turboquant_", "ultraquant_", "octave_")))
 
 
 def test_a_prompt_logprobs_request_skips_the_prefix_cache():
-    c = served_reads.skip_prefix_cache_citation()
+    c = kv_emulations.skip_prefix_cache_citation()
     _, source = _function(c)
     assert "self.skip_reading_prefix_cache = (\n    self.prompt_logprobs is not None" in source.replace("        ", "")
 
 
 def test_the_cpu_build_reads_its_cache_for_every_token():
-    cpu = served_reads.cpu()
+    cpu = kv_emulations.cpu_reads()
     _, source = _function(cpu["citation"])
     assert (cpu["first"], cpu["later"]) == ("cache", "cache")
     assert "ops.cpu_attention_with_kv_cache(" in source and "key[" not in source.split("cpu_attention_with_kv_cache")[1]
-    listed = _function({**cpu["citation"], "function": "CPUAttentionBackend.supported_kv_cache_dtypes"})[1]
+    listed = _function(dataclasses.replace(cpu["citation"], function="CPUAttentionBackend.supported_kv_cache_dtypes"))[1]
     assert set(re.findall(r'"(\w+)"', listed.split("= [", 1)[1])) == set(cpu["dtypes"])
 
 
@@ -125,12 +128,12 @@ def _served(n_tokens: int, max_length: int, stride: int) -> list:
 
 def test_one_chunk_turboquant_reads_no_scored_token_from_the_cache():
     ws = _served(1024, 256, 255)
-    counts = served_reads.account(served_reads.get("turboquant_k8v4"), ws, None)
+    counts = served_reads.account(kv_emulations.reads_of("turboquant_k8v4"), ws, None)
     assert counts == {"cache": 0, "prefix": 0, "raw": 1023, "unknown": 0}
 
 
 def test_short_later_chunks_read_everything_back_and_the_first_stays_raw():
-    row = served_reads.get("turboquant_3bit_nc")
+    row = kv_emulations.reads_of("turboquant_3bit_nc")
     ws = _served(256, 256, 255)  # one window: targets 1..255, queries 0..254
     assert served_reads.account(row, ws, 64) == {"cache": 255 - 64, "prefix": 0, "raw": 64, "unknown": 0}
     assert served_reads.account(row, ws, 200) == {"cache": 55, "prefix": 0, "raw": 200, "unknown": 0}  # 56 left
@@ -142,7 +145,7 @@ def test_short_later_chunks_read_everything_back_and_the_first_stays_raw():
 def test_a_chunk_shorter_than_the_overlap_puts_every_scored_token_through_the_cache():
     """The target at prompt index j is scored by the query at j - 1: the first scored target of a window after the
     first is at index overlap = max_length - stride, so a chunk of overlap - 1 tokens holds only context."""
-    row = served_reads.get("turboquant_k8v4")
+    row = kv_emulations.reads_of("turboquant_k8v4")
     ws = _served(2048, 256, 128)[1:]  # windows after the first score only their last 128 targets
     assert served_reads.account(row, ws, 127)["cache"] == sum(n for *_, n in ws)
     assert served_reads.account(row, ws, 128)["raw"] == len(ws)  # one token each in the first chunk
@@ -150,7 +153,7 @@ def test_a_chunk_shorter_than_the_overlap_puts_every_scored_token_through_the_ca
 
 
 def test_octave_reads_a_short_first_chunk_from_the_cache():
-    row = served_reads.get("octave_k3v4")
+    row = kv_emulations.reads_of("octave_k3v4")
     ws = _served(256, 256, 255)
     assert served_reads.account(row, ws, 128) == {"cache": 255, "prefix": 0, "raw": 0, "unknown": 0}
     assert served_reads.account(row, ws, None)["raw"] == 255
@@ -215,12 +218,15 @@ def test_observe_prefers_what_the_server_tells_and_refuses_a_contradiction():
     assert served_reads.observe(_Stub(None, off), declared_dtype=None, declared_chunk=None)["chunk"] is None
 
 
-def test_the_emulation_tables_first_prefill_is_this_tables():
-    """kvtool/model/kv_emulations.json states first_prefill per emulated dtype (raw | cache); it must be what this
-    table's cited reads give (a threshold row reads raw above it: its first_prefill is raw)."""
-    from kvtool.model import kv_emulations
-
-    for name, row in kv_emulations.table().items():
-        reads = served_reads.get(name)
-        assert reads is not None, name
-        assert row.first_prefill == reads.first_prefill, (name, row.first_prefill, reads.first, reads.citation)
+def test_one_table_holds_the_reads_emulated_rows_derive_first_prefill_from_it():
+    """The reads live in one table: an emulated dtype's in its kv_emulations.json row (what local eval reports as
+    first_prefill derives from it: a threshold row reads raw above it, so raw), the others' in not_emulated."""
+    table = kv_emulations.table()
+    for name, reads in kv_emulations.reads().items():
+        row = table.get(name)
+        if row is None:
+            assert name in ("auto", "float16", "bfloat16", "fp8_inc"), name  # lossless, or served by no backend
+            continue
+        assert row.reads is reads, name
+        assert row.first_prefill == ("cache" if reads.first == "cache" else "raw"), (name, reads.first)
+    assert table["octave_k3v4"].first_prefill == "raw" and table["fp8_e5m2"].first_prefill == "cache"

@@ -54,7 +54,11 @@ def test_cited_files_exist_in_the_vllm_release():
 
 @pytest.mark.parametrize("edit, field", [
     (lambda e: e["fp8_e5m2"].update(scales="sometimes"), "emulations.fp8_e5m2.scales"),
-    (lambda e: e["fp8_e5m2"].update(first_prefill="maybe"), "emulations.fp8_e5m2.first_prefill"),
+    (lambda e: e["fp8_e5m2"]["reads"].update(first="maybe"), "emulations.fp8_e5m2.reads.first"),
+    (lambda e: e["fp8_e5m2"]["reads"].update(first=None, later=None, why="x"), "emulations.fp8_e5m2.reads.first"),
+    (lambda e: e["fp8_e5m2"]["reads"].update(later=0), "emulations.fp8_e5m2.reads.later"),
+    (lambda e: e["fp8_e5m2"]["reads"].update(citation={"file": "x.py"}), "emulations.fp8_e5m2.reads.citation"),
+    (lambda e: e["fp8_e5m2"].pop("reads"), "emulations.fp8_e5m2.reads"),
     (lambda e: e["fp8_e5m2"].update(match="close"), "emulations.fp8_e5m2.match"),
     (lambda e: e["fp8_e5m2"].update(codec="nope"), "emulations.fp8_e5m2.codec"),
     (lambda e: e["fp8_e5m2"].update(citation={"file": "x.py"}), "emulations.fp8_e5m2.citation"),
@@ -102,3 +106,21 @@ def test_fp8_attention_lists_name_declared_backends():
     e5 = kv_emulations.get("fp8_e5m2")
     assert kv_emulations.takes_fp8_attention(e5, "cpu") and not kv_emulations.takes_fp8_attention(e5, "triton")
     assert all(kv_emulations.takes_fp8_attention(kv_emulations.get("fp8_e4m3"), n) for n in CHOICES)
+
+
+@pytest.mark.parametrize("edit, field", [
+    (lambda d: d["not_emulated"].pop("fp8_inc"), "not_emulated.fp8_inc: missing"),
+    (lambda d: d["not_emulated"].update(fp8_e5m2=d["not_emulated"]["auto"]), "not_emulated.fp8_e5m2: an emulated"),
+    (lambda d: d["not_emulated"].update(fp9=d["not_emulated"]["auto"]), "not_emulated.fp9: not a --kv-cache-dtype"),
+    (lambda d: d["not_emulated"]["fp8_inc"].pop("why"), "not_emulated.fp8_inc.first / later null only together"),
+    (lambda d: d.pop("not_emulated"), "not_emulated:"),
+])
+def test_every_kv_cache_dtype_has_its_reads_once(edit, field):
+    """The table holds what vLLM reads for each of kv_dtypes.json's names exactly once: an emulated dtype's in its
+    row, the others' in not_emulated."""
+    data = copy.deepcopy(_data())
+    _, rows = kv_emulations.parse(data)
+    assert set(kv_emulations.parse_reads(data, rows)) == set(kv_dtypes.names())
+    edit(data)
+    with pytest.raises(ValueError, match=re.escape(f"kv_emulations.json: {field}")):
+        kv_emulations.parse_reads(data, rows)

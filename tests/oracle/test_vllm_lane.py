@@ -477,12 +477,11 @@ def test_which_kv_cache_dtypes_the_cpu_build_serves(dtypes):
     """Each of vLLM 0.33's 22 names on vLLM's CPU build 0.32.0: refused, or loads. What loads but is not in the CPU
     backend's list is recorded with what it computes on SmolLM2 (not the dtype: vLLM 0.32.0's CPU build does not
     refuse it)."""
-    from kvtool.eval import served_reads
-    from kvtool.model import kv_dtypes
+    from kvtool.model import kv_dtypes, kv_emulations
 
     res = dtypes["results"]
     listed = res["cpu backend"]["supported_kv_cache_dtypes"]
-    assert sorted(listed) == sorted(served_reads.cpu()["dtypes"]), listed  # kvtool's row says what vLLM lists
+    assert sorted(listed) == sorted(kv_emulations.cpu_reads()["dtypes"]), listed  # kvtool's row says what vLLM lists
     auto = res["tiny/auto"]["prompt_logprobs"][0]
     for d in kv_dtypes.names():
         r = res[f"tiny/{d}"]
@@ -504,13 +503,13 @@ def test_which_kv_cache_dtypes_the_cpu_build_serves(dtypes):
 
 
 def test_the_cpu_builds_first_prefill_chunk_reads_the_cache(dtypes):
-    """served_reads.json's cpu row (first: cache), asked: SmolLM2 with an FP8 cache scores the same prompt
+    """kv_emulations.json's cpu row (first: cache), asked: SmolLM2 with an FP8 cache scores the same prompt
     log-probabilities bit for bit whether each 200-token prompt is prefilled whole or in chunks of CHUNK; were the
     first chunk to attend over raw K/V, the whole prefill would miss the cache's cost the chunked one pays."""
-    from kvtool.eval import served_reads
+    from kvtool.model import kv_emulations
 
     res = dtypes["results"]
-    assert served_reads.cpu()["first"] == "cache"
+    assert kv_emulations.cpu_reads()["first"] == "cache"
     for d in ("auto", "fp8", "fp8_e5m2"):
         whole, chunked = res[f"smollm2/{d}/whole"], res[f"smollm2/{d}/{CHUNK}"]
         assert chunked["max_num_batched_tokens"] == CHUNK and chunked["chunked_prefill"], chunked

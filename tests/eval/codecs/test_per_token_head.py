@@ -1,5 +1,5 @@
 """The per-token-head codecs (kvtool/eval/codecs/per_token_head.py) against vLLM 0.33.0's own store kernels, run by
-Triton's interpreter on the CPU (tests/eval/codecs/vllm_kernels.py): the bytes the cache holds and its scales."""
+Triton's interpreter on the CPU (tests/eval/codecs/vllm_reference.py): the bytes the cache holds and its scales."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from kvtool.eval import codecs
 from kvtool.eval.codecs import per_token_head as pth
 from kvtool.model import kv_dtypes, kv_emulations
 
-import vllm_kernels
+import vllm_reference
 
 
 def _kv(tokens=37, heads=3, dim=96, seed=0, dtype=torch.float32):
@@ -38,8 +38,9 @@ def vllm_caches(tmp_path_factory):
                     cases.append({"mode": "fp8_tensor", "key": key, "value": value,
                                   "k_scale": torch.tensor([k_scale]), "v_scale": torch.tensor([v_scale])})
                     keys.append(("fp8_tensor", k_scale, v_scale))
-    return {(k, c["mode"], c.get("key").dtype): (c, out) for k, c, out in
-            zip(keys, cases, vllm_kernels.store(cases, tmp_path_factory.mktemp("vllm")))}
+    jobs = {i: {"kernel": "flash_store", **c} for i, c in enumerate(cases)}
+    out = vllm_reference.interpreted(jobs, tmp_path_factory.mktemp("vllm"))
+    return {(k, c["mode"], c.get("key").dtype): (c, out[i]) for i, (k, c) in enumerate(zip(keys, cases))}
 
 
 def _case(vllm_caches, mode, dtype, dim):

@@ -1,9 +1,15 @@
 """vLLM 0.33's own KV-cache code, run here as it is: the whole files under tests/data/vllm/0.33.0/reference/
-(tests/data/vllm/extract.py --reference), imported as modules.
+(tests/data/vllm/extract.py --reference) and the cache-writing kernels beside them in tests/data/vllm/0.33.0/
+(triton_reshape_and_cache_flash.py, int4_per_token_head.py: the excerpts kv_emulations.json cites), imported as
+modules. The one helper that runs vLLM's Triton kernels under TRITON_INTERPRET=1 (`interpreted`, KERNELS).
 
 vLLM's GPU wheel does not install on the CPU test machines, so its package is stood in for by the few names
-these files import from it (`vllm.triton_utils`: triton itself; `vllm.platforms`: a platform that is neither
-CUDA nor ROCm); those stand-ins live in sys.modules only while a file loads.
+these files import from it, with what they use of them on a CUDA SM89+ machine (`_stubs`): `vllm.triton_utils`
+(triton itself), `vllm.platforms` (a platform that is neither CUDA nor ROCm, whose fp8 dtype is float8_e4m3fn;
+is_xpu true keeps the store launchers off torch.cuda, is_cuda false keeps int4's Hadamard on vLLM's PyTorch
+butterfly), FP8_DTYPE and its min / max, KVQuantMode (the values of vllm/v1/kv_cache_interface.py),
+largest_power_of_2_divisor (vllm/utils/math_utils.py: `n & (-n)`), and the read kernels' helpers as None (only
+the read kernels, never run here, call them). Those stand-ins live in sys.modules only while a file loads.
 Triton kernels run on the CPU through Triton's interpreter, in a child process (`interpreted`): TRITON_INTERPRET=1
 must be set before triton is first imported (triton.language's own jit helpers are decorated then), and
 transformers imports triton in the test process. Each file is copied to a temporary .py so Triton can read its
@@ -13,6 +19,7 @@ source.
 from __future__ import annotations
 
 import atexit
+import enum
 import importlib.util
 import os
 import shutil
@@ -48,10 +55,43 @@ def _stubs() -> dict[str, types.ModuleType]:
         import triton.language as tl
     except ImportError:  # the reference files without Triton still load
         triton = tl = None
-    mods["vllm.triton_utils"] = types.SimpleNamespace(triton=triton, tl=tl)  # type: ignore[assignment]
-    mods["vllm.platforms"] = types.SimpleNamespace(  # type: ignore[assignment]
-        current_platform=types.SimpleNamespace(is_cuda_alike=lambda: False, is_rocm=lambda: False))
+    import torch
+
+    def mod(name: str, **attrs) -> None:
+        m = types.ModuleType(name)
+        m.__dict__.update(attrs)
+        mods[name] = m
+
+    finfo = torch.finfo(torch.float8_e4m3fn)
+    mod("vllm.triton_utils", triton=triton, tl=tl)
+    mod("vllm.platforms", current_platform=types.SimpleNamespace(
+        is_cuda_alike=lambda: False, is_rocm=lambda: False, is_xpu=lambda: True, is_cuda=lambda: False,
+        fp8_dtype=lambda: torch.float8_e4m3fn, is_fp8_fnuz=lambda: False, has_device_capability=lambda *a: True))
+    mod("vllm.model_executor.layers.quantization.utils.quant_utils", FP8_DTYPE=torch.float8_e4m3fn,
+        get_fp8_min_max=lambda: (finfo.min, finfo.max))
+    mod("vllm.v1.kv_cache_interface", KVQuantMode=KVQuantMode,
+        is_quantized_kv_cache=lambda s: s not in ("auto", "float16", "bfloat16", "float32", "half", "float"))
+    mod("vllm.utils.math_utils", largest_power_of_2_divisor=lambda n: n & (-n))
+    helpers = ("apply_alibi_to_score", "apply_softcap", "cdiv_fn", "compute_kv_seq_mask", "compute_tile_loop_bounds",
+               "init_softmax_M", "load_qq_bias_tile", "resolve_seq_and_query_len", "softmax_step",
+               "store_segm_reduce_scalars")
+    mod("vllm.v1.attention.ops.triton_attention_helpers", **{h: None for h in helpers})
+    mod("vllm.v1.attention.ops.triton_unified_attention", reduce_segments=None)
     return mods
+
+
+class KVQuantMode(enum.IntEnum):  # vllm/v1/kv_cache_interface.py, the values the store kernels dispatch on
+    NONE = 0
+    FP8_PER_TENSOR = 1
+    INT8_PER_TOKEN_HEAD = 2
+    FP8_PER_TOKEN_HEAD = 3
+    INT4_PER_TOKEN_HEAD = 4
+
+
+def _file(source: str) -> Path:
+    """The verbatim copy of vllm/<source>: under reference/, else beside it (the excerpts tables cite)."""
+    name = "vllm__" + source.replace("/", "__") + ".txt"
+    return DIR / name if (DIR / name).is_file() else DIR.parent / name
 
 
 def load(source: str) -> types.ModuleType:
@@ -59,7 +99,7 @@ def load(source: str) -> types.ModuleType:
     name = "vllm." + source.removesuffix(".py").replace("/", ".")
     if name in _LOADED:
         return _LOADED[name]
-    text = (DIR / ("vllm__" + source.replace("/", "__") + ".txt")).read_text(encoding="utf-8")
+    text = _file(source).read_text(encoding="utf-8")
     assert text.startswith(f"# vLLM {RELEASE}, vllm/{source} "), source
     path = _TMP / (name.replace(".", "_") + ".py")
     path.write_text(text, encoding="utf-8")
@@ -147,7 +187,47 @@ def _tq_decode(job: dict) -> dict:
     return {"out": out, "cache": stored}
 
 
-KERNELS = {"tq_store": _tq_store, "uq_store": _uq_store, "tq_decode": _tq_decode}
+def _flash_store(job: dict) -> dict:
+    """vLLM's cache writer (triton_reshape_and_cache_flash.py) on job's "key" / "value" ([tokens, kv_heads,
+    head_dim]): "mode" "int8" | "fp8" | "int4" per token-head (its caches and scale caches), or "fp8_tensor" with
+    "k_scale" / "v_scale" (uint8 caches holding the platform's fp8); each as [tokens, kv_heads, ...]."""
+    import torch
+
+    flash = load("v1/attention/ops/triton_reshape_and_cache_flash.py")
+    key, value = job["key"], job["value"]
+    tokens, heads, dim = key.shape
+    block = 16
+    blocks = -(-tokens // block)
+    slots = torch.arange(tokens)
+    if job["mode"] == "fp8_tensor":  # [blocks, block_size, heads, dim] uint8, viewed as the platform's fp8
+        kc = torch.zeros(blocks, block, heads, dim, dtype=torch.uint8)
+        vc = torch.zeros_like(kc)
+        flash.triton_reshape_and_cache_flash(key, value, kc, vc, slots, "fp8", job["k_scale"], job["v_scale"])
+        return {"key_cache": kc.reshape(-1, heads, dim)[:tokens], "value_cache": vc.reshape(-1, heads, dim)[:tokens]}
+    dtype, pack, mode = {"int8": (torch.int8, 1, KVQuantMode.INT8_PER_TOKEN_HEAD),
+                         "fp8": (torch.float8_e4m3fn, 1, KVQuantMode.FP8_PER_TOKEN_HEAD),
+                         "int4": (torch.uint8, 2, KVQuantMode.INT4_PER_TOKEN_HEAD)}[job["mode"]]
+    kc = torch.zeros(blocks, block, heads, dim // pack, dtype=dtype)
+    vc = torch.zeros_like(kc)
+    ks = torch.zeros(blocks, block, heads, dtype=torch.float32)
+    vs = torch.zeros_like(ks)
+    int4 = "vllm.v1.attention.ops.int4_per_token_head"  # the dispatcher imports it by name, when it runs
+    saved = sys.modules.get(int4)
+    sys.modules[int4] = load("v1/attention/ops/int4_per_token_head.py")
+    try:
+        flash.triton_reshape_and_cache_flash_per_token_head_quant(key, value, kc, vc, ks, vs, slots,
+                                                                  kv_quant_mode=mode)
+    finally:
+        if saved is None:
+            del sys.modules[int4]
+        else:
+            sys.modules[int4] = saved
+    return {"key_cache": kc.reshape(-1, heads, dim // pack)[:tokens],
+            "value_cache": vc.reshape(-1, heads, dim // pack)[:tokens],
+            "k_scale_cache": ks.reshape(-1, heads)[:tokens], "v_scale_cache": vs.reshape(-1, heads)[:tokens]}
+
+
+KERNELS = {"tq_store": _tq_store, "uq_store": _uq_store, "tq_decode": _tq_decode, "flash_store": _flash_store}
 
 
 def interpreted(jobs: dict, folder: Path) -> dict:
