@@ -93,7 +93,10 @@ def render_text(r) -> console.Text:
     lines += _kv_cache_lines(getattr(r, "kv_cache", None))
     fa = getattr(r, "fp8_attention", None)
     if fa and fa["name"] != "cache-only":
-        att = f"attention {fa['name']} emulated (vLLM {fa['vllm']}): queries {fa['queries']}"
+        att = f"attention {fa['name']} emulated (vLLM {fa['vllm']}): "
+        if fa.get("kv_format") and fa.get("kv_rounding"):  # how K/V are stored (toward-zero: vLLM's CPU build)
+            att += f"K/V {fa['kv_format']} rounded {fa['kv_rounding']}, "
+        att += f"queries {fa['queries']}"
         q = fa.get("q_scales")
         if q:
             att += (f", checkpoint q scales for {q['checkpoint_layers']} layers ({q['min_scale']:.4g}..{q['max_scale']:.4g})"

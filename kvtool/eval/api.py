@@ -234,7 +234,7 @@ def _evaluate(pool, cands, baseline, *, texts, max_length, stride, max_tokens, b
             stride=stride, batch_size=bs, text=text_name or ("pydoc (built-in evaluation text)" if texts is None else "text"),
             kv_cache_dtype=emu.kv["dtype"] if emu else str(torch_dtype).replace("torch.", ""),
             kv_scales=emu.scales.describe() if emu else None, seconds=seconds, forwards_per_window=forwards,
-            memory=memory, fp8_attention=emu.hook.describe() if emu and emu.kv.get("fp8_attention") else None,
+            memory=memory, fp8_attention=_fp8_attention_info(emu),
             kv_cache=emu.kv if emu else None)
         if gates:
             r.apply_gates(gates)
@@ -588,9 +588,9 @@ def _sources(texts) -> list:
 
 
 def check_fp8_attention(name: str, kv_cache_dtype: str) -> None:
-    """--fp8-attention other than cache-only needs an FP8 e4m3 cache (vLLM rounds queries only when the KV cache is
-    fp8: Attention.__init__; the rows of kv_emulations.json with fp8_attention). The name itself is a declared
-    choice (kvtool/options/eval.py), checked there."""
+    """--fp8-attention other than cache-only needs an FP8 cache whose row takes that backend (vLLM rounds queries
+    only when the KV cache is fp8: Attention.__init__; kv_emulations.json fp8_attention: true, or a list naming it,
+    e.g. fp8_e5m2 with cpu). The name itself is a declared choice (kvtool/options/eval.py), checked there."""
     from kvtool.eval.fp8_backends import DEFAULT
     from kvtool.model import kv_emulations
 
@@ -600,8 +600,8 @@ def check_fp8_attention(name: str, kv_cache_dtype: str) -> None:
         raise UsageError(f"{name} quantizes attention only with an FP8 KV cache; not with kv_cache_dtype off",
                          option="fp8_attention")
     row = kv_emulations.get(kv_cache_dtype)
-    if row is not None and not row.fp8_attention:
-        with_it = ", ".join(n for n, r in kv_emulations.table().items() if r.fp8_attention)
+    if row is not None and not kv_emulations.takes_fp8_attention(row, name):
+        with_it = ", ".join(n for n, r in kv_emulations.table().items() if kv_emulations.takes_fp8_attention(r, name))
         raise UsageError(f"{name} is emulated with an {with_it} KV cache only; not with kv_cache_dtype "
                          f"{kv_cache_dtype}", option="fp8_attention")
 
@@ -708,14 +708,23 @@ def _emulation(c: Candidate, m: _Loaded) -> Emulated | None:
         scales = KVScales(source="one")  # vLLM: no scale in the checkpoint -> 1.0
     else:
         scales = stored
-    if row.fp8_attention:  # the e4m3 rows: vLLM's backends, their query / probability rounding included
-        hook = Fp8Attention(scales, backend(c.fp8_attention))
+    # the e4m3 rows, or a row that lists the backend asked (fp8_e5m2 with cpu): vLLM's backends, their rounding of K/V
+    # (toward zero on its CPU build) and of queries / probabilities included; otherwise the row's codec
+    if row.fp8_attention is True or (row.fp8_attention and c.fp8_attention != DEFAULT):
+        hook = Fp8Attention(scales, backend(c.fp8_attention), row.params["format"])
         kept: frozenset = frozenset()
     else:
         spec = build_spec(m.config)
         hook = kv_emulation.build(name, scales, spec.layer_types, kv_emulation.model_params(spec))
         kept = hook.kept_layers
     return Emulated(hook, scales, kv_cache_info(row, scales.describe(), _granularity(scales), kept))
+
+
+def _fp8_attention_info(emu) -> dict | None:
+    """The --fp8-attention backend emulated (kvtool.eval.fp8.Fp8Attention / fp8_mla.Fp8Latent describe), else None
+    (a row's codec: fp8_e5m2 without --fp8-attention, though its row lists the backends it takes)."""
+    describe = getattr(emu.hook, "describe", None) if emu and emu.kv.get("fp8_attention") else None
+    return describe() if callable(describe) else None
 
 
 AUTO_EMULATION = "fp8_e4m3"  # what auto emulates when the checkpoint asks for an FP8 cache (vLLM: kv_cache_scheme)

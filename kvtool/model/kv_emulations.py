@@ -82,7 +82,9 @@ class Emulation:
     assumption: str | None  # match "assumed": the CUDA-only rounding assumed, in one sentence
     oracle: str  # the test that checks the round trip against vLLM's code (path::name)
     citation: Citation
-    fp8_attention: bool = False  # --fp8-attention's backends (queries / probabilities in e4m3) apply
+    # --fp8-attention's backends (queries / probabilities in e4m3) apply: true (all), false (none) or the names of
+    # those that do (kvtool.eval.fp8_backends; fp8_e5m2: cache-only and cpu, vLLM's CPU build)
+    fp8_attention: bool | tuple[str, ...] = False
     alias_of: str | None = None
 
     @property
@@ -148,8 +150,9 @@ def _problem(row: Any, codecs) -> str | None:
     if not isinstance(c, dict) or set(c) - {*CITATION_KEYS, "excerpt"} or any(
             not isinstance(c.get(k), str) or not c.get(k) for k in CITATION_KEYS):
         return f"citation: an object of {', '.join(CITATION_KEYS)} (and optionally excerpt), each a string"
-    if not isinstance(row.get("fp8_attention", False), bool):
-        return "fp8_attention: true or false"
+    fa = row.get("fp8_attention", False)
+    if not isinstance(fa, bool) and not (isinstance(fa, list) and fa and all(isinstance(n, str) for n in fa)):
+        return "fp8_attention: true, false or a list of --fp8-attention names"
     if (problem := _reads_problem(row["reads"])) is not None:
         return f"reads.{problem}"
     if row["reads"]["first"] is None:
@@ -183,9 +186,19 @@ def parse(data: Any, codecs=None, dtypes=None, file: str = str(FILE)) -> tuple[s
         rows[name] = Emulation(
             name=name, codec=r["codec"], params=MappingProxyType(dict(r["params"])), scales=r["scales"],
             reads=_reads(name, r["reads"], f"{file}: emulations.{source}.reads"), match=r["match"], assumption=r["assumption"], oracle=r["oracle"],
-            citation=citation(r["citation"], f"{file}: emulations.{source}.citation"), fp8_attention=r.get("fp8_attention", False),
+            citation=citation(r["citation"], f"{file}: emulations.{source}.citation"),
+            fp8_attention=_fp8_attention(r.get("fp8_attention", False)),
             alias_of=row.get("alias_of"))
     return data["release"], rows
+
+
+def _fp8_attention(value: bool | list) -> bool | tuple[str, ...]:
+    return value if isinstance(value, bool) else tuple(value)
+
+
+def takes_fp8_attention(row: Emulation, name: str) -> bool:
+    """The row's cache goes with --fp8-attention `name` (a row's fp8_attention: true, or a list naming it)."""
+    return row.fp8_attention is True or (isinstance(row.fp8_attention, tuple) and name in row.fp8_attention)
 
 
 def parse_reads(data: Any, rows: Mapping[str, Emulation], dtypes=None, file: str = str(FILE)) -> dict[str, Reads]:

@@ -75,7 +75,7 @@ class EvalOptions:
                             help="checkpoint | one (1.0, vLLM's default)")
     fp8_attention: str = option("cache-only", choices=FP8_ATTENTION,
                                 help="With an fp8 / fp8_e4m3 KV cache, what else vLLM's backend rounds to e4m3 (the "
-                                     "newest release kvtool read): cache-only "
+                                     "newest release kvtool read; fp8_e5m2: cache-only or cpu): cache-only "
                                      "(K/V only) | flash-attn (FA3 on Hopper: + queries) | flashinfer (+ queries) | "
                                      "triton (+ queries and probabilities) | cpu (vLLM's CPU build: K/V truncated "
                                      "toward zero); an MLA checkpoint: cache-only (the latent "

@@ -105,7 +105,7 @@ def test_unrounded_attention_path_matches_sdpa():
 
     orig = fp8mod.fp8_roundtrip
     try:
-        fp8mod.fp8_roundtrip = lambda x, s: x
+        fp8mod.fp8_roundtrip = lambda x, s, fmt="float8_e4m3fn": x
         out, _ = emu.attention(None, q, k, v, None)
     finally:
         fp8mod.fp8_roundtrip = orig
@@ -187,7 +187,7 @@ def test_attention_override_keeps_gemma3_sliding_windows(gemma3_path, monkeypatc
     ids = torch.tensor([load_tokenizer(gemma3_path)(evaluation_text())["input_ids"][:600]], device=DEVICE)
     with torch.inference_mode():
         ref = model(input_ids=ids, use_cache=False).logits
-        monkeypatch.setattr(fp8mod, "fp8_roundtrip", lambda x, s: x)
+        monkeypatch.setattr(fp8mod, "fp8_roundtrip", lambda x, s, fmt="float8_e4m3fn": x)
         with kv_hook(model, Fp8Attention(KVScales(), fb.backend("triton"))):
             got = model(input_ids=ids, use_cache=False).logits
     assert float((got - ref).abs().max()) < 1e-3 * float(ref.abs().max())

@@ -68,11 +68,32 @@ def test_e5m2_costs_more_than_e4m3_on_the_same_model(tiny_llama_path, capsys):
 
 
 @pytest.mark.torch
-def test_fp8_attention_goes_with_the_e4m3_rows_only(tiny_llama_path, capsys):
+def test_e5m2_with_the_cpu_build_truncates_and_the_report_says_so(tiny_llama_path, capsys):
+    """fp8_e5m2 --fp8-attention cpu: K/V in e5m2 truncated toward zero (vLLM's CPU build), which loses more than
+    the GPU writers' round to nearest (cache-only) on the same model; the report names the format and rounding."""
+    p = str(tiny_llama_path)
+    kld = {}
+    for fa in ("cache-only", "cpu"):
+        assert main(["eval", p, "--baseline", p, *FAST, "--kv-cache-dtype", "fp8_e5m2", "--fp8-attention", fa,
+                     "--max-ppl-increase", "off", "--format", "json"]) == 0
+        d = _json(capsys)
+        kld[fa] = d["kld_mean"]
+        assert d["kv_cache"]["dtype"] == "fp8_e5m2"
+    assert d["fp8_attention"]["kv_format"] == "float8_e5m2" and d["fp8_attention"]["kv_rounding"] == "toward-zero"
+    assert kld["cpu"] > kld["cache-only"] > 0
+    assert main(["eval", p, "--baseline", p, *FAST, "--kv-cache-dtype", "fp8_e5m2", "--fp8-attention", "cpu",
+                 "--max-ppl-increase", "off"]) == 0
+    assert "K/V float8_e5m2 rounded toward-zero, queries model dtype" in capsys.readouterr().out
+
+
+@pytest.mark.torch
+def test_fp8_attention_goes_with_the_rows_that_name_it_only(tiny_llama_path, capsys):
+    """triton rounds queries and probabilities to e4m3: the e4m3 rows only; fp8_e5m2 takes cache-only and cpu."""
     p = str(tiny_llama_path)
     rc = main(["eval", p, *FAST, "--kv-cache-dtype", "fp8_e5m2", "--fp8-attention", "triton"])
     err = capsys.readouterr().err.strip().splitlines()
-    with_it = ", ".join(n for n, r in kv_emulations.table().items() if r.fp8_attention)
+    with_it = ", ".join(n for n, r in kv_emulations.table().items() if kv_emulations.takes_fp8_attention(r, "triton"))
+    assert "fp8_e5m2" not in with_it and "fp8_e4m3" in with_it
     assert rc == 2 and err == [f"kvtool: error: --fp8-attention: triton is emulated with an {with_it} KV cache only; "
                                "not with kv_cache_dtype fp8_e5m2"]
 

@@ -66,6 +66,8 @@ def test_cited_files_exist_in_the_vllm_release():
     (lambda e: e["fp8_e5m2"].update(match="exact"), "emulations.fp8_e5m2.assumption"),
     (lambda e: e["fp8_e5m2"].pop("oracle"), "emulations.fp8_e5m2.oracle"),
     (lambda e: e["fp8_e5m2"].update(colour="red"), "emulations.fp8_e5m2.colour"),
+    (lambda e: e["fp8_e5m2"].update(fp8_attention="cpu"), "emulations.fp8_e5m2.fp8_attention"),
+    (lambda e: e["fp8_e5m2"].update(fp8_attention=[]), "emulations.fp8_e5m2.fp8_attention"),
     (lambda e: e.update(fp9={"alias_of": "fp8_e4m3"}), "emulations.fp9"),
     (lambda e: e.update(fp8={"alias_of": "fp8_e6m1"}), "emulations.fp8.alias_of"),
     (lambda e: e["fp8"].update(codec="fp8"), "emulations.fp8.alias_of"),
@@ -91,6 +93,19 @@ def test_rows_are_frozen():
         r.codec = "x"  # type: ignore[misc]
     with pytest.raises(TypeError):
         r.params["format"] = "x"  # type: ignore[index]
+
+
+def test_fp8_attention_lists_name_declared_backends():
+    """A row's fp8_attention list names --fp8-attention choices (kvtool.eval.fp8_backends; the torch-free loader
+    cannot import the feature to check it); fp8_e5m2 takes vLLM's CPU build and cache-only, not the GPU rows."""
+    from kvtool.eval.fp8_backends import CHOICES
+
+    for name, r in kv_emulations.table().items():
+        if isinstance(r.fp8_attention, tuple):
+            assert set(r.fp8_attention) <= set(CHOICES), name
+    e5 = kv_emulations.get("fp8_e5m2")
+    assert kv_emulations.takes_fp8_attention(e5, "cpu") and not kv_emulations.takes_fp8_attention(e5, "triton")
+    assert all(kv_emulations.takes_fp8_attention(kv_emulations.get("fp8_e4m3"), n) for n in CHOICES)
 
 
 @pytest.mark.parametrize("edit, field", [

