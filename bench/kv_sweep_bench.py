@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -54,15 +53,9 @@ def _child_sweep(model: str, n: int, tokens: int, length: int) -> None:
 def _run(cmd: list[str]) -> tuple[float, float, str]:
     """(wall seconds, CPU seconds of the child and its children: user + system, stdout). On a shared machine
     the CPU seconds are the measure: other users' load stretches the wall time, not the work done."""
-    import resource
+    from child_cpu import measured
 
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    t0 = time.perf_counter()
-    out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
-    wall = time.perf_counter() - t0
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    out, wall, cpu = measured(cmd, env=dict(os.environ, PYTHONPATH=str(ROOT)), cwd=ROOT)
     if out.returncode not in (0, 1):
         raise SystemExit(f"{' '.join(cmd)} exited {out.returncode}: {out.stderr[-2000:]}")
     return wall, cpu, out.stdout

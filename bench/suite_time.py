@@ -18,15 +18,15 @@ import argparse
 import json
 import os
 import re
-import resource
 import shutil
 import statistics
 import subprocess
 import sys
 import tarfile
 import tempfile
-import time
 from pathlib import Path
+
+from child_cpu import measured
 
 REPO = Path(__file__).resolve().parents[1]
 BEFORE = "7758a76"  # main before issue 40's part 4 (the suite's time)
@@ -52,12 +52,7 @@ def run_suite(tree: Path, paths: list[str], workers: int, extra: list[str]) -> d
     cmd += ["-n", str(workers)] if workers else ["-p", "no:xdist"]
     cmd += paths
     load = os.getloadavg()[0]
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    t0 = time.monotonic()
-    p = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True)
-    wall = time.monotonic() - t0
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    p, wall, cpu = measured(cmd, cwd=tree, env=env)
     tail = [ln for ln in p.stdout.splitlines() if ln.strip()]
     summary = next((ln for ln in reversed(tail) if re.search(r"\d+ (passed|failed|errors?|tests? collected)\b", ln)),
                    f"{sum('::' in ln for ln in tail)} test ids listed" if "--co" in extra else tail[-1] if tail else "")
