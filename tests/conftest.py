@@ -44,6 +44,23 @@ def pytest_ignore_collect(collection_path, config):
 
 
 @pytest.fixture(autouse=True)
+def _threads_at_start():
+    """The threads alive when the test starts: the hostile harness runs kvtool in-process only when the test has
+    started none of its own (a stand-in server's thread would write where the run reads); a thread an earlier test
+    of this worker left behind does not count (tests/hostile/harness.py in_process)."""
+    import sys
+    import threading
+
+    # the harness is imported under two names (tests/hostile on sys.path, and as a package): note it in both
+    loaded = [m for m in (sys.modules.get("harness"), sys.modules.get("tests.hostile.harness")) if m is not None]
+    for m in loaded:
+        m.THREADS_AT_START = frozenset(threading.enumerate())
+    yield
+    for m in loaded:
+        m.THREADS_AT_START = frozenset()
+
+
+@pytest.fixture(autouse=True)
 def _no_signal_carried_over():
     """A test that sends this process SIGTERM (tests/io/test_io_staging.py) leaves kvtool.errors.SIGNALS_RECEIVED
     set, after which kvtool.cli takes any later error in the process for an interrupt (exit 130: a later

@@ -67,6 +67,7 @@ class Result:
 # every run) still runs every case as a subprocess, and KVTOOL_TEST_SUBPROCESS=1 runs them all so (docs/testing.md).
 SUBPROCESS_ENV = "KVTOOL_TEST_SUBPROCESS"
 SUBPROCESS_SHARE = 8
+THREADS_AT_START: frozenset = frozenset()  # set by tests/conftest.py for each test
 
 
 def in_process(*, env: dict | None = None, cwd=None, stdin=subprocess.DEVNULL, input=None, prefix=()) -> bool:
@@ -75,7 +76,8 @@ def in_process(*, env: dict | None = None, cwd=None, stdin=subprocess.DEVNULL, i
         return False
     if set(env or {}) - {TRAP_ENV} or os.environ.get(SUBPROCESS_ENV):
         return False
-    if threading.active_count() > 1:  # a test's own thread (a stand-in server) would write where the run reads
+    # a thread the test started (a stand-in server) would write where the run reads
+    if any(t is not threading.main_thread() and t not in THREADS_AT_START for t in threading.enumerate()):
         return False
     test = os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0]
     return zlib.crc32(test.encode()) % SUBPROCESS_SHARE != 0

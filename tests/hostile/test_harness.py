@@ -113,3 +113,23 @@ def test_the_trap_and_nothing_else_stays_in_process(monkeypatch) -> None:
     assert in_process(env={TRAP_ENV: "/tmp/trap"})
     monkeypatch.setenv("KVTOOL_TEST_SUBPROCESS", "1")
     assert not in_process(env={TRAP_ENV: "/tmp/trap"})
+
+
+def test_a_thread_an_earlier_test_left_does_not_count(monkeypatch) -> None:
+    """Only threads the test itself started send a run to a subprocess (tests/conftest.py notes those alive at its
+    start): in CI an earlier test of the same worker may leave a daemon thread behind."""
+    import threading
+
+    import harness
+
+    monkeypatch.setenv("PYTEST_CURRENT_TEST", "tests/hostile/x.py::in (call)")
+    stop = threading.Event()
+    left = threading.Thread(target=stop.wait, daemon=True)
+    left.start()
+    try:
+        assert not in_process()  # started during this test
+        monkeypatch.setattr(harness, "THREADS_AT_START", frozenset(threading.enumerate()))
+        assert in_process()  # as if an earlier test had left it
+    finally:
+        stop.set()
+        left.join()
