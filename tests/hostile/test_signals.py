@@ -61,8 +61,11 @@ def _start(args: list, *, when: str | None, dst: Path, ready: Path) -> subproces
 
 def _interruptible() -> None:
     """The child takes SIGINT as a terminal's Ctrl-C delivers it: a test run started in the background of a
-    shell without job control inherits SIGINT ignored, and Python (like kvtool) keeps an inherited ignore."""
+    shell without job control inherits SIGINT ignored, and Python (like kvtool) keeps an inherited ignore. SIGHUP
+    likewise, as a closed terminal delivers it: under nohup the suite inherits it ignored, and kvtool keeps nohup's
+    ignore by design (kvtool/cli.py), which is not what these tests ask."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
 
 def _wait_for(pred, proc: subprocess.Popen, what: str) -> None:
