@@ -147,6 +147,7 @@ class Budget:
     variants: list[Figures]
     notes: list[str] = field(default_factory=list)
     mla_refusal: str | None = None  # the vLLM release serves no MLA row of this size (lint's KV404)
+    platform_refusal: str | None = None  # --platform's vLLM does not serve this --kv-cache-dtype
 
     @property
     def weight_bytes_per_gpu(self) -> int | None:
@@ -167,6 +168,8 @@ class Budget:
         out: list[str] = []
         if self.mla_refusal:
             out.append(f"vLLM refuses the model at its first forward pass: {self.mla_refusal}")
+        if self.platform_refusal:
+            out.append(self.platform_refusal)
         if self.current.tp_refusal:
             out.append(f"vLLM refuses --tensor-parallel-size {self.options.tensor_parallel_size}: {self.current.tp_refusal}")
         if self.weights_fit is False:
@@ -495,6 +498,8 @@ def compute(ckpt, spec, opts: BudgetOptions) -> Budget:
                      f"(kvtool/model/kv_dtypes.json); vLLM {opts.vllm_release} was not read for it")
 
     mla_refusal = _mla_refusal(spec, opts)
+    platform_refusal = (row.kv_dtype_refusal(opts.kv_cache_dtype, kv_elem(spec, "auto", opts.dtype)[0])
+                        if row is not None else None)
 
     weight_bytes = weight_params = None
     weight_source = None
@@ -561,5 +566,5 @@ def compute(ckpt, spec, opts: BudgetOptions) -> Budget:
         model=ckpt.source, model_type=spec.model_type, position=spec.position, options=opts, max_model_len=seq_len,
         max_model_len_source=source, batched_tokens=step, batch_defaults=defaults, weight_bytes=weight_bytes, weight_source=weight_source,
         weight_params=weight_params, kv_budget_per_gpu=budget, kv_pool_per_gpu=pool, current=current,
-        variants=variants, notes=notes, mla_refusal=mla_refusal,
+        variants=variants, notes=notes, mla_refusal=mla_refusal, platform_refusal=platform_refusal,
     )

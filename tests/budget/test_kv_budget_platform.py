@@ -67,3 +67,26 @@ def test_served_dtype_float32_caches_in_float32(capsys):
 def test_refusals_are_one_line(capsys, args, message):
     rc, out, err = run(capsys, config("llama-3.1-8b"), *args)
     assert rc == 2 and out == "" and len(err.strip().splitlines()) == 1 and message in err, err
+
+
+@pytest.mark.parametrize("dtype", ["auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bfloat16"])
+def test_the_dtypes_the_cpu_backend_serves_pass(capsys, dtype):
+    d = run_json(capsys, config("llama-3.1-8b"), "--platform", "cpu", "--kv-cache-dtype", dtype,
+                 "--max-model-len", "4096")
+    assert d["problems"] == [] and d["fits"] is not False
+
+
+@pytest.mark.parametrize(("dtype", "said"), [
+    ("turboquant_k8v4", "without refusing it and computes something else"),
+    ("int8_per_token_head", "without refusing it and computes something else"),
+    ("nvfp4", "without refusing it and computes something else"),
+    ("octave_k3v4", "refuses --kv-cache-dtype octave_k3v4 at start-up"),
+])
+def test_a_dtype_vllms_cpu_build_mis_serves_or_refuses_fails(capsys, dtype, said):
+    """0.32.0 loads every cache dtype its CacheConfig knows and serves only its backend's list (the lane measured
+    the others 4 to 5 nats from auto): kv-budget --platform cpu fails them (exit 1); the GPU sizing does not."""
+    d = run_json(capsys, config("llama-3.1-8b"), "--platform", "cpu", "--kv-cache-dtype", dtype,
+                 "--max-model-len", "4096", rc_expected=1)
+    assert len(d["problems"]) == 1 and said in d["problems"][0], d["problems"]
+    assert run_json(capsys, config("llama-3.1-8b"), "--kv-cache-dtype", dtype, "--max-model-len", "4096",
+                    "--gpu", "H100")["problems"] == []

@@ -494,6 +494,12 @@ def test_which_kv_cache_dtypes_the_cpu_build_serves(dtypes):
             DTYPES[d] = dict(loads="refused: " + said, listed=d in listed)
     for d in listed:
         assert DTYPES[d]["loads"] == "yes", (d, DTYPES[d])
+    # kv-budget --platform cpu (kvtool/budget/platforms.json cache_dtypes): what 0.32.0 refuses at start-up is
+    # exactly what its CacheDType lacks
+    from kvtool.budget.platforms import platform
+
+    refused = {d for d in kv_dtypes.names() if DTYPES[d]["loads"] != "yes"}
+    assert refused == set(kv_dtypes.names()) - set(platform("cpu").cache_dtypes), refused
     sm = {d: _nll(res[f"smollm2/{d}/whole"]) for d in ("auto", "fp8", "fp8_e5m2", "turboquant_k8v4")}
     for d, nll in sm.items():
         DTYPES[d]["smollm2_nll"] = nll
