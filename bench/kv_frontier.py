@@ -69,12 +69,14 @@ def markdown(results: dict) -> str:
             lines.append(f"| {o['label']}{alias} | {o['kv_bytes_per_token']:,.0f} | {m['ppl_ratio']:.4f} ± "
                          f"{m['ppl_ratio_se']:.4f} | {m['kld_mean']:.5f} ± {m['kld_se']:.5f} | "
                          f"{m['top1_agreement']:.4f} | {front or '-'} | {'ok' if o['passed'] else 'FAILED'} |")
-        for v in r.get("conversions", []):
-            if v["rival"] is None:
-                lines.append(f"\n{v['option']}: no dtype of the model is that small")
-            else:
+        verdicts = r.get("conversions", [])
+        for v in verdicts:
+            if v["rival"] is not None:
                 lines.append(f"\n{v['option']}: {'beats' if v['beats_dtypes'] else 'does not beat'} the dtypes at "
                              f"no more bytes (best: {v['rival']})")
+        smaller = [v["option"] for v in verdicts if v["rival"] is None]
+        if smaller:
+            lines.append(f"\nNo dtype of the model is as small as: {', '.join(smaller)}")
         lines.append("")
     return "\n".join(lines)
 
