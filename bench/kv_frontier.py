@@ -8,6 +8,7 @@ passed through for SmolLM2 (conversions on the same frontier: issue 41 item 6).
 
     nice -n 10 python bench/kv_frontier.py --max-tokens 2048            # writes bench/kv_frontier.json, plots
     python bench/kv_frontier.py --markdown                              # the tables of docs/kv-frontier.md
+    python bench/kv_frontier.py --replot                                # its plots again, from the JSON
 """
 
 from __future__ import annotations
@@ -81,6 +82,27 @@ def markdown(results: dict) -> str:
     return "\n".join(lines)
 
 
+def replot(results: dict) -> None:
+    """Redraw docs/kv-frontier-MODEL-TEXT.png from the JSON with kvtool's plot writer (after a change to the plot,
+    without re-running the sweeps): each option and the report rebuilt from its as_dict()."""
+    from types import SimpleNamespace
+
+    from kvtool.eval.sweep_plot import write_plot
+
+    for key, r in results.items():
+        opts = [SimpleNamespace(model=o["model"], label=o["label"], bytes_per_token=o["kv_bytes_per_token"],
+                                candidate=o["candidate"], metrics=o["metrics"], gates=o["gates"], passed=o["passed"],
+                                frontier_ppl=o["frontier"]["ppl_ratio"], frontier_kld=o["frontier"]["kld"])
+                for o in r["options"]]
+        rec = next((o for o in opts if o.label == r["recommended"]), None)
+        model, text = key.split("/")
+        report = SimpleNamespace(model=r["model"], text=r["text"], tokens=r["tokens"], options=opts, recommended=rec)
+        target = ROOT / "docs" / f"kv-frontier-{model}-{text}.png"
+        target.unlink(missing_ok=True)  # the writer refuses to overwrite a file
+        write_plot(report, str(target))
+        print(f"wrote {target.relative_to(ROOT)}", file=sys.stderr)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", nargs="+", default=["smollm2", "gemma3"])
@@ -89,7 +111,11 @@ def main() -> None:
     ap.add_argument("--max-length", type=int, default=1024)
     ap.add_argument("--candidate", action="append", default=[], help="a converted SmolLM2 (repeatable)")
     ap.add_argument("--markdown", action="store_true", help="print the tables of bench/kv_frontier.json")
+    ap.add_argument("--replot", action="store_true", help="redraw the docs' plots from bench/kv_frontier.json")
     args = ap.parse_args()
+    if args.replot:
+        replot(json.loads(OUT.read_text()))
+        return
     if args.markdown:
         print(markdown(json.loads(OUT.read_text())))
         return
