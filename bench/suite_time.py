@@ -64,7 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("paths", nargs="*", help="test folders or files, relative to the repository root")
     ap.add_argument("--all", action="store_true", help="the whole default suite (pytest's testpaths)")
-    ap.add_argument("--before", default=BEFORE, help=f"revision measured first in each round (default {BEFORE})")
+    ap.add_argument("--before", default=BEFORE, help=f"revision measured first in each round (default {BEFORE}; "
+                    "'none': the after revision alone)")
     ap.add_argument("--after", default="HEAD", help="revision measured second (default HEAD)")
     ap.add_argument("--workers", type=int, default=2, help="pytest -n (0: no xdist; default 2, the README's)")
     ap.add_argument("--rounds", type=int, default=1, help="before/after pairs, alternating (default 1)")
@@ -76,13 +77,14 @@ def main(argv: list[str] | None = None) -> int:
     paths = [] if a.all else a.paths
     work = Path(tempfile.mkdtemp(prefix="kvtool-suite-time-"))
     runs: list[dict] = []
+    sides = [(label, rev) for label, rev in (("before", a.before), ("after", a.after)) if rev != "none"]
     try:
-        trees = {label: unpack(rev, work / label) for label, rev in (("before", a.before), ("after", a.after))}
+        trees = {label: unpack(rev, work / label) for label, rev in sides}
         revs = {label: subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", rev], check=True,
                                       capture_output=True, text=True).stdout.strip()
-                for label, rev in (("before", a.before), ("after", a.after))}
+                for label, rev in sides}
         for rnd in range(a.rounds):
-            for label in ("before", "after"):
+            for label in trees:
                 r = run_suite(trees[label], paths, a.workers, a.pytest_arg)
                 r.update(label=label, rev=revs[label], round=rnd + 1)
                 runs.append(r)
@@ -91,9 +93,11 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     med = {label: {k: statistics.median(r[k] for r in runs if r["label"] == label) for k in ("wall_s", "cpu_s")}
-           for label in ("before", "after")}
+           for label in trees}
     print(f"paths: {' '.join(paths) or '(whole suite)'}; workers {a.workers}; rounds {a.rounds}")
     for k, name in (("wall_s", "wall"), ("cpu_s", "CPU")):
+        if "before" not in med or "after" not in med:
+            continue
         b, f = med["before"][k], med["after"][k]
         print(f"{name:4}: before {b:7.1f} s  after {f:7.1f} s  after/before {f / b:.2f}" if b else f"{name}: -")
     if a.json:
