@@ -29,13 +29,15 @@ import torch
 
 from kvtool.errors import InputError
 # the arithmetic lives in the codec (kvtool/eval/codecs/fp8.py); its names stay importable from here
-from kvtool.eval.codecs.fp8 import FP8_DTYPE, FP8_MAX, broadcast_scale, fp8_roundtrip, fp8_roundtrip_toward_zero  # noqa: F401
+from kvtool.eval.codecs.fp8 import (FP8_DTYPE, FP8_MAX, ROUNDINGS, broadcast_scale, fp8_roundtrip,  # noqa: F401
+                                    fp8_roundtrip_toward_zero)
 from kvtool.model import kv_scale_names
 
 _LAYER_RE = re.compile(r"(?:^|\.)(?:layers|h|blocks|block)\.(\d+)(?:\.|$)")
 
-# how an engine's cache kernel rounds -> the round trip (looked up by name when called)
-ROUNDTRIPS = {"nearest": "fp8_roundtrip", "toward-zero": "fp8_roundtrip_toward_zero"}
+# how an engine's cache kernel rounds -> the name of its round trip here (the codec's ROUNDINGS, one table; looked
+# up by name when called, so a test's patch of this module's function takes effect)
+ROUNDTRIPS = {rounding: fn.__name__ for rounding, fn in ROUNDINGS.items()}
 
 
 @dataclass

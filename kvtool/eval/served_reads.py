@@ -21,7 +21,7 @@ import re
 from typing import Any, Mapping
 
 from kvtool.errors import InputError, UsageError
-from kvtool.model.engine_tables import Citation
+from kvtool.model.engine_tables import Citation, citation
 from kvtool.model.kv_emulations import Reads, reads_of, skip_prefix_cache_citation
 
 METRIC = "vllm:cache_config_info"
@@ -165,8 +165,8 @@ def advice(row: Reads | None, *, max_length: int, stride: int) -> str:
 
 
 def _cite(c: Citation | Mapping[str, str]) -> str:
-    c = c.as_json() if isinstance(c, Citation) else c
-    return f"vLLM {c['release']} {c['file']} {c['function']}"
+    """A citation, or its JSON form (a report's summary), as the report cites it."""
+    return (c if isinstance(c, Citation) else citation(c)).cited("vLLM")
 
 
 def line(s: dict) -> str:

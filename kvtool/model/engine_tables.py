@@ -74,6 +74,10 @@ class Citation:
     def __str__(self) -> str:
         return f"{self.file}, {self.function} ({self.release})"
 
+    def cited(self, engine: str) -> str:
+        """How a report cites it: "ENGINE release file function"."""
+        return f"{engine} {self.release} {self.file} {self.function}"
+
     def as_json(self) -> dict:
         out = {"release": self.release, "file": self.file, "function": self.function}
         return out if self.excerpt is None else {**out, "excerpt": self.excerpt}

@@ -45,8 +45,7 @@ class KvDtype:
 
     @property
     def cite(self) -> str:
-        c = self.citation
-        return f"vLLM {c.release} {c.file} {c.function}"
+        return self.citation.cited("vLLM")
 
     def slot_bytes(self, head_dim: int, rope_dim: int | None = None) -> int:
         """Bytes one token costs per KV head, K and V together, on standard attention."""

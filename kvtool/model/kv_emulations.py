@@ -53,8 +53,7 @@ class Reads:
 
     @property
     def cite(self) -> str:
-        c = self.citation
-        return f"vLLM {c.release} {c.file} {c.function}"
+        return self.citation.cited("vLLM")
 
     def own_chunk_cached(self, first_chunk: bool, length: int) -> bool | None:
         """Whether a chunk of `length` tokens reads its own K/V back from the cache (None: not known)."""
@@ -89,14 +88,14 @@ class Emulation:
 
     @property
     def cite(self) -> str:
-        c = self.citation
-        return f"vLLM {c.release} {c.file} {c.function}"
+        return self.citation.cited("vLLM")
 
     @property
-    def first_prefill(self) -> str:
+    def first_prefill(self) -> str | None:
         """FIRST_PREFILL: whether vLLM's first prefill chunk attends over the raw K/V (a threshold row's longer
-        chunks do: raw) or reads the cache; derived from `reads`."""
-        return "cache" if self.reads.first == "cache" else "raw"  # parse refuses an emulated row with first null
+        chunks do: raw) or reads the cache; its reads' (never None here: parse refuses an emulated row with first
+        null)."""
+        return self.reads.first_prefill
 
 
 def _reads_problem(row: Any) -> str | None:
