@@ -9,17 +9,41 @@ Two families, as kvtool tells them apart (kvtool.eval.protocol.FAMILIES):
 
 `answer(model, prompt, choice)` may change the honest choice of a completion (or return bytes: the whole body);
 `intercept(handler, method, path, body)` may answer any request itself (status, headers, pace) and return True.
-Every request is recorded in `requests` as (method, path, headers).
+Every request is recorded in `requests` as (method, path, headers), and every error of a handler in `errors`.
+
+It writes nothing to this process's stdout or stderr (its errors are recorded, not printed, and its threads say
+so: `writes_nothing`), so the hostile harness may run kvtool in this process beside it (tests/hostile/harness.py).
 """
 
 from __future__ import annotations
 
 import json
+import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
 
 BOS = 1
+
+
+class _QuietServer(ThreadingHTTPServer):
+    """http.server's threading server whose threads print nothing: a handler's error is recorded in `errors`
+    (socketserver would print its traceback to sys.stderr, which an in-process kvtool run reads as its own)."""
+
+    daemon_threads = True
+
+    def __init__(self, address, handler):
+        super().__init__(address, handler)
+        self.errors: list[BaseException] = []
+
+    def process_request(self, request, client_address):
+        # daemon, and not joined on close (as ThreadingMixIn leaves daemon threads): a handler told to stall stalls
+        t = threading.Thread(target=self.process_request_thread, args=(request, client_address), daemon=True)
+        t.writes_nothing = True  # type: ignore[attr-defined] - read by tests/hostile/harness.in_process
+        t.start()
+
+    def handle_error(self, request, client_address):
+        self.errors.append(sys.exc_info()[1])
 
 
 def vllm_ids(text: str) -> list[int]:
@@ -81,11 +105,18 @@ class FakeServer:
             def do_POST(self):  # noqa: N802
                 self.handle_one("POST")
 
-        self.server = ThreadingHTTPServer((host, 0), Handler)
-        self.server.daemon_threads = True
+        self.server = _QuietServer((host, 0), Handler)
+        self.errors = self.server.errors
         self.port = self.server.server_address[1]
         self.url = f"http://{host}:{self.port}"
-        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.writes_nothing = True  # type: ignore[attr-defined]
+
+    def _serve(self) -> None:
+        try:
+            self.server.serve_forever(poll_interval=0.01)  # shutdown() waits up to one interval (0.5 s by default)
+        except BaseException as exc:  # noqa: BLE001 - recorded, not printed (see the module's docstring)
+            self.errors.append(exc)
 
     def route(self, h, method: str, path: str, body: Any) -> None:
         if method == "GET" and path == "/v1/models":

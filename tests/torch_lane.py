@@ -114,7 +114,9 @@ def heavy(module: str) -> bool:
     return False
 
 
+@functools.lru_cache(maxsize=None)
 def module_is_heavy(path: Path) -> bool:
+    """Importing the file at `path` imports torch (read once per file, not once per test)."""
     tree = _tree(path)
     return tree is not None and any(heavy(m) for m in _names(_top_level(tree)))
 
@@ -133,17 +135,19 @@ def needs_torch(item) -> bool:
     if module_is_heavy(path):
         return True
     name = getattr(item, "originalname", None) or item.name.split("[")[0]
-    if any(heavy(m) for m in _names(_functions(tree, (name,)))):
+    if _heavy_function(tree, name):
         return True
     # the fixtures it uses: defined in its module or in a conftest.py of its folder or above
     fixtures = tuple(getattr(item, "fixturenames", ()))
     trees = [tree] + [t for t in map(_tree, _conftests(path)) if t is not None]
-    return any(heavy(m) for t in trees for m in _names(_functions(t, fixtures)))
+    return any(_heavy_function(t, f) for t in trees for f in fixtures)
 
 
-def _functions(tree: ast.Module, names: tuple[str, ...]) -> list[ast.AST]:
-    by_name = _function_index(tree)
-    return [n for name in dict.fromkeys(names) for n in by_name.get(name, ())]
+@functools.lru_cache(maxsize=None)
+def _heavy_function(tree: ast.Module, name: str) -> bool:
+    """A function of that name in the file imports torch in its body: read once per (file, name), not once per
+    test (a parametrized test and a shared fixture are asked thousands of times)."""
+    return any(heavy(m) for m in _names(_function_index(tree).get(name, ())))
 
 
 @functools.lru_cache(maxsize=None)

@@ -14,6 +14,7 @@ from enum import Enum
 from functools import lru_cache
 from typing import Callable
 
+from kvtool.console import escape
 from kvtool.registry import Registry
 
 SEVERITY_ORDER = {"info": 0, "warning": 1, "error": 2}
@@ -51,6 +52,11 @@ class Finding:
     file: str | None
     hint: str
     line: int | None = None
+
+    def __post_init__(self) -> None:
+        # a message is one display line: a config key or tensor name it quotes may hold a newline or an escape
+        # sequence (a rope_scaling key "\n" once split a message); the path keeps the name as the file has it
+        object.__setattr__(self, "message", escape(self.message))
 
     def as_dict(self) -> dict:
         return {

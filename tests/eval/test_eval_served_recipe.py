@@ -12,7 +12,8 @@ from kvtool.cli import main
 
 from test_eval_served import llama_server  # noqa: F401 - the session's server fixture
 
-WINDOW = "max_length: 64, stride: 32, max_tokens: 224"
+# test_eval_served.SMALL: llama-cpp-python sorts its vocabulary in Python for every token it echoes
+WINDOW = "max_length: 32, stride: 16, max_tokens: 64"
 
 
 def _recipe(folder, steps: str):
@@ -38,7 +39,7 @@ def test_server_against_server_in_a_recipe(llama_server, tmp_path, smollm2_path,
         capsys.readouterr().out
     assert main(["apply", str(r), str(smollm2_path), str(tmp_path / "out")]) == 0, capsys.readouterr().err
     m = _eval_step(tmp_path / "out")["details"]["metrics"]
-    assert m["kld_mean"] == 0.0 and m["ppl_ratio"] == 1.0 and m["tokens"] == 222
+    assert m["kld_mean"] == 0.0 and m["ppl_ratio"] == 1.0 and m["tokens"] == 62
     assert m["memory"]["mode"] == "served" and m["memory"]["top_logprobs"] == 5
 
 

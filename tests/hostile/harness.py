@@ -23,8 +23,15 @@ TIME_BOUND_S = 60.0
 TRAP_ENV = "KVTOOL_HOSTILE_TRAP"  # payloads create this file if they ever run
 
 
+# A file this large is told by its metadata instead of read (a sparse 1 GiB config.json, a real model's weights:
+# hashing them before and after every run cost seconds). A write through the file changes its mtime and ctime,
+# a replacement its inode, and no program sets ctime back: as strict as its bytes for what kvtool could do to it.
+DIGEST_BY_STAT = 16 << 20
+
+
 def tree_digest(*roots: Path) -> dict[str, str]:
-    """sha256 of every regular file (and the target of every link) under the roots, by path."""
+    """sha256 of every regular file (its size, mtime, ctime and inode from DIGEST_BY_STAT bytes), and the target
+    of every link, under the roots, by path."""
     out: dict[str, str] = {}
     for root in roots:
         root = Path(root)
@@ -34,6 +41,8 @@ def tree_digest(*roots: Path) -> dict[str, str]:
         for p in paths:
             if p.is_symlink():
                 out[str(p)] = "link:" + os.readlink(p)
+            elif p.is_file() and (st := p.stat()).st_size >= DIGEST_BY_STAT:
+                out[str(p)] = f"stat:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}:{st.st_ino}"
             elif p.is_file():
                 h = hashlib.sha256()
                 with p.open("rb") as fh:
@@ -63,7 +72,8 @@ class Result:
 # entry kvtool.cli._entry takes, in this process: its own stdout / stderr descriptors, fd 0 on /dev/null, guarded
 # streams, console.settle, Python's default warning filters, a fresh sys.argv, and a watchdog that ends the worker
 # (a failure, never a hang) past the time bound; not while another thread runs in this process (a test's stand-in
-# server: what it prints would land in the run's stderr). One test in SUBPROCESS_SHARE (by its test id, so the same ones
+# server: what it prints would land in the run's stderr), unless the thread says it writes nothing (the loopback
+# server of tests/fake_server.py records its errors instead of printing them). One test in SUBPROCESS_SHARE (by its test id, so the same ones
 # every run) still runs every case as a subprocess, and KVTOOL_TEST_SUBPROCESS=1 runs them all so (docs/testing.md).
 SUBPROCESS_ENV = "KVTOOL_TEST_SUBPROCESS"
 SUBPROCESS_SHARE = 8
@@ -76,8 +86,10 @@ def in_process(*, env: dict | None = None, cwd=None, stdin=subprocess.DEVNULL, i
         return False
     if set(env or {}) - {TRAP_ENV} or os.environ.get(SUBPROCESS_ENV):
         return False
-    # a thread the test started (a stand-in server) would write where the run reads
-    if any(t is not threading.main_thread() and t not in THREADS_AT_START for t in threading.enumerate()):
+    # a thread the test started (a stand-in server) would write where the run reads, unless it writes nothing
+    # (tests/fake_server.py: its errors recorded, not printed)
+    if any(t is not threading.main_thread() and t not in THREADS_AT_START and not getattr(t, "writes_nothing", False)
+           for t in threading.enumerate()):
         return False
     test = os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0]
     return zlib.crc32(test.encode()) % SUBPROCESS_SHARE != 0

@@ -133,3 +133,49 @@ def test_a_thread_an_earlier_test_left_does_not_count(monkeypatch) -> None:
     finally:
         stop.set()
         left.join()
+
+
+def test_a_stand_in_server_that_writes_nothing_keeps_the_run_in_process(monkeypatch, tmp_path) -> None:
+    """tests/fake_server.py's threads record their errors instead of printing them, so a run beside one stays in
+    this process, and a handler's error during the run is recorded, not read as kvtool's output."""
+    from fake_server import FakeServer
+
+    monkeypatch.setenv("PYTEST_CURRENT_TEST", "tests/hostile/x.py::in (call)")
+    text = tmp_path / "t.txt"
+    text.write_text("some text to score", encoding="utf-8")
+
+    def broken(h, method, path, body):
+        raise ValueError("a handler's own error")
+
+    with FakeServer(intercept=broken) as s:
+        assert in_process()
+        r = _run_here(["eval", "honest", "--server", s.url, "--text", str(text)], env={}, timeout=60)
+    assert r.rc == 2 and len(r.lines) == 1 and r.lines[0].startswith("kvtool: error: "), r.stderr
+    assert "Traceback" not in r.stderr and "a handler's own error" not in r.stderr
+    assert [type(e) for e in s.errors] == [ValueError]
+
+
+def test_the_digest_of_a_large_file_sees_a_write_or_a_replacement(tmp_path) -> None:
+    """Files from DIGEST_BY_STAT bytes are told by size, mtime, ctime and inode, not read: one byte rewritten in
+    place (mtime set back as it was) or the same bytes put in its place must still change the digest."""
+    import os
+
+    from harness import DIGEST_BY_STAT, tree_digest
+
+    big = tmp_path / "big.bin"
+    with big.open("wb") as fh:
+        fh.truncate(DIGEST_BY_STAT)
+    before = tree_digest(tmp_path)
+    assert before[str(big)].startswith("stat:") and tree_digest(tmp_path) == before
+    st = big.stat()
+    with big.open("r+b") as fh:
+        fh.seek(12345)
+        fh.write(b"\0")  # the same byte: only the write itself is left to see
+    os.utime(big, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert tree_digest(tmp_path) != before
+    now = tree_digest(tmp_path)
+    copy = tmp_path / "copy.bin"
+    with copy.open("wb") as fh:
+        fh.truncate(DIGEST_BY_STAT)
+    os.replace(copy, big)
+    assert tree_digest(tmp_path) != now

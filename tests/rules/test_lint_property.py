@@ -82,6 +82,8 @@ def _lint_dict(config: dict) -> ModelReport:
 @example({**BASES[4], "partial_rotary_factor": float("inf")})
 @example({**BASES[3], "kv_lora_rank": float("inf")})  # MLA latent width: int(inf) in the KV summary
 @example({**BASES[3], "qk_rope_head_dim": 1e308})
+@example({**BASES[0], "rope_scaling": {"\n": None}})  # a key quoted in a message broke its one line
+@example({**BASES[0], "rope_scaling": {"rope_type": "linear", "factor": 2.0, "\x1b[2J": 1}})
 def test_lint_never_crashes_and_reports_are_well_formed(config):
     report = _lint_dict(config)
     out = json.loads(json.dumps(report.as_dict(), default=str))
