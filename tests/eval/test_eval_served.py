@@ -255,6 +255,19 @@ def test_a_text_window_that_cannot_be_sent_as_text_starts_later_with_the_same_ta
 
 
 @pytest.mark.torch
+def test_a_mixed_runs_served_side_is_the_served_only_run(llama_server, text_file, smollm2_path, capsys):
+    """The served side of a mixed run sends what a served-only run sends and sums it the same way (the tests above
+    read served figures from the shared mixed run): the same tokens and PPL, bit for bit."""
+    rc1, out1, err1 = _run(capsys, "smollm2", "--server", llama_server, "--text", text_file, *SMALL, "--format", "json")
+    rc2, out2, err2 = _run(capsys, "smollm2", "--server", llama_server, "--baseline", str(smollm2_path), "--text",
+                           text_file, *SMALL, *LOCAL, "--format", "json")
+    assert rc1 == 0 and rc2 == 0, err1 + err2
+    alone, mixed = json.loads(out1), json.loads(out2)
+    assert mixed["memory"]["mode"] == "served+local" and alone["memory"]["mode"] == "served"
+    assert mixed["tokens"] == alone["tokens"] == 62 and mixed["ppl"] == alone["ppl"]
+
+
+@pytest.mark.torch
 def test_served_candidate_against_a_local_baseline(served_vs_local, llama_server, text_file, smollm2_path, capsys):
     """The served model against the local transformers path on the same weights, in one run: each side's PPL is
     the same in both directions, the KLD is the top-k estimator with the local side truncated as a server
