@@ -18,6 +18,15 @@ from kvtest import DATA, REPO, write_config, write_safetensors  # noqa: F401 - r
 from torch_lane import module_is_heavy, needs_torch, torch_installed
 
 
+def pytest_configure(config):
+    """`-n N` balances by work stealing (an idle worker takes half of the other's queue): xdist's default `load`
+    left one worker idle for the run's last half-minute (docs/testing.md). Set here, not in addopts, so pytest
+    without xdist (the vLLM lane's venv) still starts; an explicit --dist is kept."""
+    if getattr(config.option, "dist", "no") == "load" and not any(
+            a == "--dist" or a.startswith("--dist=") for a in config.invocation_params.args):
+        config.option.dist = "worksteal"
+
+
 def pytest_collection_modifyitems(config, items):
     """The `torch` marker, set from what each test imports (tests/torch_lane.py): `pytest -m "not torch"`.
     The engine lane (marker `engines`: nine transformers releases, scripts/engine_lane.sh) and the vLLM lane
